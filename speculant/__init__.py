@@ -1,0 +1,9 @@
+"""Speculant Graph: speculative decoding that drafts from a corpus n-gram graph.
+
+Shared pieces used by every service: the LMDB graph format (:mod:`speculant.graph_format`),
+tokenizer loading and fingerprints (:mod:`speculant.tokenizer`), settings
+(:mod:`speculant.config`), gRPC server helpers (:mod:`speculant.grpc_server`), the generated
+protobuf stubs (:mod:`speculant.v1`) and the ``speculant`` command line (:mod:`speculant.cli`).
+"""
+
+__version__ = "0.1.0"

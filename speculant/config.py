@@ -1,0 +1,87 @@
+"""Settings: pydantic-settings models read from arguments, then SPECULANT_* environment variables.
+
+Each model reads its own prefix (``SPECULANT_DRAFT__K=10`` sets ``DraftConfig().k``), and
+:class:`SpeculantSettings` nests them all with prefix ``SPECULANT_`` and delimiter ``__``, so the
+same variable works both ways. Explicit constructor arguments win over the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DraftStrategyName = Literal["greedy", "sampling"]
+MAX_DRAFT_K = 64
+
+
+class GraphConfig(BaseSettings):
+    """How the builder makes a graph (``SPECULANT_GRAPH__*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECULANT_GRAPH__", extra="forbid")
+
+    tokenizer_name: str = ""
+    max_order: int = Field(5, ge=1, le=10)
+    chunk_size: int = Field(10_000, ge=1, description="documents per tokenizer batch")
+    graph_path: str = "graph"
+
+
+class DraftConfig(BaseSettings):
+    """How the draft service proposes tokens (``SPECULANT_DRAFT__*``).
+
+    Attentive mixing scores each matching order o (successor counts with total C_o,
+    distribution P_o, entropy H_o in nats) as
+    ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o``
+    and mixes q = sum_o softmax(score/mix_temperature)_o * P_o.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
+
+    k: int = Field(5, ge=1, le=MAX_DRAFT_K)
+    strategy: DraftStrategyName = "greedy"
+    attentive_mix: bool = True
+    order_bias: float = Field(1.0, ge=0.0)
+    mix_temperature: float = Field(1.0, gt=0.0)
+    reliability_weight: float = Field(1.0, ge=0.0)
+    entropy_penalty: float = Field(0.5, ge=0.0)
+
+
+class VerifierConfig(BaseSettings):
+    """How the verifier loads and runs the target model (``SPECULANT_VERIFIER__*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECULANT_VERIFIER__", extra="forbid")
+
+    model_name: str = ""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    hf_token: str | None = None
+    # Hugging Face download policy: "auto" uses the cache and the network, "offline" only the
+    # local cache or folder, "force" re-downloads.
+    download_mode: Literal["auto", "offline", "force"] = "auto"
+    session_ttl_s: float = Field(300.0, gt=0)
+    max_sessions: int = Field(64, ge=1)
+
+
+class GenerationConfig(BaseSettings):
+    """Per-request generation parameters (``SPECULANT_GENERATION__*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECULANT_GENERATION__", extra="forbid")
+
+    max_tokens: int = Field(100, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    seed: int | None = Field(None, ge=0)
+    stop: list[str] = Field(default_factory=list)
+
+
+class SpeculantSettings(BaseSettings):
+    """All settings, nested: ``SPECULANT_DRAFT__K=10`` -> ``settings.draft.k``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPECULANT_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    graph: GraphConfig = Field(default_factory=GraphConfig)
+    draft: DraftConfig = Field(default_factory=DraftConfig)
+    verifier: VerifierConfig = Field(default_factory=VerifierConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)

@@ -1,0 +1,56 @@
+"""Errors that the library raises for callers' mistakes and unavailable resources.
+
+The drafting, verification and coordination code is plain Python with no gRPC inside; it raises
+these, and the gRPC layer (:func:`speculant.grpc_server.map_errors`) turns each into its status
+code. Anything else escaping a handler is a bug and becomes INTERNAL.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class SpeculantError(Exception):
+    """Base class: a failure with a gRPC status code and a message for the caller."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+
+
+class InvalidArgumentError(SpeculantError, ValueError):
+    """A request parameter is out of range or malformed; the message names the field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+class FailedPreconditionError(SpeculantError):
+    """The system is not in a state to serve the request (tokenizer mismatch, missing graph)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class NotFoundError(SpeculantError):
+    """A named resource (a verifier session) does not exist or has expired."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ResourceExhaustedError(SpeculantError):
+    """Over capacity (too many sessions or generations); the caller may retry later."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class UnavailableError(SpeculantError):
+    """A backend is down or unreachable."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class OutOfRangeError(SpeculantError):
+    """A request is valid but does not fit (a prompt longer than the model's context)."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE

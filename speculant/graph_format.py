@@ -1,0 +1,153 @@
+"""The on-disk format of an n-gram graph: an LMDB environment in a directory.
+
+Terms: an *order-o context* is a sequence of o token ids; its *successors* are the tokens that
+followed it in the corpus, with their *counts*. A chain of order o maps order-o contexts to
+successor counts. A graph holds the chains of orders 1..max_order.
+
+Layout (format version 1), one LMDB environment (``data.mdb`` in the graph directory):
+
+- named database ``meta``: key ``b"meta"`` -> UTF-8 JSON object (see :class:`GraphMeta`).
+  The meta record is written last, in the builder's final transaction: a graph without it is
+  unfinished and is never served.
+- named database ``order:<o>`` for o in 1..max_order:
+  key   = the o context token ids as big-endian uint32 (so LMDB's byte order is numeric order
+          and the builder can append keys in sorted order),
+  value = n successor ids as little-endian uint32, then their n counts as little-endian uint32;
+          successors sorted by count descending, then id ascending (the first is the argmax).
+
+No pickle: keys and values are fixed-width integers, the meta record is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import numpy as np
+
+FORMAT_VERSION = 1
+MAX_SUPPORTED_ORDER = 10
+META_DB = b"meta"
+META_KEY = b"meta"
+DATA_FILE = "data.mdb"
+
+KEY_DTYPE = np.dtype(">u4")  # context ids in keys: big-endian so byte order == numeric order
+VALUE_DTYPE = np.dtype("<u4")  # successor ids and counts in values
+
+
+class GraphFormatError(Exception):
+    """The graph directory is missing, unfinished, corrupt or of an unknown format version."""
+
+
+def order_db_name(order: int) -> bytes:
+    """Name of the LMDB database holding the chain of the given order."""
+    return f"order:{order}".encode()
+
+
+def encode_context(context_ids: np.ndarray | list[int]) -> bytes:
+    """Pack an order-o context (o token ids) into its LMDB key."""
+    return np.asarray(context_ids, dtype=KEY_DTYPE).tobytes()
+
+
+def encode_successors(successor_ids: np.ndarray, counts: np.ndarray) -> bytes:
+    """Pack successors and their counts (already sorted by count desc, id asc) into a value."""
+    return np.concatenate(
+        [np.asarray(successor_ids, dtype=VALUE_DTYPE), np.asarray(counts, dtype=VALUE_DTYPE)]
+    ).tobytes()
+
+
+def decode_successors(value: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """Unpack a value into (successor_ids [n] uint32, counts [n] uint32), without copying."""
+    flat = np.frombuffer(value, dtype=VALUE_DTYPE)
+    n = flat.size // 2
+    return flat[:n], flat[n:]
+
+
+@dataclass
+class OrderStats:
+    """Per-order statistics of a graph."""
+
+    order: int
+    contexts: int  # distinct contexts of this length
+    ngrams: int  # distinct (context, successor) pairs
+    total_count: int  # occurrences counted
+
+
+@dataclass
+class GraphMeta:
+    """The meta record of a graph (stored as JSON under ``meta``/``meta``)."""
+
+    format_version: int
+    max_order: int
+    tokenizer_name: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    corpus_documents: int
+    corpus_tokens: int
+    orders: list[OrderStats]
+    build_params: dict[str, Any] = field(default_factory=dict)
+    built_at: str = ""  # ISO 8601 UTC
+    build_seconds: float = 0.0
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> GraphMeta:
+        data = json.loads(raw)
+        data["orders"] = [OrderStats(**o) for o in data.get("orders", [])]
+        return cls(**data)
+
+
+def open_graph_env(path: str | Path, *, readonly: bool = True) -> lmdb.Environment:
+    """Open a published graph's LMDB environment read-only and memory-mapped.
+
+    The graph is immutable once published, so no lock file is used (works on read-only media);
+    readahead is off so that random lookups only page in what they touch.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise GraphFormatError(f"graph not found: {path} is not a directory")
+    if not (path / DATA_FILE).is_file():
+        raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
+    try:
+        return lmdb.open(
+            str(path),
+            readonly=readonly,
+            lock=False,
+            readahead=False,
+            max_dbs=MAX_SUPPORTED_ORDER + 2,
+            subdir=True,
+            create=False,
+        )
+    except lmdb.Error as exc:
+        raise GraphFormatError(f"cannot open graph {path}: {exc}") from exc
+
+
+def read_meta(env: lmdb.Environment, path: str | Path = "") -> GraphMeta:
+    """Read and check the meta record: present, parseable and of a supported version."""
+    try:
+        meta_db = env.open_db(META_DB, create=False)
+        with env.begin(db=meta_db) as txn:
+            raw = txn.get(META_KEY)
+    except lmdb.NotFoundError:
+        raw = None
+    except lmdb.Error as exc:
+        raise GraphFormatError(f"corrupt graph {path}: {exc}") from exc
+    if raw is None:
+        raise GraphFormatError(
+            f"unfinished graph {path}: no meta record (the build did not complete)"
+        )
+    try:
+        meta = GraphMeta.from_json(raw)
+    except (ValueError, TypeError) as exc:
+        raise GraphFormatError(f"corrupt graph {path}: unreadable meta record ({exc})") from exc
+    if meta.format_version != FORMAT_VERSION:
+        raise GraphFormatError(
+            f"graph {path} has format version {meta.format_version}; "
+            f"this version of speculant reads version {FORMAT_VERSION}: rebuild the graph"
+        )
+    return meta

@@ -1,0 +1,122 @@
+"""Running a gRPC service: health (grpc.health.v1), server reflection, errors, shutdown.
+
+Every Speculant service starts through :class:`ServiceServer`, so all of them answer
+``grpcurl -plaintext HOST:PORT list`` / ``describe`` without .proto files, report NOT_SERVING
+until they are ready, and turn library errors into gRPC status codes the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from speculant.errors import SpeculantError
+
+log = logging.getLogger(__name__)
+
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+
+# Generous but bounded message sizes (a 100k-token context is ~0.5 MB as int32).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+
+
+def map_errors(handler: HandlerT) -> HandlerT:
+    """Decorate a unary servicer method: SpeculantError -> its status code; other -> INTERNAL."""
+
+    @functools.wraps(handler)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return handler(self, request, context)
+        except SpeculantError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:
+            log.exception("unexpected error in %s", handler.__qualname__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ServiceServer:
+    """A gRPC server with health checking and reflection for the given services.
+
+    Usage::
+
+        server = ServiceServer(host, port, service_names=[...])
+        add_FooServicer_to_server(servicer, server.grpc_server)
+        server.start()          # health: NOT_SERVING
+        ...load resources...
+        server.set_serving()    # health: SERVING
+        server.wait_for_termination_signal()
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        service_names: Iterable[str],
+        *,
+        max_workers: int = 16,
+    ) -> None:
+        self.service_names = list(service_names)
+        self.grpc_server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+            options=GRPC_OPTIONS,
+        )
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.grpc_server
+        )
+        self.port = self.grpc_server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {host}:{port} (address in use or not allowed)")
+        self.host = host
+        self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _set_status(self, status: int) -> None:
+        self.health.set("", status)
+        for name in self.service_names:
+            self.health.set(name, status)
+
+    def start(self) -> None:
+        self.grpc_server.start()
+
+    def set_serving(self) -> None:
+        self._set_status(health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace: float | None = 5.0) -> None:
+        """Report NOT_SERVING, refuse new calls, let in-flight calls finish for `grace` seconds."""
+        self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.grpc_server.stop(grace).wait()
+
+    def wait_for_termination_signal(self, grace: float = 5.0) -> None:
+        """Block until SIGINT or SIGTERM, then stop gracefully."""
+        stop_requested = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            stop_requested.set()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        while not stop_requested.wait(0.5):
+            pass
+        self.stop(grace)

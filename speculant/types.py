@@ -1,0 +1,115 @@
+"""Plain data passed between the drafter, the verifier and the coordinator (no gRPC inside).
+
+Terms used across the project:
+- *draft tokens*: the tokens the drafter proposes for the next positions, d_1..d_k.
+- *q*: the (sparse) distribution a draft token was drawn from by the drafter.
+- *p*: the target model's distribution at a position, softmax(logits / temperature).
+- *accepted* tokens: the prefix of the draft that rejection sampling keeps.
+- *rejected*: the first draft token that is not kept; everything after it is discarded.
+- *corrected* token: sampled from the residual distribution in place of the rejected token.
+- *bonus* token: sampled from p after the last draft token when every draft token is accepted.
+Each verification therefore emits accepted + 1 tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from speculant.config import MAX_DRAFT_K, DraftConfig
+from speculant.errors import InvalidArgumentError
+
+DraftStrategyName = Literal["greedy", "sampling"]
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    """Per-request drafting parameters (see :class:`speculant.config.DraftConfig`)."""
+
+    k: int = 5
+    strategy: DraftStrategyName = "greedy"
+    attentive_mix: bool = True
+    order_bias: float = 1.0
+    mix_temperature: float = 1.0
+    reliability_weight: float = 1.0
+    entropy_penalty: float = 0.5
+
+    @classmethod
+    def from_config(cls, config: DraftConfig) -> DraftParams:
+        return cls(**config.model_dump())
+
+    def validate(self) -> DraftParams:
+        """Raise InvalidArgumentError naming the first bad field; return self when valid."""
+        if not 1 <= self.k <= MAX_DRAFT_K:
+            raise InvalidArgumentError("k", f"must be in 1..{MAX_DRAFT_K}, got {self.k}")
+        if self.strategy not in ("greedy", "sampling"):
+            raise InvalidArgumentError(
+                "strategy", f"must be 'greedy' or 'sampling', got {self.strategy!r}"
+            )
+        for name in ("order_bias", "reliability_weight", "entropy_penalty"):
+            value = getattr(self, name)
+            if not (value >= 0 and np.isfinite(value)):
+                raise InvalidArgumentError(name, f"must be a finite number >= 0, got {value}")
+        if not (self.mix_temperature > 0 and np.isfinite(self.mix_temperature)):
+            raise InvalidArgumentError(
+                "mix_temperature", f"must be a finite number > 0, got {self.mix_temperature}"
+            )
+        return self
+
+
+@dataclass
+class SparseDistribution:
+    """A distribution over a few token ids: probs[i] = P(token_ids[i]); others have P = 0."""
+
+    token_ids: np.ndarray  # [n] int64
+    probs: np.ndarray  # [n] float64, sums to 1
+
+    @classmethod
+    def point_mass(cls, token_id: int) -> SparseDistribution:
+        return cls(np.array([token_id], dtype=np.int64), np.array([1.0]))
+
+
+@dataclass
+class DraftProposal:
+    """Up to k draft tokens; distributions[i] is the q that token_ids[i] was drawn from."""
+
+    token_ids: list[int] = field(default_factory=list)
+    distributions: list[SparseDistribution] = field(default_factory=list)
+    matched_orders: list[int] = field(default_factory=list)  # highest matching order per token
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of one verification: accepted_count drafts kept, then one corrected/bonus token."""
+
+    accepted_count: int
+    token_ids: list[int]  # accepted drafts + the corrected or bonus token
+
+
+@dataclass
+class ModelInfo:
+    """What the verifier reports about its model (GetModelInfo)."""
+
+    model_name: str
+    tokenizer_name: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    eos_token_ids: list[int]
+    max_context_length: int
+    device: str
+    dtype: str
+
+
+@dataclass
+class VerifierStats:
+    """Counters of a verifier (GetStats)."""
+
+    live_sessions: int = 0
+    sessions_created: int = 0
+    sessions_released: int = 0
+    sessions_expired: int = 0
+    forward_passes: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0

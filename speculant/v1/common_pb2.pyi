@@ -1,0 +1,43 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DraftStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DRAFT_STRATEGY_UNSPECIFIED: _ClassVar[DraftStrategy]
+    DRAFT_STRATEGY_GREEDY: _ClassVar[DraftStrategy]
+    DRAFT_STRATEGY_SAMPLING: _ClassVar[DraftStrategy]
+DRAFT_STRATEGY_UNSPECIFIED: DraftStrategy
+DRAFT_STRATEGY_GREEDY: DraftStrategy
+DRAFT_STRATEGY_SAMPLING: DraftStrategy
+
+class SparseDistribution(_message.Message):
+    __slots__ = ("token_ids", "probs")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    probs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class DraftOptions(_message.Message):
+    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty")
+    K_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ATTENTIVE_MIX_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BIAS_FIELD_NUMBER: _ClassVar[int]
+    MIX_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    RELIABILITY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    strategy: DraftStrategy
+    attentive_mix: bool
+    order_bias: float
+    mix_temperature: float
+    reliability_weight: float
+    entropy_penalty: float
+    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,82 @@
+from speculant.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProposeRequest(_message.Message):
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed")
+    CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    ATTENTIVE_MIX_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BIAS_FIELD_NUMBER: _ClassVar[int]
+    MIX_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    RELIABILITY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    context_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    k: int
+    strategy: _common_pb2.DraftStrategy
+    attentive_mix: bool
+    order_bias: float
+    mix_temperature: float
+    reliability_weight: float
+    entropy_penalty: float
+    seed: int
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class ProposeResponse(_message.Message):
+    __slots__ = ("draft_token_ids", "distributions", "matched_orders")
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_ORDERS_FIELD_NUMBER: _ClassVar[int]
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
+    matched_orders: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetGraphInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class OrderStats(_message.Message):
+    __slots__ = ("order", "contexts", "ngrams", "total_count")
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    CONTEXTS_FIELD_NUMBER: _ClassVar[int]
+    NGRAMS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    order: int
+    contexts: int
+    ngrams: int
+    total_count: int
+    def __init__(self, order: _Optional[int] = ..., contexts: _Optional[int] = ..., ngrams: _Optional[int] = ..., total_count: _Optional[int] = ...) -> None: ...
+
+class GetGraphInfoResponse(_message.Message):
+    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path")
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_ORDER_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CORPUS_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    CORPUS_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ORDERS_FIELD_NUMBER: _ClassVar[int]
+    BUILD_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    BUILT_AT_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_PATH_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    max_order: int
+    tokenizer_name: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    corpus_documents: int
+    corpus_tokens: int
+    orders: _containers.RepeatedCompositeFieldContainer[OrderStats]
+    build_params_json: str
+    built_at: str
+    graph_path: str
+    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ...) -> None: ...

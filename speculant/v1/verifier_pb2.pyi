@@ -1,0 +1,104 @@
+from speculant.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("session_id", "prompt_token_ids", "temperature", "seed")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    temperature: float
+    seed: int
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class PrefillResponse(_message.Message):
+    __slots__ = ("session_id", "token_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    token_id: int
+    def __init__(self, session_id: _Optional[str] = ..., token_id: _Optional[int] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("session_id", "draft_token_ids", "draft_distributions")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
+    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("accepted_count", "token_ids")
+    ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    accepted_count: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, accepted_count: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class GetModelInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetModelInfoResponse(_message.Message):
+    __slots__ = ("model_name", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "eos_token_ids", "max_context_length", "device", "dtype")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    tokenizer_name: str
+    tokenizer_fingerprint: str
+    vocab_size: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_context_length: int
+    device: str
+    dtype: str
+    def __init__(self, model_name: _Optional[str] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("live_sessions", "sessions_created", "sessions_released", "sessions_expired", "forward_passes", "draft_tokens", "accepted_tokens")
+    LIVE_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_CREATED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_RELEASED_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_PASSES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    live_sessions: int
+    sessions_created: int
+    sessions_released: int
+    sessions_expired: int
+    forward_passes: int
+    draft_tokens: int
+    accepted_tokens: int
+    def __init__(self, live_sessions: _Optional[int] = ..., sessions_created: _Optional[int] = ..., sessions_released: _Optional[int] = ..., sessions_expired: _Optional[int] = ..., forward_passes: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ...) -> None: ...
