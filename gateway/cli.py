@@ -1,11 +1,179 @@
-"""Command-line subcommands of the gateway package."""
+"""Command-line subcommands of the gateway: serve-gateway, generate, up, demo."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+
+
+def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Generation and drafting flags shared by `generate` and `demo`."""
+    parser.add_argument("--max-tokens", type=int, default=100)
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--k", type=int, default=5, help="draft tokens per round (1..64)")
+    parser.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
+    parser.add_argument(
+        "--no-attentive-mix",
+        dest="attentive_mix",
+        action="store_false",
+        help="draft from the highest matching order only (plain backoff)",
+    )
 
 
 def register(
     subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
 ) -> None:
-    """Add this package's subcommands (and its `speculant bench` targets)."""
+    """Add this package's subcommands."""
+    serve = subparsers.add_parser(
+        "serve-gateway", help="serve Generate/GenerateStream over draft and verifier services"
+    )
+    serve.add_argument(
+        "--draft", required=True, help="draft service address(es), comma separated: HOST:PORT,..."
+    )
+    serve.add_argument("--verifier", required=True, help="verifier service address HOST:PORT")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=50050)
+    serve.add_argument(
+        "--tokenizer", default=None, help="tokenizer for prompts (default: the verifier's)"
+    )
+    serve.add_argument("--draft-timeout", type=float, default=0.25, help="seconds per Propose")
+    serve.set_defaults(handler=run_serve_gateway)
+
+    generate = subparsers.add_parser(
+        "generate", help="generate with speculative decoding (embedded, or via --gateway)"
+    )
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--graph", help="graph directory (embedded mode)")
+    generate.add_argument("--model", help="model name or folder (embedded mode)")
+    generate.add_argument("--gateway", help="call a running gateway at HOST:PORT instead")
+    generate.add_argument("--json", action="store_true", help="print the response as JSON")
+    add_generation_arguments(generate)
+    generate.set_defaults(handler=run_generate)
+
+    from gateway.demo import register_demo
+    from gateway.up import register_up
+
+    register_demo(subparsers)
+    register_up(subparsers)
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def run_serve_gateway(args: argparse.Namespace) -> int:
+    from gateway.server import start_gateway
+    from speculant.errors import SpeculantError
+
+    drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
+    try:
+        server, _ = start_gateway(
+            drafts,
+            args.verifier,
+            host=args.host,
+            port=args.port,
+            tokenizer_name=args.tokenizer,
+            draft_timeout_s=args.draft_timeout,
+        )
+    except (SpeculantError, OSError) as exc:
+        return _fail(str(exc), 2)
+    print(f"gateway serving on {server.address}", file=sys.stderr, flush=True)
+    server.wait_for_termination_signal()
+    return 0
+
+
+def _print_result(result_dict: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result_dict, indent=2))
+        return
+    stats = result_dict["stats"]
+    print(result_dict["text"])
+    print(
+        f"\n[{stats['generated_tokens']} tokens, finish: {result_dict['finish_reason']}, "
+        f"acceptance {stats['acceptance_rate']:.1%}, "
+        f"{stats['tokens_per_round']:.2f} tokens per verifier call, "
+        f"{stats['tokens_per_second']:.0f} tokens/s]",
+        file=sys.stderr,
+    )
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from speculant.errors import SpeculantError
+
+    try:
+        if args.gateway:
+            result = _generate_via_gateway(args)
+        else:
+            if not args.graph or not args.model:
+                return _fail("embedded mode needs --graph and --model (or use --gateway)", 2)
+            result = _generate_embedded(args)
+    except SpeculantError as exc:
+        return _fail(str(exc), 2)
+    _print_result(result, args.json)
+    return 0
+
+
+def _generate_embedded(args: argparse.Namespace) -> dict:
+    from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder, VerifierConfig
+    from speculant.errors import InvalidArgumentError
+
+    try:
+        draft = DraftConfig(k=args.k, strategy=args.strategy, attentive_mix=args.attentive_mix)
+        generation = GenerationConfig(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            stop=args.stop,
+        )
+    except ValueError as exc:  # pydantic validation
+        raise InvalidArgumentError("arguments", str(exc).splitlines()[0]) from exc
+    decoder = SpeculativeDecoder(
+        graph_path=args.graph,
+        verifier_config=VerifierConfig(model_name=args.model),
+        draft_config=draft,
+    )
+    result = decoder.generate(prompt=args.prompt, generation_config=generation)
+    return {
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "finish_reason": result.finish_reason.value,
+        "stats": result.stats.as_dict(),
+    }
+
+
+def _generate_via_gateway(args: argparse.Namespace) -> dict:
+    import grpc
+    from google.protobuf import json_format
+
+    from speculant.errors import RemoteError
+    from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+    request = gateway_pb2.GenerateRequest(
+        prompt=args.prompt,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        stop=args.stop,
+        draft=common_pb2.DraftOptions(
+            k=args.k,
+            strategy=common_pb2.DRAFT_STRATEGY_SAMPLING
+            if args.strategy == "sampling"
+            else common_pb2.DRAFT_STRATEGY_GREEDY,
+            attentive_mix=args.attentive_mix,
+        ),
+    )
+    with grpc.insecure_channel(args.gateway) as channel:
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        try:
+            response = stub.Generate(request, timeout=600)
+        except grpc.RpcError as exc:
+            raise RemoteError.from_rpc_error(exc, f"gateway {args.gateway}") from exc
+    result = json_format.MessageToDict(
+        response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    result["finish_reason"] = result["finish_reason"].removeprefix("FINISH_REASON_").lower()
+    return result

@@ -54,3 +54,19 @@ class OutOfRangeError(SpeculantError):
     """A request is valid but does not fit (a prompt longer than the model's context)."""
 
     code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class RemoteError(SpeculantError):
+    """A backend answered with a gRPC error; carries its status code through to our caller."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @classmethod
+    def from_rpc_error(cls, exc: grpc.RpcError, backend: str) -> RemoteError:
+        code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        if code in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL):
+            code = grpc.StatusCode.UNAVAILABLE if code == grpc.StatusCode.UNKNOWN else code
+        return cls(code, f"{backend}: {details}")

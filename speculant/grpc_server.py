@@ -11,7 +11,7 @@ import functools
 import logging
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -41,6 +41,22 @@ def map_errors(handler: HandlerT) -> HandlerT:
     def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Any:
         try:
             return handler(self, request, context)
+        except SpeculantError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:
+            log.exception("unexpected error in %s", handler.__qualname__)
+            context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def map_stream_errors(handler: HandlerT) -> HandlerT:
+    """Like map_errors, for a server-streaming method (a generator of responses)."""
+
+    @functools.wraps(handler)
+    def wrapper(self: Any, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        try:
+            yield from handler(self, request, context)
         except SpeculantError as exc:
             context.abort(exc.code, str(exc))
         except Exception:

@@ -1,0 +1,180 @@
+"""gRPC implementations of the coordinator's drafter and verifier interfaces.
+
+Channels are opened once and kept open; each call carries a timeout. Backend errors become
+:class:`speculant.errors.RemoteError` with the backend's status code, so a user mistake caught
+by a backend (INVALID_ARGUMENT) reaches the client as such and a dead backend as UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from speculant.errors import RemoteError, UnavailableError
+from speculant.grpc_server import GRPC_OPTIONS
+from speculant.types import DraftParams, DraftProposal, ModelInfo, SparseDistribution, VerifyResult
+from speculant.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    verifier_pb2,
+    verifier_pb2_grpc,
+)
+
+log = logging.getLogger(__name__)
+
+STRATEGY_TO_PROTO = {
+    "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
+    "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
+}
+
+
+def _channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+
+
+def propose_request(
+    context_ids: Sequence[int], params: DraftParams, seed: int | None
+) -> draft_pb2.ProposeRequest:
+    """The ProposeRequest for a drafting call (every parameter explicit)."""
+    return draft_pb2.ProposeRequest(
+        context_token_ids=context_ids,
+        k=params.k,
+        strategy=STRATEGY_TO_PROTO[params.strategy],
+        attentive_mix=params.attentive_mix,
+        order_bias=params.order_bias,
+        mix_temperature=params.mix_temperature,
+        reliability_weight=params.reliability_weight,
+        entropy_penalty=params.entropy_penalty,
+        seed=seed,
+    )
+
+
+class GrpcDraftClient:
+    """Drafts from one or more draft-service replicas, round robin, failing over on errors."""
+
+    def __init__(self, addresses: Sequence[str], timeout_s: float = 0.25) -> None:
+        if not addresses:
+            raise ValueError("at least one draft service address is needed")
+        self.addresses = list(addresses)
+        self.timeout_s = timeout_s
+        self._stubs = [draft_pb2_grpc.DraftServiceStub(_channel(a)) for a in self.addresses]
+        self._next = itertools.cycle(range(len(self._stubs)))
+        self._lock = threading.Lock()
+
+    def _replica_order(self) -> list[int]:
+        with self._lock:
+            first = next(self._next)
+        n = len(self._stubs)
+        return [(first + i) % n for i in range(n)]
+
+    def propose(
+        self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
+    ) -> DraftProposal:
+        request = propose_request(context_ids, params, seed)
+        last_error: grpc.RpcError | None = None
+        for index in self._replica_order():
+            try:
+                response = self._stubs[index].Propose(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                last_error = exc
+                log.debug("draft replica %s failed: %s", self.addresses[index], exc)
+                continue
+            return DraftProposal(
+                token_ids=list(response.draft_token_ids),
+                distributions=[
+                    SparseDistribution(np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.probs))
+                    for d in response.distributions
+                ],
+                matched_orders=list(response.matched_orders),
+            )
+        assert last_error is not None
+        raise RemoteError.from_rpc_error(last_error, "draft service")
+
+    def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
+        """The graph meta of the first replica that answers."""
+        last_error: grpc.RpcError | None = None
+        for index in self._replica_order():
+            try:
+                return self._stubs[index].GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=5.0)
+            except grpc.RpcError as exc:
+                last_error = exc
+        raise UnavailableError(
+            f"no draft service answers at {', '.join(self.addresses)}: "
+            f"{last_error.details() if last_error else ''}"
+        )
+
+
+class GrpcVerifierClient:
+    """The verifier service, over one long-lived channel."""
+
+    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._stub = verifier_pb2_grpc.VerifierServiceStub(_channel(address))
+        self._info: ModelInfo | None = None
+
+    def _call(self, method: str, request: object, timeout: float | None = None) -> object:
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self.timeout_s)
+        except grpc.RpcError as exc:
+            raise RemoteError.from_rpc_error(exc, f"verifier {method}") from exc
+
+    @property
+    def info(self) -> ModelInfo:
+        if self._info is None:
+            r = self._call("GetModelInfo", verifier_pb2.GetModelInfoRequest(), timeout=10.0)
+            self._info = ModelInfo(
+                model_name=r.model_name,
+                tokenizer_name=r.tokenizer_name,
+                tokenizer_fingerprint=r.tokenizer_fingerprint,
+                vocab_size=r.vocab_size,
+                eos_token_ids=list(r.eos_token_ids),
+                max_context_length=r.max_context_length,
+                device=r.device,
+                dtype=r.dtype,
+            )
+        return self._info
+
+    def prefill(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> int:
+        request = verifier_pb2.PrefillRequest(
+            session_id=session_id,
+            prompt_token_ids=prompt_ids,
+            temperature=temperature,
+            seed=seed,
+        )
+        return self._call("Prefill", request).token_id
+
+    def verify(
+        self,
+        session_id: str,
+        draft_ids: Sequence[int],
+        draft_distributions: Sequence[SparseDistribution] | None = None,
+    ) -> VerifyResult:
+        request = verifier_pb2.VerifyRequest(
+            session_id=session_id,
+            draft_token_ids=draft_ids,
+            draft_distributions=[
+                common_pb2.SparseDistribution(
+                    token_ids=d.token_ids.tolist(), probs=d.probs.tolist()
+                )
+                for d in draft_distributions or ()
+            ],
+        )
+        response = self._call("Verify", request)
+        return VerifyResult(response.accepted_count, list(response.token_ids))
+
+    def release(self, session_id: str) -> bool:
+        request = verifier_pb2.ReleaseRequest(session_id=session_id)
+        return self._call("Release", request, timeout=5.0).released

@@ -1,0 +1,323 @@
+"""The round loop of speculative decoding, shared by the embedded mode and the gateway service.
+
+One request:
+1. *prefill*: the verifier runs the prompt and samples the first token (round 1);
+2. each further round: the drafter proposes up to k draft tokens continuing the context, the
+   verifier scores them all in ONE forward pass and returns the accepted drafts plus one
+   corrected or bonus token (see speculant.types for the terms);
+3. tokens are checked one by one against EOS, stop strings, max_tokens and the context length,
+   and never emitted past them.
+
+Drafts are only an optimisation: if the drafter fails, the round goes on with an empty draft
+(the verifier then emits exactly one token) and the output is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from transformers import PreTrainedTokenizerBase
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.interfaces import DraftSource, TargetVerifier
+from gateway.stats import GenerationStats
+from gateway.stopping import FinishReason, find_stop_string, safe_text_length
+from speculant.errors import InvalidArgumentError, OutOfRangeError
+from speculant.types import DraftParams, DraftProposal
+
+log = logging.getLogger(__name__)
+
+MAX_STOP_STRINGS = 16
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A tokenized request: what to generate and how to draft."""
+
+    prompt_ids: list[int]
+    max_tokens: int = 100
+    temperature: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    draft: DraftParams = field(default_factory=DraftParams)
+
+    def validate(self) -> GenerationRequest:
+        """Raise InvalidArgumentError naming the first bad field."""
+        if not self.prompt_ids:
+            raise InvalidArgumentError("prompt", "must not be empty")
+        if self.max_tokens < 0:
+            raise InvalidArgumentError("max_tokens", f"must be >= 0, got {self.max_tokens}")
+        if not (self.temperature >= 0 and self.temperature < float("inf")):
+            raise InvalidArgumentError(
+                "temperature", f"must be a finite number >= 0, got {self.temperature}"
+            )
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise InvalidArgumentError("seed", f"must be in 0..2^64-1, got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS or any(not s for s in self.stop):
+            raise InvalidArgumentError(
+                "stop", f"at most {MAX_STOP_STRINGS} stop strings, none of them empty"
+            )
+        try:
+            self.draft.validate()
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"draft.{exc.field}", str(exc).split(": ", 1)[1]) from exc
+        return self
+
+
+@dataclass
+class StreamChunk:
+    """Tokens accepted since the last chunk and their text (never a split character)."""
+
+    token_ids: list[int]
+    text_delta: str
+
+
+@dataclass
+class GenerationResult:
+    """The whole output of one request."""
+
+    text: str
+    token_ids: list[int]  # generated tokens only: no prompt, no final EOS
+    finish_reason: FinishReason
+    stats: GenerationStats
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.stats.acceptance_rate
+
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str = "",
+    messages: list[dict[str, str]] | None = None,
+) -> list[int]:
+    """Token ids of a text prompt (with the tokenizer's default special tokens, e.g. BOS) or of
+    chat messages rendered with the tokenizer's chat template."""
+    if messages:
+        if prompt:
+            raise InvalidArgumentError("prompt", "give either a prompt or messages, not both")
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidArgumentError(
+                "messages", "this model's tokenizer has no chat template; send a text prompt"
+            )
+        for i, message in enumerate(messages):
+            if message.get("role") not in ("system", "user", "assistant", "tool"):
+                raise InvalidArgumentError(
+                    f"messages[{i}].role", "must be system, user, assistant or tool"
+                )
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(rendered, add_special_tokens=False).input_ids)
+    if not prompt:
+        raise InvalidArgumentError("prompt", "must not be empty")
+    return list(tokenizer(prompt).input_ids)
+
+
+def _draft_seed(seed: int | None, round_index: int) -> int | None:
+    """A distinct, reproducible drafter seed per round of a seeded request."""
+    return None if seed is None else (seed * 1_000_003 + round_index) % 2**63
+
+
+class _OutputBuffer:
+    """Generated tokens and text, checked token by token against the stop conditions."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        request: GenerationRequest,
+        eos_token_ids: set[int],
+        max_context_length: int,
+    ) -> None:
+        self._request = request
+        self._eos = eos_token_ids
+        self._max_total = max_context_length
+        self._detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids)
+        self.token_ids: list[int] = []
+        self._text_end: list[int] = []  # [i] = length of the text once token i is decoded
+        self.text = ""
+        self.finish_reason: FinishReason | None = None
+        self._tokens_streamed = 0
+        self._text_streamed = 0
+        if request.max_tokens == 0:
+            self.finish_reason = FinishReason.MAX_TOKENS
+
+    @property
+    def remaining(self) -> int:
+        """Tokens that may still be emitted."""
+        by_context = self._max_total - len(self._request.prompt_ids) - len(self.token_ids)
+        return max(0, min(self._request.max_tokens - len(self.token_ids), by_context))
+
+    def add(self, new_tokens: list[int]) -> None:
+        """Take the verifier's tokens in order, stopping at the first stop condition."""
+        stops = list(self._request.stop)
+        for token in new_tokens:
+            if self.finish_reason is not None:
+                return
+            if token in self._eos:
+                self.finish_reason = FinishReason.EOS
+                return
+            previous_length = len(self.text)
+            self.token_ids.append(token)
+            self._detokenizer.add([token])
+            self.text = self._detokenizer.text
+            self._text_end.append(len(self.text))
+            match = find_stop_string(self.text, stops, previous_length)
+            if match is not None:
+                self._cut_at(match.position)
+                self.finish_reason = FinishReason.STOP
+            elif len(self.token_ids) >= self._request.max_tokens:
+                self.finish_reason = FinishReason.MAX_TOKENS
+            elif self.remaining == 0:
+                self.finish_reason = FinishReason.CONTEXT_LENGTH
+
+    def _cut_at(self, position: int) -> None:
+        """Drop the stop string and everything after it (tokens that reach into it too)."""
+        keep = sum(1 for end in self._text_end if end <= position)
+        del self.token_ids[keep:]
+        del self._text_end[keep:]
+        self.text = self.text[:position]
+
+    def finish(self) -> None:
+        if self.finish_reason != FinishReason.STOP:
+            self._detokenizer.flush()
+            self.text = self._detokenizer.text
+
+    def take_chunk(self) -> StreamChunk:
+        """What can be streamed now: text that no stop string can still cut, and its tokens."""
+        if self.finish_reason is None:
+            safe = safe_text_length(self.text, list(self._request.stop))
+            tokens_end = sum(1 for end in self._text_end if end <= safe)
+        else:
+            safe, tokens_end = len(self.text), len(self.token_ids)
+        chunk = StreamChunk(
+            self.token_ids[self._tokens_streamed : tokens_end],
+            self.text[self._text_streamed : safe],
+        )
+        self._tokens_streamed = max(self._tokens_streamed, tokens_end)
+        self._text_streamed = max(self._text_streamed, safe)
+        return chunk
+
+
+class Coordinator:
+    """Runs speculative decoding rounds between a drafter and a verifier."""
+
+    def __init__(
+        self,
+        drafter: DraftSource,
+        verifier: TargetVerifier,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        draft_context_window: int = 16,
+    ) -> None:
+        """draft_context_window: how many trailing tokens the drafter sees (>= its max order)."""
+        self.drafter = drafter
+        self.verifier = verifier
+        self.tokenizer = tokenizer
+        self.draft_context_window = draft_context_window
+        info = verifier.info
+        self.eos_token_ids = set(info.eos_token_ids)
+        self.max_context_length = info.max_context_length
+
+    def generate(self, request: GenerationRequest, **kwargs: object) -> GenerationResult:
+        """Run the request to completion and return the result."""
+        for item in self.stream(request, **kwargs):  # type: ignore[arg-type]
+            if isinstance(item, GenerationResult):
+                return item
+        raise AssertionError("stream ended without a result")
+
+    def stream(
+        self,
+        request: GenerationRequest,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[StreamChunk | GenerationResult]:
+        """Yield StreamChunks as tokens are accepted, then one GenerationResult.
+
+        cancelled: polled between rounds; when it returns True the rounds stop and the
+        verifier session is released.
+        """
+        request.validate()
+        if len(request.prompt_ids) >= self.max_context_length:
+            raise OutOfRangeError(
+                f"prompt: {len(request.prompt_ids)} tokens do not fit the model's context of "
+                f"{self.max_context_length} tokens (leave room for at least one new token)"
+            )
+        started = time.perf_counter()
+        stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
+        output = _OutputBuffer(self.tokenizer, request, self.eos_token_ids, self.max_context_length)
+        session_id = uuid.uuid4().hex
+        prefilled = False
+        try:
+            if output.finish_reason is None:
+                t0 = time.perf_counter()
+                first = self.verifier.prefill(
+                    session_id, request.prompt_ids, request.temperature, request.seed
+                )
+                prefilled = True
+                stats.verify_seconds += time.perf_counter() - t0
+                stats.rounds += 1
+                output.add([first])
+                yield output.take_chunk()
+            context = list(request.prompt_ids) + output.token_ids
+            while output.finish_reason is None:
+                if cancelled is not None and cancelled():
+                    log.info("generation cancelled after %d tokens", len(output.token_ids))
+                    return
+                k = min(request.draft.k, output.remaining - 1)
+                proposal = self._draft(context, request, k, stats) if k > 0 else DraftProposal()
+                t0 = time.perf_counter()
+                sampled = request.draft.strategy == "sampling"
+                result = self.verifier.verify(
+                    session_id,
+                    proposal.token_ids,
+                    proposal.distributions if sampled and proposal.token_ids else None,
+                )
+                stats.verify_seconds += time.perf_counter() - t0
+                stats.record_round(len(proposal.token_ids), result.accepted_count)
+                before = len(output.token_ids)
+                output.add(result.token_ids)
+                context.extend(output.token_ids[before:])
+                yield output.take_chunk()
+            output.finish()
+            if prefilled:
+                prefilled = False
+                self._release(session_id)
+            stats.generated_tokens = len(output.token_ids)
+            stats.total_seconds = time.perf_counter() - started
+            final_chunk = output.take_chunk()
+            if final_chunk.token_ids or final_chunk.text_delta:
+                yield final_chunk
+            yield GenerationResult(output.text, output.token_ids, output.finish_reason, stats)
+        finally:
+            if prefilled:
+                self._release(session_id)
+
+    def _draft(
+        self, context: list[int], request: GenerationRequest, k: int, stats: GenerationStats
+    ) -> DraftProposal:
+        """Ask the drafter for up to k tokens; a failure gives an empty draft, never an error."""
+        params = request.draft if k == request.draft.k else replace(request.draft, k=k)
+        t0 = time.perf_counter()
+        try:
+            return self.drafter.propose(
+                context[-self.draft_context_window :],
+                params,
+                _draft_seed(request.seed, stats.rounds),
+            )
+        except Exception as exc:  # drafts are an optimisation: go on without one
+            stats.draft_failures += 1
+            log.warning("draft failed, continuing with an empty draft: %s", exc)
+            return DraftProposal()
+        finally:
+            stats.draft_seconds += time.perf_counter() - t0
+
+    def _release(self, session_id: str) -> None:
+        try:
+            self.verifier.release(session_id)
+        except Exception as exc:  # the session expires on the verifier's TTL anyway
+            log.warning("could not release verifier session %s: %s", session_id, exc)

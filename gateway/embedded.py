@@ -1,0 +1,109 @@
+"""Embedded mode: the drafter and the verifier as in-process objects, no servers.
+
+from gateway import SpeculativeDecoder, DraftConfig, VerifierConfig, GenerationConfig
+
+decoder = SpeculativeDecoder(
+    graph_path="graphs/tinystories",
+    verifier_config=VerifierConfig(model_name="demo/stories260K"),
+    draft_config=DraftConfig(k=8, strategy="greedy"),
+)
+result = decoder.generate(
+    prompt="Once upon a time",
+    generation_config=GenerationConfig(max_tokens=100, temperature=0.8, seed=0),
+)
+print(result.text, result.acceptance_rate, result.stats.tokens_per_round)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from draft_service.drafting import Drafter
+from draft_service.graph import NGramGraph
+from gateway.alignment import check_tokenizer_alignment
+from gateway.coordinator import (
+    Coordinator,
+    GenerationRequest,
+    GenerationResult,
+    StreamChunk,
+    encode_prompt,
+)
+from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
+from speculant.tokenizer import load_tokenizer
+from speculant.types import DraftParams
+from verifier_service.verifier import LocalVerifier
+
+
+class SpeculativeDecoder:
+    """Speculative decoding with a corpus n-gram graph as the drafter, all in this process."""
+
+    def __init__(
+        self,
+        graph_path: str | Path,
+        verifier_config: VerifierConfig | None = None,
+        draft_config: DraftConfig | None = None,
+    ) -> None:
+        self.verifier_config = verifier_config or VerifierConfig()
+        self.draft_config = draft_config or DraftConfig()
+        self.graph = NGramGraph.open(graph_path)
+        self.verifier = LocalVerifier(self.verifier_config)
+        info = self.verifier.info
+        meta = self.graph.meta
+        check_tokenizer_alignment(
+            meta.tokenizer_name,
+            meta.tokenizer_fingerprint,
+            info.tokenizer_name,
+            info.tokenizer_fingerprint,
+        )
+        self.tokenizer = load_tokenizer(
+            self.verifier_config.model_name, hf_token=self.verifier_config.hf_token
+        )
+        self.coordinator = Coordinator(
+            Drafter(self.graph),
+            self.verifier,
+            self.tokenizer,
+            draft_context_window=meta.max_order,
+        )
+
+    def _request(
+        self,
+        prompt: str,
+        messages: list[dict[str, str]] | None,
+        generation_config: GenerationConfig | None,
+        draft_config: DraftConfig | None,
+    ) -> GenerationRequest:
+        generation = generation_config or GenerationConfig()
+        draft = draft_config or self.draft_config
+        return GenerationRequest(
+            prompt_ids=encode_prompt(self.tokenizer, prompt, messages),
+            max_tokens=generation.max_tokens,
+            temperature=generation.temperature,
+            seed=generation.seed,
+            stop=tuple(generation.stop),
+            draft=DraftParams.from_config(draft),
+        )
+
+    def generate(
+        self,
+        prompt: str = "",
+        *,
+        messages: list[dict[str, str]] | None = None,
+        generation_config: GenerationConfig | None = None,
+        draft_config: DraftConfig | None = None,
+    ) -> GenerationResult:
+        """Generate a completion of a text prompt (or of chat messages)."""
+        request = self._request(prompt, messages, generation_config, draft_config)
+        return self.coordinator.generate(request)
+
+    def generate_stream(
+        self,
+        prompt: str = "",
+        *,
+        messages: list[dict[str, str]] | None = None,
+        generation_config: GenerationConfig | None = None,
+        draft_config: DraftConfig | None = None,
+    ) -> Iterator[StreamChunk | GenerationResult]:
+        """Yield StreamChunks as tokens are accepted, then the GenerationResult."""
+        request = self._request(prompt, messages, generation_config, draft_config)
+        return self.coordinator.stream(request)

@@ -1,0 +1,210 @@
+"""The gateway service: Generate and GenerateStream over the draft and verifier services.
+
+At start-up (and again whenever the check has not yet succeeded, e.g. a backend was down) the
+gateway compares the graph's tokenizer fingerprint with the verifier's and refuses to generate
+on a mismatch (FAILED_PRECONDITION naming both tokenizers).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+
+import grpc
+
+from gateway.alignment import check_tokenizer_alignment
+from gateway.clients import GrpcDraftClient, GrpcVerifierClient
+from gateway.coordinator import (
+    Coordinator,
+    GenerationRequest,
+    GenerationResult,
+    StreamChunk,
+    encode_prompt,
+)
+from gateway.stats import GenerationStats
+from gateway.stopping import FinishReason
+from speculant.config import DraftConfig, GenerationConfig
+from speculant.errors import FailedPreconditionError, InvalidArgumentError
+from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
+from speculant.types import DraftParams
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "speculant.v1.GatewayService"
+
+FINISH_REASON_TO_PROTO = {
+    FinishReason.EOS: gateway_pb2.FINISH_REASON_EOS,
+    FinishReason.MAX_TOKENS: gateway_pb2.FINISH_REASON_MAX_TOKENS,
+    FinishReason.STOP: gateway_pb2.FINISH_REASON_STOP,
+    FinishReason.CONTEXT_LENGTH: gateway_pb2.FINISH_REASON_CONTEXT_LENGTH,
+}
+STRATEGY_FROM_PROTO = {
+    common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None,
+    common_pb2.DRAFT_STRATEGY_GREEDY: "greedy",
+    common_pb2.DRAFT_STRATEGY_SAMPLING: "sampling",
+}
+MAX_TOKENS_LIMIT = 1 << 20
+
+
+def stats_to_proto(stats: GenerationStats) -> gateway_pb2.GenerationStats:
+    return gateway_pb2.GenerationStats(**stats.as_dict())
+
+
+def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftConfig) -> DraftParams:
+    """Request draft options over the configured defaults (unset optional field = default)."""
+    if options.strategy not in STRATEGY_FROM_PROTO:
+        raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
+    values = defaults.model_dump()
+    for name in (
+        "k",
+        "attentive_mix",
+        "order_bias",
+        "mix_temperature",
+        "reliability_weight",
+        "entropy_penalty",
+    ):
+        if options.HasField(name):
+            values[name] = getattr(options, name)
+    values["strategy"] = STRATEGY_FROM_PROTO[options.strategy] or defaults.strategy
+    return DraftParams(**values)
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
+    """Generate / GenerateStream: validate, tokenize, run the coordinator's rounds."""
+
+    def __init__(
+        self,
+        drafter: GrpcDraftClient,
+        verifier: GrpcVerifierClient,
+        *,
+        tokenizer_name: str | None = None,
+        draft_defaults: DraftConfig | None = None,
+        generation_defaults: GenerationConfig | None = None,
+    ) -> None:
+        self.drafter = drafter
+        self.verifier = verifier
+        self.tokenizer_name = tokenizer_name
+        self.draft_defaults = draft_defaults or DraftConfig()
+        self.generation_defaults = generation_defaults or GenerationConfig()
+        self._coordinator: Coordinator | None = None
+        self._lock = threading.Lock()
+
+    def coordinator(self) -> Coordinator:
+        """The coordinator, created once the backends answer and their tokenizers agree."""
+        with self._lock:
+            if self._coordinator is None:
+                self._coordinator = self._connect()
+            return self._coordinator
+
+    def _connect(self) -> Coordinator:
+        info = self.verifier.info
+        graph = self.drafter.graph_info()
+        check_tokenizer_alignment(
+            graph.tokenizer_name,
+            graph.tokenizer_fingerprint,
+            info.tokenizer_name,
+            info.tokenizer_fingerprint,
+        )
+        tokenizer = load_tokenizer(self.tokenizer_name or info.tokenizer_name)
+        if tokenizer_fingerprint(tokenizer) != info.tokenizer_fingerprint:
+            raise FailedPreconditionError(
+                f"the gateway's tokenizer {self.tokenizer_name or info.tokenizer_name!r} differs "
+                f"from the verifier's ({info.tokenizer_name!r})"
+            )
+        log.info(
+            "backends ready: model %s, graph of order %d (tokenizer %s)",
+            info.model_name,
+            graph.max_order,
+            info.tokenizer_name,
+        )
+        return Coordinator(
+            self.drafter, self.verifier, tokenizer, draft_context_window=graph.max_order
+        )
+
+    def _to_request(
+        self, request: gateway_pb2.GenerateRequest, coordinator: Coordinator
+    ) -> GenerationRequest:
+        defaults = self.generation_defaults
+        max_tokens = request.max_tokens if request.HasField("max_tokens") else defaults.max_tokens
+        if max_tokens > MAX_TOKENS_LIMIT:
+            raise InvalidArgumentError("max_tokens", f"must be <= {MAX_TOKENS_LIMIT}")
+        messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        return GenerationRequest(
+            prompt_ids=encode_prompt(coordinator.tokenizer, request.prompt, messages or None),
+            max_tokens=max_tokens,
+            temperature=(
+                request.temperature if request.HasField("temperature") else defaults.temperature
+            ),
+            seed=request.seed if request.HasField("seed") else defaults.seed,
+            stop=tuple(request.stop) or tuple(defaults.stop),
+            draft=draft_params_from_proto(request.draft, self.draft_defaults),
+        ).validate()
+
+    def _stream(
+        self, request: gateway_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[StreamChunk | GenerationResult]:
+        coordinator = self.coordinator()
+        gen_request = self._to_request(request, coordinator)
+        return coordinator.stream(gen_request, cancelled=lambda: not context.is_active())
+
+    @map_errors
+    def Generate(
+        self, request: gateway_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> gateway_pb2.GenerateResponse:
+        for item in self._stream(request, context):
+            if isinstance(item, GenerationResult):
+                return gateway_pb2.GenerateResponse(
+                    text=item.text,
+                    token_ids=item.token_ids,
+                    finish_reason=FINISH_REASON_TO_PROTO[item.finish_reason],
+                    stats=stats_to_proto(item.stats),
+                )
+        context.abort(grpc.StatusCode.CANCELLED, "generation cancelled")
+
+    @map_stream_errors
+    def GenerateStream(
+        self, request: gateway_pb2.GenerateRequest, context: grpc.ServicerContext
+    ) -> Iterator[gateway_pb2.GenerateStreamResponse]:
+        for item in self._stream(request, context):
+            if isinstance(item, GenerationResult):
+                yield gateway_pb2.GenerateStreamResponse(
+                    finish_reason=FINISH_REASON_TO_PROTO[item.finish_reason],
+                    stats=stats_to_proto(item.stats),
+                )
+            elif item.token_ids or item.text_delta:
+                yield gateway_pb2.GenerateStreamResponse(
+                    text_delta=item.text_delta, token_ids=item.token_ids
+                )
+
+
+def start_gateway(
+    draft_addresses: Sequence[str],
+    verifier_address: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 50050,
+    tokenizer_name: str | None = None,
+    draft_timeout_s: float = 0.25,
+    check_backends: bool = True,
+) -> tuple[ServiceServer, GatewayServicer]:
+    """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch."""
+    servicer = GatewayServicer(
+        GrpcDraftClient(draft_addresses, timeout_s=draft_timeout_s),
+        GrpcVerifierClient(verifier_address),
+        tokenizer_name=tokenizer_name,
+    )
+    if check_backends:
+        try:
+            servicer.coordinator()
+        except FailedPreconditionError:
+            raise
+        except Exception as exc:  # a backend not up yet: check again on the first request
+            log.warning("backends not ready yet (%s); will check on the first request", exc)
+    server = ServiceServer(host, port, [SERVICE_NAME], max_workers=32)
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
+    server.start()
+    server.set_serving()
+    return server, servicer

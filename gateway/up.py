@@ -1,0 +1,177 @@
+"""`speculant up`: the three services as child processes on localhost, stopped together.
+
+Children get SIGTERM when `up` exits (and, on Linux, when `up` itself dies: PR_SET_PDEATHSIG),
+so no orphan keeps a port or a model in memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from speculant.health import wait_until_serving
+
+PR_SET_PDEATHSIG = 1
+
+
+def register_up(subparsers: argparse._SubParsersAction) -> None:
+    up = subparsers.add_parser(
+        "up", help="start draft, verifier and gateway services together on localhost"
+    )
+    up.add_argument("--graph", required=True)
+    up.add_argument("--model", required=True)
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--gateway-port", type=int, default=50050)
+    up.add_argument("--draft-port", type=int, default=50051)
+    up.add_argument("--verifier-port", type=int, default=50052)
+    up.add_argument("--device", default="auto")
+    up.add_argument("--startup-timeout", type=float, default=300.0)
+    up.set_defaults(handler=run_up)
+
+
+def _die_with_parent() -> None:
+    # Not on Linux: `up` still stops its children when it exits normally.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class Child:
+    name: str
+    address: str
+    process: subprocess.Popen
+
+
+def _start(name: str, address: str, args: list[str]) -> Child:
+    command = [sys.executable, "-m", "speculant.cli", *args]
+    process = subprocess.Popen(command, preexec_fn=_die_with_parent)
+    return Child(name, address, process)
+
+
+def stop_children(children: list[Child], grace_s: float = 10.0) -> None:
+    """SIGTERM every child, then SIGKILL whoever is still running after grace_s."""
+    for child in children:
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        try:
+            child.process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    host = args.host
+    draft = f"{host}:{args.draft_port}"
+    verifier = f"{host}:{args.verifier_port}"
+    gateway = f"{host}:{args.gateway_port}"
+    children: list[Child] = []
+    stop = {"requested": False}
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop["requested"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        children.append(
+            _start(
+                "draft",
+                draft,
+                [
+                    "serve-draft",
+                    "--graph",
+                    args.graph,
+                    "--host",
+                    host,
+                    "--port",
+                    str(args.draft_port),
+                ],
+            )
+        )
+        children.append(
+            _start(
+                "verifier",
+                verifier,
+                [
+                    "serve-verifier",
+                    "--model",
+                    args.model,
+                    "--host",
+                    host,
+                    "--port",
+                    str(args.verifier_port),
+                    "--device",
+                    args.device,
+                ],
+            )
+        )
+        for child in children:
+            if not _wait_ready(child, args.startup_timeout, stop):
+                return 1
+        children.append(
+            _start(
+                "gateway",
+                gateway,
+                [
+                    "serve-gateway",
+                    "--draft",
+                    draft,
+                    "--verifier",
+                    verifier,
+                    "--host",
+                    host,
+                    "--port",
+                    str(args.gateway_port),
+                ],
+            )
+        )
+        if not _wait_ready(children[-1], args.startup_timeout, stop):
+            return 1
+        print(
+            f"ready: gateway {gateway} (draft {draft}, verifier {verifier}); Ctrl-C stops all\n"
+            f'try: grpcurl -plaintext -d \'{{"prompt": "Once upon a time", '
+            f'"max_tokens": 50, "temperature": 0}}\' {gateway} '
+            "speculant.v1.GatewayService/Generate",
+            flush=True,
+        )
+        while not stop["requested"]:
+            for child in children:
+                if child.process.poll() is not None:
+                    print(
+                        f"error: the {child.name} service exited (code {child.process.returncode})",
+                        file=sys.stderr,
+                    )
+                    return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        stop_children(children)
+
+
+def _wait_ready(child: Child, timeout_s: float, stop: dict[str, bool]) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop["requested"]:
+        if child.process.poll() is not None:
+            print(
+                f"error: the {child.name} service failed to start "
+                f"(code {child.process.returncode})",
+                file=sys.stderr,
+            )
+            return False
+        if wait_until_serving(child.address, timeout_s=0.5):
+            return True
+    if not stop["requested"]:
+        print(
+            f"error: the {child.name} service did not become ready in {timeout_s:.0f} s",
+            file=sys.stderr,
+        )
+    return False

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Install the project with its test extras into .venv, then run the default test suite.
+# Slow tests (full corpora, every prompt over the services) are separate: scripts/test.sh -m slow
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh dev
+.venv/bin/ruff format --check .
+.venv/bin/ruff check .
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,36 @@
+"""Settings come from arguments, then SPECULANT_* environment variables (nested with __)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from speculant.config import DraftConfig, GenerationConfig, SpeculantSettings, VerifierConfig
+
+
+def test_defaults_match_the_design():
+    draft = DraftConfig()
+    assert (draft.k, draft.strategy, draft.attentive_mix) == (5, "greedy", True)
+    assert (draft.order_bias, draft.reliability_weight) == (1.0, 1.0)
+    assert (draft.entropy_penalty, draft.mix_temperature) == (0.5, 1.0)
+    generation = GenerationConfig()
+    assert (generation.max_tokens, generation.temperature, generation.seed) == (100, 1.0, None)
+
+
+def test_environment_variables_nested(monkeypatch):
+    monkeypatch.setenv("SPECULANT_DRAFT__K", "10")
+    monkeypatch.setenv("SPECULANT_VERIFIER__MODEL_NAME", "some/model")
+    assert DraftConfig().k == 10
+    assert VerifierConfig().model_name == "some/model"
+    settings = SpeculantSettings()
+    assert settings.draft.k == 10
+    assert settings.verifier.model_name == "some/model"
+    assert DraftConfig(k=3).k == 3  # explicit arguments win
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"k": 0}, {"k": 65}, {"mix_temperature": 0}, {"entropy_penalty": -1}]
+)
+def test_bad_draft_settings_are_rejected(kwargs):
+    with pytest.raises(ValidationError):
+        DraftConfig(**kwargs)
