@@ -1,0 +1,215 @@
+"""The round loop's bookkeeping, with a scripted verifier: stop conditions, streaming, stats.
+
+The verifier here emits a fixed token sequence (the "model's" output) and accepts exactly the
+draft tokens that match it, as greedy verification does; exactness against the real model is
+tested in tests/test_exactness.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from gateway.coordinator import Coordinator, GenerationRequest, GenerationResult, StreamChunk
+from gateway.stopping import FinishReason
+from speculant.errors import InvalidArgumentError, OutOfRangeError
+from speculant.tokenizer import load_tokenizer
+from speculant.types import DraftParams, DraftProposal, ModelInfo, VerifyResult
+from tests.conftest import STORIES_MODEL
+
+EOS = 2
+STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside."
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(str(STORIES_MODEL))
+
+
+class ScriptedVerifier:
+    """Emits `script` token by token; accepts the longest matching draft prefix."""
+
+    def __init__(self, script: list[int], max_context_length: int = 512) -> None:
+        self.script = script
+        self.position = 0  # tokens of the script emitted so far
+        self.released: list[str] = []
+        self.verify_calls: list[int] = []  # draft length of each Verify
+        self.info = ModelInfo("scripted", "t", "fp", 512, [EOS], max_context_length, "cpu", "f32")
+
+    def prefill(self, session_id, prompt_ids, temperature=1.0, seed=None) -> int:
+        self.position = 1
+        return self.script[0]
+
+    def verify(self, session_id, draft_ids, draft_distributions=None) -> VerifyResult:
+        self.verify_calls.append(len(draft_ids))
+        start = self.position
+        accepted = 0
+        while accepted < len(draft_ids) and draft_ids[accepted] == self.script[start + accepted]:
+            accepted += 1
+        self.position = start + accepted + 1
+        return VerifyResult(accepted, self.script[start : self.position])
+
+    def release(self, session_id) -> bool:
+        self.released.append(session_id)
+        return True
+
+
+class OracleDrafter:
+    """Drafts the script's next tokens; with wrong_at=i, draft position i is always wrong."""
+
+    def __init__(self, verifier: ScriptedVerifier, wrong_at: int | None = None) -> None:
+        self.verifier, self.wrong_at = verifier, wrong_at
+        self.contexts: list[list[int]] = []
+
+    def propose(self, context_ids: Sequence[int], params: DraftParams, seed=None):
+        self.contexts.append(list(context_ids))
+        start = self.verifier.position
+        drafts = list(self.verifier.script[start : start + params.k])
+        if self.wrong_at is not None and len(drafts) > self.wrong_at:
+            drafts[self.wrong_at] = (drafts[self.wrong_at] + 1) % 512
+        return DraftProposal(token_ids=drafts, distributions=[], matched_orders=[1] * len(drafts))
+
+
+class FailingDrafter:
+    def propose(self, context_ids, params, seed=None):
+        raise ConnectionError("draft service down")
+
+
+def setup(tokenizer, *, wrong_at=None, failing=False, max_context_length=512, text=STORY):
+    prompt = tokenizer("Hello").input_ids
+    script = [*tokenizer(text, add_special_tokens=False).input_ids, EOS]
+    verifier = ScriptedVerifier(script, max_context_length)
+    drafter = FailingDrafter() if failing else OracleDrafter(verifier, wrong_at)
+    coordinator = Coordinator(drafter, verifier, tokenizer, draft_context_window=5)
+    return coordinator, verifier, drafter, prompt, script
+
+
+def run(coordinator, prompt, **kwargs) -> tuple[list[StreamChunk], GenerationResult]:
+    items = list(coordinator.stream(GenerationRequest(prompt_ids=prompt, **kwargs)))
+    assert isinstance(items[-1], GenerationResult)
+    assert all(isinstance(i, StreamChunk) for i in items[:-1])
+    return items[:-1], items[-1]
+
+
+def test_eos_ends_generation_and_is_not_returned(tokenizer):
+    coordinator, verifier, _, prompt, script = setup(tokenizer)
+    chunks, result = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    assert result.finish_reason == FinishReason.EOS
+    assert result.token_ids == script[:-1]
+    assert result.text == " " + STORY  # the continuation of "Hello" starts with a space
+    assert verifier.released, "the verifier session must be released"
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+    assert "".join(c.text_delta for c in chunks) == result.text
+
+
+def test_perfect_drafts_give_k_plus_one_tokens_per_round(tokenizer):
+    coordinator, verifier, _, prompt, _ = setup(tokenizer)
+    _, result = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    stats = result.stats
+    assert stats.rounds == 1 + len(verifier.verify_calls)  # the prefill counts as a round
+    assert stats.accepted_tokens == stats.draft_tokens
+    assert stats.acceptance_rate == 1.0
+    assert stats.tokens_per_round > 3.0
+    assert stats.accepted_by_position[0] == len(verifier.verify_calls)
+
+
+def test_acceptance_by_position_counts_the_first_rejection(tokenizer):
+    coordinator, verifier, _, prompt, _ = setup(tokenizer, wrong_at=2)
+    _, result = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    stats = result.stats
+    full_rounds = sum(1 for n in verifier.verify_calls if n >= 3)
+    assert stats.accepted_by_position[2] == 0  # position 2 is always wrong
+    assert stats.accepted_by_position[0] == stats.accepted_by_position[1] >= full_rounds
+    assert stats.accepted_tokens < stats.draft_tokens
+    assert result.token_ids == verifier.script[:-1]  # wrong drafts never change the output
+
+
+def test_max_tokens_is_never_exceeded_and_drafts_shrink_to_fit(tokenizer):
+    coordinator, verifier, _, prompt, script = setup(tokenizer)
+    chunks, result = run(coordinator, prompt, max_tokens=7, draft=DraftParams(k=4))
+    assert result.finish_reason == FinishReason.MAX_TOKENS
+    assert result.token_ids == script[:7]
+    assert sum(verifier.verify_calls) + len(verifier.verify_calls) + 1 == 7  # no wasted drafts
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+
+
+def test_max_tokens_zero_runs_no_model(tokenizer):
+    coordinator, verifier, _, prompt, _ = setup(tokenizer)
+    _, result = run(coordinator, prompt, max_tokens=0)
+    assert result.token_ids == [] and result.finish_reason == FinishReason.MAX_TOKENS
+    assert result.stats.rounds == 0 and verifier.verify_calls == []
+
+
+def test_stop_string_cuts_text_and_tokens(tokenizer):
+    coordinator, _, _, prompt, _ = setup(tokenizer)
+    chunks, result = run(coordinator, prompt, max_tokens=500, stop=("little girl",))
+    assert result.finish_reason == FinishReason.STOP
+    assert result.text == " Once upon a time, there was a "
+    assert "little" not in tokenizer.decode(result.token_ids)
+    assert "".join(c.text_delta for c in chunks) == result.text
+    assert [t for c in chunks for t in c.token_ids] == result.token_ids
+
+
+def test_context_length_stops_generation(tokenizer):
+    coordinator, _, _, prompt, script = setup(
+        tokenizer, max_context_length=len(prompt_of(tokenizer)) + 5
+    )
+    _, result = run(coordinator, prompt, max_tokens=100, draft=DraftParams(k=8))
+    assert result.finish_reason == FinishReason.CONTEXT_LENGTH
+    assert result.token_ids == script[:5]
+
+
+def prompt_of(tokenizer):
+    return tokenizer("Hello").input_ids
+
+
+def test_prompt_that_fills_the_context_is_out_of_range(tokenizer):
+    coordinator, _, _, prompt, _ = setup(tokenizer, max_context_length=len(prompt_of(tokenizer)))
+    with pytest.raises(OutOfRangeError, match="prompt"):
+        run(coordinator, prompt)
+
+
+def test_failing_drafter_never_fails_the_request(tokenizer):
+    coordinator, verifier, _, prompt, script = setup(tokenizer, failing=True)
+    _, result = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    assert result.token_ids == script[:-1]
+    assert result.stats.draft_failures == len(verifier.verify_calls) > 0
+    assert result.stats.draft_tokens == 0
+
+
+def test_drafter_sees_the_tail_of_prompt_and_output(tokenizer):
+    coordinator, _, drafter, prompt, script = setup(tokenizer)
+    run(coordinator, prompt, max_tokens=10, draft=DraftParams(k=2))
+    assert drafter.contexts[0] == (prompt + script[:1])[-5:]
+    assert all(len(c) <= 5 for c in drafter.contexts)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"draft": DraftParams(k=0)}, "draft.k"),
+        ({"draft": DraftParams(k=65)}, "draft.k"),
+        ({"draft": DraftParams(mix_temperature=0)}, "draft.mix_temperature"),
+        ({"draft": DraftParams(order_bias=-1)}, "draft.order_bias"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_bad_parameters_name_the_field(tokenizer, kwargs, field):
+    coordinator, verifier, _, prompt, _ = setup(tokenizer)
+    with pytest.raises(InvalidArgumentError) as info:
+        run(coordinator, prompt, **kwargs)
+    assert info.value.field == field
+    assert verifier.position == 0  # nothing ran
+
+
+def test_cancellation_stops_the_rounds_and_releases(tokenizer):
+    coordinator, verifier, _, prompt, _ = setup(tokenizer)
+    request = GenerationRequest(prompt_ids=prompt, max_tokens=500, draft=DraftParams(k=1))
+    items = list(coordinator.stream(request, cancelled=lambda: len(verifier.verify_calls) >= 2))
+    assert not any(isinstance(i, GenerationResult) for i in items)
+    assert len(verifier.verify_calls) == 2
+    assert verifier.released
