@@ -1,11 +1,162 @@
-"""Command-line subcommands of the builder package."""
+"""Command-line subcommands of the builder package.
+
+- ``speculant build --corpus PATH [PATH ...] --tokenizer NAME_OR_DIR --out GRAPH_DIR [...]``
+- ``speculant graph-info GRAPH_DIR [--json]``
+- ``speculant bench build --corpus ... --tokenizer ... [--json OUT]``
+
+Handlers import the builder (numpy, lmdb, transformers) only when they run. Errors print one
+line to stderr and exit with status 1; nothing is published by a failed build.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import sys
+
+MAX_ORDER_LIMIT = 10  # speculant.graph_format.MAX_SUPPORTED_ORDER (not imported: keep it light)
+
+
+def parse_escapes(text: str) -> str:
+    """Turn backslash escapes typed on a command line (``'\\n\\n'``, ``'\\t'``) into text."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+def _order(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_ORDER_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be in 1..{MAX_ORDER_LIMIT}, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_corpus_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="corpus files, directories (recursive) or globs (.jsonl: one record per line)",
+    )
+    p.add_argument(
+        "--tokenizer", required=True, metavar="NAME_OR_DIR", help="Hugging Face tokenizer"
+    )
+    p.add_argument("--max-order", type=_order, default=5, help="highest context length (1..10)")
+    p.add_argument(
+        "--doc-separator",
+        type=parse_escapes,
+        default=None,
+        metavar="STR",
+        help="split plain-text files into documents at STR (escapes allowed: '\\n\\n\\n'); "
+        "default: one document per file",
+    )
+    p.add_argument("--text-field", default="text", help="JSON-lines field holding the text")
+    p.add_argument(
+        "--chunk-size", type=_positive, default=10000, help="tokens counted per numpy step"
+    )
+    p.add_argument("--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)")
 
 
 def register(
     subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
 ) -> None:
     """Add this package's subcommands (and its `speculant bench` targets)."""
+    build = subparsers.add_parser(
+        "build",
+        help="build an n-gram graph from a corpus",
+        description="Tokenize a corpus, count its n-grams exactly and publish an LMDB graph.",
+    )
+    _add_corpus_args(build)
+    build.add_argument("--out", required=True, metavar="GRAPH_DIR", help="graph directory")
+    build.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
+    build.set_defaults(handler=run_build)
+
+    info = subparsers.add_parser("graph-info", help="show a graph's meta and statistics")
+    info.add_argument("graph", metavar="GRAPH_DIR")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(handler=run_graph_info)
+
+    bench = bench_subparsers.add_parser(
+        "build", help="time a graph build (wall, peak RSS, throughput, size)"
+    )
+    _add_corpus_args(bench)
+    bench.add_argument("--out", default=None, help="graph directory (default: a temporary one)")
+    bench.add_argument("--json", default=None, metavar="OUT", help="also write figures as JSON")
+    bench.set_defaults(handler=run_bench_build)
+
+
+def _fail(command: str, exc: BaseException) -> int:
+    print(f"speculant {command}: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def _builder_errors() -> tuple[type[BaseException], ...]:
+    from builder.errors import BuildError
+    from speculant.graph_format import GraphFormatError
+    from speculant.tokenizer import TokenizerLoadError
+
+    return (BuildError, GraphFormatError, TokenizerLoadError, ValueError, OSError)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    if args.quiet:
+        logging.getLogger("builder").setLevel(logging.WARNING)
+    errors = _builder_errors()
+    try:
+        from builder import GraphBuilder
+
+        builder = GraphBuilder(
+            tokenizer_name=args.tokenizer,
+            max_order=args.max_order,
+            chunk_size=args.chunk_size,
+            hf_token=args.hf_token,
+            progress=False if args.quiet else None,
+        )
+        with builder:
+            builder.build_from_files(
+                args.corpus, text_field=args.text_field, doc_separator=args.doc_separator
+            )
+            meta = builder.save(args.out)
+    except errors as exc:
+        return _fail("build", exc)
+    if not args.quiet:
+        print(
+            f"built {args.out}: {meta.corpus_documents:,} documents, "
+            f"{meta.corpus_tokens:,} tokens, orders 1..{meta.max_order}, "
+            f"{meta.build_seconds:.1f} s",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def run_graph_info(args: argparse.Namespace) -> int:
+    from builder.info import format_info, graph_info
+    from speculant.graph_format import GraphFormatError
+
+    try:
+        info = graph_info(args.graph)
+    except GraphFormatError as exc:
+        return _fail("graph-info", exc)
+    print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_info(info))
+    return 0
+
+
+def run_bench_build(args: argparse.Namespace) -> int:
+    from builder.bench import bench_build, format_bench
+
+    try:
+        figures = bench_build(args)
+    except _builder_errors() as exc:
+        return _fail("bench build", exc)
+    print(format_bench(figures))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2, sort_keys=True)
+    return 0

@@ -30,7 +30,6 @@ from gateway.coordinator import (
     encode_prompt,
 )
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
-from speculant.tokenizer import load_tokenizer
 from speculant.types import DraftParams
 from verifier_service.verifier import LocalVerifier
 
@@ -56,9 +55,7 @@ class SpeculativeDecoder:
             info.tokenizer_name,
             info.tokenizer_fingerprint,
         )
-        self.tokenizer = load_tokenizer(
-            self.verifier_config.model_name, hf_token=self.verifier_config.hf_token
-        )
+        self.tokenizer = self.verifier.model.tokenizer
         self.coordinator = Coordinator(
             Drafter(self.graph),
             self.verifier,

@@ -28,6 +28,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import torch
+
+    # One torch thread: the test model is tiny (one forward is about 1 ms), and on a shared
+    # 2-core machine a second OpenMP thread that spins while the other core is busy makes every
+    # forward 10-50x slower. Product code keeps torch's default.
+    torch.set_num_threads(1)
     if not STORIES_MODEL.is_dir():
         raise pytest.UsageError(
             f"shared test assets not found at {SHARED}: put ../shared beside the project "

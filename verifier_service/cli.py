@@ -1,11 +1,114 @@
-"""Command-line subcommands of the verifier_service package."""
+"""Command-line subcommands of the verifier_service package.
+
+- ``speculant serve-verifier --model NAME_OR_DIR ...``: the gRPC verifier service.
+- ``speculant bench verifier --model NAME_OR_DIR [--json OUT]``: Prefill/Verify costs.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="hub name or local folder of the model")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument(
+        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
+    )
+    parser.add_argument("--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)")
+    parser.add_argument(
+        "--download-mode",
+        choices=["auto", "offline", "force"],
+        default="auto",
+        help="auto: cache then network; offline: local cache/folder only; force: re-download",
+    )
 
 
 def register(
     subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
 ) -> None:
     """Add this package's subcommands (and its `speculant bench` targets)."""
+    serve = subparsers.add_parser(
+        "serve-verifier", help="serve the target model (Prefill/Verify/Release) over gRPC"
+    )
+    _add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=50052)
+    serve.add_argument(
+        "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
+    )
+    serve.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
+    serve.set_defaults(handler=serve_verifier)
+
+    bench = bench_subparsers.add_parser(
+        "verifier", help="median Prefill/Verify times, in process and over gRPC"
+    )
+    _add_model_args(bench)
+    bench.add_argument("--repeats", type=int, default=200)
+    bench.add_argument(
+        "--grpc-address",
+        default=None,
+        help="measure this running verifier (default: start serve-verifier on a free port)",
+    )
+    bench.add_argument("--json", default=None, metavar="OUT", help="also write the figures here")
+    bench.set_defaults(handler=bench_verifier)
+
+
+def _config(args: argparse.Namespace) -> object:
+    from pydantic import ValidationError
+
+    from speculant.config import VerifierConfig
+
+    overrides: dict[str, object] = {
+        "model_name": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "download_mode": args.download_mode,
+    }
+    if args.hf_token:
+        overrides["hf_token"] = args.hf_token
+    if getattr(args, "session_ttl", None) is not None:
+        overrides["session_ttl_s"] = args.session_ttl
+    if getattr(args, "max_sessions", None) is not None:
+        overrides["max_sessions"] = args.max_sessions
+    try:
+        return VerifierConfig(**overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SystemExit(
+            f"error: invalid {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        ) from None
+
+
+def serve_verifier(args: argparse.Namespace) -> int:
+    from verifier_service.model import ModelLoadError
+    from verifier_service.server import start_server
+
+    config = _config(args)
+    try:
+        server, verifier = start_server(config, args.host, args.port)  # type: ignore[arg-type]
+    except (ModelLoadError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"verifier listening on {server.address}", file=sys.stderr, flush=True)
+    try:
+        server.wait_for_termination_signal()
+    finally:
+        verifier.close()
+    return 0
+
+
+def bench_verifier(args: argparse.Namespace) -> int:
+    from verifier_service.bench import main
+    from verifier_service.model import ModelLoadError
+
+    config = _config(args)
+    try:
+        return main(args, config)  # type: ignore[arg-type]
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

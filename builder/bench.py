@@ -1,0 +1,102 @@
+"""``speculant bench build``: time one graph build and report its figures.
+
+Figures: wall time (tokenizer load included), peak RSS of this process and its children,
+tokenizing throughput (tokens per second of tokenizer time) and counting+writing throughput
+(tokens per second of counting, spilling, merging and LMDB writing), graph size on disk, corpus
+tokens and contexts per order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process plus that of its largest waited-for child."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return (own + children) * 1024  # Linux reports KiB
+
+
+def bench_build(args: argparse.Namespace) -> dict[str, Any]:
+    """Build a graph from the arguments of ``bench build`` and return the figures."""
+    from builder import GraphBuilder
+    from builder.info import disk_usage
+
+    logging.getLogger("builder").setLevel(logging.WARNING)
+    scratch = None
+    out = args.out
+    if out is None:
+        scratch = Path(tempfile.mkdtemp(prefix="speculant-bench-"))
+        out = scratch / "graph"
+    try:
+        t0 = time.perf_counter()
+        builder = GraphBuilder(
+            tokenizer_name=args.tokenizer,
+            max_order=args.max_order,
+            chunk_size=args.chunk_size,
+            hf_token=args.hf_token,
+            progress=False,
+        )
+        t_loaded = time.perf_counter()
+        with builder:
+            builder.build_from_files(
+                args.corpus, text_field=args.text_field, doc_separator=args.doc_separator
+            )
+            meta = builder.save(out)
+        wall = time.perf_counter() - t0
+        s = builder.stats
+        count_write = s.count_seconds + s.write_seconds
+        return {
+            "corpus": list(args.corpus),
+            "tokenizer": args.tokenizer,
+            "max_order": args.max_order,
+            "doc_separator": args.doc_separator,
+            "chunk_size": args.chunk_size,
+            "wall_seconds": round(wall, 3),
+            "tokenizer_load_seconds": round(t_loaded - t0, 3),
+            "read_seconds": round(s.read_seconds, 3),
+            "tokenize_seconds": round(s.tokenize_seconds, 3),
+            "count_seconds": round(s.count_seconds, 3),
+            "merge_write_seconds": round(s.write_seconds, 3),
+            "tokenize_tokens_per_second": round(s.tokens / max(s.tokenize_seconds, 1e-9)),
+            "count_write_tokens_per_second": round(s.tokens / max(count_write, 1e-9)),
+            "peak_rss_bytes": peak_rss_bytes(),
+            "graph_size_on_disk_bytes": disk_usage(Path(out)),
+            "documents": meta.corpus_documents,
+            "tokens": meta.corpus_tokens,
+            "contexts_per_order": {str(o.order): o.contexts for o in meta.orders},
+            "ngrams_per_order": {str(o.order): o.ngrams for o in meta.orders},
+        }
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def format_bench(f: dict[str, Any]) -> str:
+    """The figures as aligned text."""
+    mib = 2**20
+    lines = [
+        f"corpus:                {' '.join(f['corpus'])}",
+        f"tokenizer:             {f['tokenizer']} (max order {f['max_order']})",
+        f"documents / tokens:    {f['documents']:,} / {f['tokens']:,}",
+        f"wall time:             {f['wall_seconds']:.2f} s "
+        f"(tokenizer load {f['tokenizer_load_seconds']:.2f} s)",
+        f"peak RSS:              {f['peak_rss_bytes'] / mib:,.0f} MiB",
+        f"tokenizing:            {f['tokenize_seconds']:.2f} s, "
+        f"{f['tokenize_tokens_per_second']:,} tokens/s",
+        f"counting + writing:    {f['count_seconds'] + f['merge_write_seconds']:.2f} s "
+        f"(count {f['count_seconds']:.2f} s, merge+write {f['merge_write_seconds']:.2f} s), "
+        f"{f['count_write_tokens_per_second']:,} tokens/s",
+        f"graph size on disk:    {f['graph_size_on_disk_bytes'] / mib:,.1f} MiB",
+        "contexts per order:    "
+        + ", ".join(f"{o}: {n:,}" for o, n in f["contexts_per_order"].items()),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Reading a published graph's meta and statistics (for ``speculant graph-info``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from speculant.graph_format import GraphFormatError, open_graph_env, order_db_name, read_meta
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes the directory's files occupy on disk (allocated blocks)."""
+    return sum(f.stat().st_blocks * 512 for f in path.iterdir() if f.is_file())
+
+
+def graph_info(path: str | Path) -> dict[str, Any]:
+    """The meta record plus size on disk; checks every order's entry count against the meta.
+
+    Raises GraphFormatError for a missing, unfinished or corrupt graph.
+    """
+    path = Path(path)
+    env = open_graph_env(path)
+    try:
+        meta = read_meta(env, path)
+        for stats in meta.orders:
+            try:
+                db = env.open_db(order_db_name(stats.order), create=False)
+                entries = _entries(env, db)
+            except lmdb.Error as exc:
+                raise GraphFormatError(
+                    f"corrupt graph {path}: order {stats.order} unreadable ({exc})"
+                ) from exc
+            if entries != stats.contexts:
+                raise GraphFormatError(
+                    f"corrupt graph {path}: order {stats.order} has {entries} contexts, "
+                    f"the meta says {stats.contexts}"
+                )
+    finally:
+        env.close()
+    info = asdict(meta)
+    info["path"] = str(path.resolve())
+    info["size_on_disk_bytes"] = disk_usage(path)
+    info["size_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return info
+
+
+def _entries(env: lmdb.Environment, db) -> int:
+    with env.begin(db=db) as txn:
+        return int(txn.stat(db)["entries"])
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """Human-readable graph-info text."""
+    params = info.get("build_params", {})
+    lines = [
+        f"graph:          {info['path']}",
+        f"format version: {info['format_version']}",
+        f"tokenizer:      {info['tokenizer_name']}",
+        f"fingerprint:    {info['tokenizer_fingerprint']}",
+        f"vocab size:     {info['vocab_size']:,}",
+        f"max order:      {info['max_order']}",
+        f"corpus:         {info['corpus_documents']:,} documents, {info['corpus_tokens']:,} tokens",
+        f"built at:       {info['built_at']} in {info['build_seconds']:.1f} s",
+        f"inputs:         {' '.join(params.get('inputs', []))}",
+        f"doc separator:  {params.get('doc_separator')!r}   text field: "
+        f"{params.get('text_field')!r}   chunk size: {params.get('chunk_size')}",
+        f"size on disk:   {info['size_on_disk_bytes'] / 2**20:,.1f} MiB "
+        f"({info['size_bytes']:,} bytes)",
+        "",
+        f"{'order':>5} {'contexts':>12} {'n-grams':>12} {'total count':>13}",
+    ]
+    for o in info["orders"]:
+        lines.append(
+            f"{o['order']:>5} {o['contexts']:>12,} {o['ngrams']:>12,} {o['total_count']:>13,}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""Publishing a finished graph directory atomically.
+
+A graph is built in a *temporary directory* beside the output, named
+``.<name>.tmp-<pid>-<random>`` in the output's parent (same filesystem, and a name no reader
+uses), then fsynced and published:
+
+- no graph at the output path yet: one ``rename`` (atomic);
+- a previous graph there: an atomic swap with Linux ``renameat2(RENAME_EXCHANGE)`` (through
+  ctypes), then the old graph (now under the temporary name) is removed. Where the call is not
+  available (not Linux, old glibc, a filesystem without it) the fallback is two renames (old
+  graph -> ``.<name>.old-*``, new -> output): readers may then find no graph for an instant,
+  but never a partial one.
+
+A killed build leaves only a temporary directory (never served, since its name differs); those of
+builds whose process is gone are removed by the next build of the same output (and spilled-run
+directories ``.speculant-runs-<pid>-*`` of dead builders by the next builder).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from builder.errors import BuildError
+from speculant.graph_format import DATA_FILE
+
+AT_FDCWD = -100
+RENAME_EXCHANGE = 2
+
+
+def check_output(out: Path) -> None:
+    """Refuse an output path that exists and is not a graph directory (or an empty one)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise BuildError(f"refusing to replace {out}: it exists and is not a graph directory")
+    if (out / DATA_FILE).is_file() or not any(out.iterdir()):
+        return
+    raise BuildError(f"refusing to replace {out}: it is a non-empty directory but not a graph")
+
+
+def temp_prefix(out: Path) -> str:
+    return f".{out.name}.tmp-"
+
+
+def make_temp_dir(out: Path) -> Path:
+    """Create the temporary build directory beside out (creating out's parent if needed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{temp_prefix(out)}{os.getpid()}-", dir=out.parent))
+
+
+def remove_stale_temp_dirs(out: Path) -> None:
+    """Remove temporary directories of earlier builds of out whose process no longer runs."""
+    prefix = temp_prefix(out)
+    if not out.parent.is_dir():
+        return
+    for entry in out.parent.iterdir():
+        if not entry.name.startswith(prefix) or not entry.is_dir():
+            continue
+        pid = entry.name[len(prefix) :].split("-", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+RUNS_PREFIX = ".speculant-runs-"  # + "<pid>-<random>": a builder's spilled runs
+
+
+def remove_stale_run_dirs(work_dir: str | os.PathLike[str] | None) -> None:
+    """Remove spilled-run directories of builders whose process no longer runs."""
+    parent = Path(work_dir if work_dir is not None else tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in parent.iterdir():
+            if not entry.name.startswith(RUNS_PREFIX) or not entry.is_dir():
+                continue
+            pid = entry.name[len(RUNS_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file in the directory, then the directory itself."""
+    for entry in path.iterdir():
+        if entry.is_file():
+            fd = os.open(entry, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    fsync_dir(path)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False if unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    renameat2.restype = ctypes.c_int
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Atomically make the finished graph in tmp visible at out, replacing any previous one."""
+    fsync_tree(tmp)
+    if out.exists():
+        check_output(out)
+        if _exchange(tmp, out):
+            shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the previous graph
+        else:
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rename(out, old / "graph")
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(old / "graph", out)
+                shutil.rmtree(old, ignore_errors=True)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, out)
+    with contextlib.suppress(OSError):
+        fsync_dir(out.parent)

@@ -1,0 +1,245 @@
+"""Read-only access to a published n-gram graph (see :mod:`speculant.graph_format`).
+
+Terms: an *order-o context* is the last o token ids; its *successors* are the token ids seen after
+it in the corpus, with their *counts*. A context *matches* at order o when the chain of order o
+holds it.
+
+The LMDB environment is memory-mapped read-only: pages are read from the file on demand and belong
+to the page cache, so the process RSS does not grow with the graph's size. Each thread keeps one
+long-lived read transaction (the graph never changes once published), so a lookup is one B-tree
+``get`` per order with no transaction set-up, and values are zero-copy views into the map that
+stay valid while the graph is open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lmdb
+import numpy as np
+
+from speculant.graph_format import (
+    DATA_FILE,
+    KEY_DTYPE,
+    MAX_SUPPORTED_ORDER,
+    GraphFormatError,
+    GraphMeta,
+    decode_successors,
+    open_graph_env,
+    order_db_name,
+    read_meta,
+)
+
+_MADV_DONTNEED = 4
+
+
+def _load_madvise() -> Callable[..., int] | None:
+    """libc's madvise, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_MADVISE = _load_madvise()
+
+
+class _SharedEnvironments:
+    """One LMDB environment per graph file per process, shared by every NGramGraph on it.
+
+    LMDB forbids opening the same environment twice in one process (the embedded decoder and a
+    draft service in one test process, or two drafters, would otherwise fail); the environment
+    is closed when its last graph closes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[lmdb.Environment, int]] = {}
+
+    def acquire(self, path: Path) -> lmdb.Environment:
+        key = str(path.resolve())
+        with self._lock:
+            env, users = self._open.get(key, (None, 0))
+            if env is None:
+                env = open_graph_env(path, readonly=True)
+            self._open[key] = (env, users + 1)
+            return env
+
+    def release(self, path: Path) -> None:
+        key = str(path.resolve())
+        with self._lock:
+            env, users = self._open[key]
+            if users > 1:
+                self._open[key] = (env, users - 1)
+            else:
+                del self._open[key]
+                env.close()
+
+
+_ENVIRONMENTS = _SharedEnvironments()
+
+
+class NGramGraph:
+    """A graph opened read-only: per-order successor lookups and its meta record."""
+
+    def __init__(self, path: Path, env: lmdb.Environment, meta: GraphMeta) -> None:
+        self.path = path
+        self.meta = meta
+        self.max_order = meta.max_order
+        self.vocab_size = meta.vocab_size
+        self._env = env
+        # dbs[o] is the handle of the chain of order o; dbs[0] is unused.
+        self._dbs: list[lmdb._Database | None] = [None]
+        for order in range(1, meta.max_order + 1):
+            try:
+                self._dbs.append(env.open_db(order_db_name(order), create=False))
+            except lmdb.Error as exc:
+                _ENVIRONMENTS.release(path)
+                raise GraphFormatError(
+                    f"corrupt graph {path}: the chain of order {order} is missing ({exc})"
+                ) from exc
+        self._local = threading.local()
+        self._txns: list[lmdb.Transaction] = []
+        self._txns_lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path) -> NGramGraph:
+        """Open a published graph; GraphFormatError if missing, unfinished, corrupt or unknown."""
+        path = Path(path)
+        env = _ENVIRONMENTS.acquire(path)
+        try:
+            meta = read_meta(env, path)
+        except BaseException:
+            _ENVIRONMENTS.release(path)
+            raise
+        if not 1 <= meta.max_order <= MAX_SUPPORTED_ORDER or meta.vocab_size < 1:
+            _ENVIRONMENTS.release(path)
+            raise GraphFormatError(
+                f"corrupt graph {path}: max_order={meta.max_order}, vocab_size={meta.vocab_size}"
+            )
+        return cls(path, env, meta)
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def _txn(self) -> lmdb.Transaction:
+        """This thread's long-lived read transaction (values it returns are views into the map)."""
+        if self._closed:
+            raise GraphFormatError(f"graph {self.path} is closed")
+        txn = getattr(self._local, "txn", None)
+        if txn is None:
+            txn = self._env.begin(buffers=True)
+            with self._txns_lock:
+                self._txns.append(txn)
+            self._local.txn = txn
+        return txn
+
+    def raw_lookup(self) -> tuple[lmdb.Transaction, list[lmdb._Database | None]]:
+        """(this thread's transaction, db handle per order) for the drafter's hot loop.
+
+        ``txn.get(key, db=dbs[o])`` returns a memoryview into the map, valid until close().
+        """
+        return self._txn(), self._dbs
+
+    def successors(self, context_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Successors of the whole context (order = len(context_ids)): (ids [n], counts [n]).
+
+        Sorted by count descending, then id ascending; None when the context does not match.
+        The arrays are copies (safe to keep after close()).
+        """
+        order = len(context_ids)
+        if not 1 <= order <= self.max_order:
+            return None
+        key = np.asarray(context_ids, dtype=np.int64)
+        if key.min() < 0 or key.max() > 0xFFFFFFFF:
+            return None
+        value = self._txn().get(key.astype(KEY_DTYPE).tobytes(), db=self._dbs[order])
+        if value is None:
+            return None
+        ids, counts = decode_successors(value)
+        return ids.astype(np.int64), counts.astype(np.int64)
+
+    def sample_contexts(self, order: int, n: int, rng: np.random.Generator) -> list[list[int]]:
+        """n contexts of the given order that exist in the graph, near uniformly random keys.
+
+        Each is the first key at or after a random key (LMDB's ``set_range``); used by the
+        benchmark to build realistic requests.
+        """
+        out: list[list[int]] = []
+        with self._env.begin(db=self._dbs[order]) as txn:
+            cursor = txn.cursor()
+            if not cursor.first():
+                return out
+            for _ in range(n):
+                probe = rng.integers(0, self.vocab_size, size=order).astype(KEY_DTYPE).tobytes()
+                if not cursor.set_range(probe) and not cursor.first():
+                    break
+                out.append(np.frombuffer(cursor.key(), dtype=KEY_DTYPE).astype(int).tolist())
+        return out
+
+    # -- resident memory -----------------------------------------------------------------------
+
+    def _map_regions(self) -> list[tuple[int, int]]:
+        """(start, end) addresses of this graph's data.mdb mapping in this process (Linux)."""
+        regions = getattr(self, "_regions", None)
+        if regions is None:
+            regions = []
+            target = str((self.path / DATA_FILE).resolve())
+            try:
+                with open("/proc/self/maps", encoding="utf-8") as maps:
+                    for line in maps:
+                        fields = line.split(maxsplit=5)
+                        if len(fields) == 6 and fields[5].strip() == target:
+                            start, end = (int(x, 16) for x in fields[0].split("-"))
+                            regions.append((start, end))
+            except OSError:
+                pass
+            self._regions = regions
+        return regions
+
+    def release_pages(self) -> int:
+        """Unmap the graph pages this process has touched; return the bytes advised.
+
+        Lookups fault pages of the read-only map into the process (and the kernel maps
+        neighbouring cached pages too), so RSS would creep towards the graph's size. The pages
+        stay in the OS page cache: the next lookup that needs one takes a cheap minor fault.
+        Safe at any time, also while other threads read (the mapping is read-only and shared).
+        """
+        if self._closed or _MADVISE is None:
+            return 0
+        released = 0
+        for start, end in self._map_regions():
+            if _MADVISE(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED) == 0:
+                released += end - start
+        return released
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the environment; lookups afterwards raise GraphFormatError."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._txns_lock:
+            for txn in self._txns:
+                with contextlib.suppress(lmdb.Error):
+                    txn.abort()
+            self._txns.clear()
+        _ENVIRONMENTS.release(self.path)
+
+    def __enter__(self) -> NGramGraph:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

@@ -1,0 +1,234 @@
+"""The draft service over gRPC: speculant.v1.DraftService (Propose, GetGraphInfo).
+
+This module only translates between protos and the drafting core (:mod:`draft_service.drafting`);
+unset optional fields take the server's default DraftParams, DRAFT_STRATEGY_UNSPECIFIED means the
+default strategy (greedy). Bad requests become INVALID_ARGUMENT naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+
+from draft_service.drafting import Drafter
+from draft_service.graph import NGramGraph
+from speculant.errors import InvalidArgumentError, UnavailableError
+from speculant.grpc_server import ServiceServer, map_errors
+from speculant.types import DraftParams, DraftProposal
+from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
+_STRATEGIES = {
+    common_pb2.DRAFT_STRATEGY_GREEDY: "greedy",
+    common_pb2.DRAFT_STRATEGY_SAMPLING: "sampling",
+}
+# How often the server unmaps the graph pages it touched (see NGramGraph.release_pages).
+RELEASE_INTERVAL_S = 0.5
+_OPTIONAL_FLOATS = ("order_bias", "mix_temperature", "reliability_weight", "entropy_penalty")
+
+
+def params_from_request(
+    request: draft_pb2.ProposeRequest, defaults: DraftParams
+) -> tuple[DraftParams, int | None]:
+    """(validated DraftParams, seed or None) from a ProposeRequest; unset fields take defaults."""
+    changes: dict[str, object] = {}
+    if request.HasField("k"):
+        changes["k"] = request.k
+    if request.strategy != common_pb2.DRAFT_STRATEGY_UNSPECIFIED:
+        if request.strategy not in _STRATEGIES:
+            raise InvalidArgumentError(
+                "strategy", f"unknown DraftStrategy value {request.strategy}"
+            )
+        changes["strategy"] = _STRATEGIES[request.strategy]
+    if request.HasField("attentive_mix"):
+        changes["attentive_mix"] = request.attentive_mix
+    for name in _OPTIONAL_FLOATS:
+        if request.HasField(name):
+            value = getattr(request, name)
+            if math.isnan(value):
+                raise InvalidArgumentError(name, "must be a number, got NaN")
+            changes[name] = value
+    params = replace(defaults, **changes) if changes else defaults
+    seed = request.seed if request.HasField("seed") else None
+    return params.validate(), seed
+
+
+def proposal_to_response(proposal: DraftProposal) -> draft_pb2.ProposeResponse:
+    """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders)."""
+    response = draft_pb2.ProposeResponse(
+        draft_token_ids=proposal.token_ids, matched_orders=proposal.matched_orders
+    )
+    for dist in proposal.distributions:
+        response.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
+    return response
+
+
+class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
+    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run."""
+
+    def __init__(self, defaults: DraftParams | None = None) -> None:
+        self.defaults = (defaults or DraftParams()).validate()
+        self.graph: NGramGraph | None = None
+        self.drafter: Drafter | None = None
+
+    def load(self, graph: NGramGraph) -> None:
+        self.graph = graph
+        self.drafter = Drafter(graph)
+
+    def _ready(self) -> tuple[NGramGraph, Drafter]:
+        if self.graph is None or self.drafter is None:
+            raise UnavailableError("the draft service is still opening its graph")
+        return self.graph, self.drafter
+
+    @map_errors
+    def Propose(
+        self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
+    ) -> draft_pb2.ProposeResponse:
+        _, drafter = self._ready()
+        params, seed = params_from_request(request, self.defaults)
+        proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+        return proposal_to_response(proposal)
+
+    @map_errors
+    def GetGraphInfo(
+        self, request: draft_pb2.GetGraphInfoRequest, context: grpc.ServicerContext
+    ) -> draft_pb2.GetGraphInfoResponse:
+        graph, _ = self._ready()
+        meta = graph.meta
+        return draft_pb2.GetGraphInfoResponse(
+            format_version=meta.format_version,
+            max_order=meta.max_order,
+            tokenizer_name=meta.tokenizer_name,
+            tokenizer_fingerprint=meta.tokenizer_fingerprint,
+            vocab_size=meta.vocab_size,
+            corpus_documents=meta.corpus_documents,
+            corpus_tokens=meta.corpus_tokens,
+            orders=[
+                draft_pb2.OrderStats(
+                    order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
+                )
+                for o in meta.orders
+            ],
+            build_params_json=json.dumps(meta.build_params, sort_keys=True),
+            built_at=meta.built_at,
+            graph_path=str(graph.path.resolve()),
+        )
+
+
+class DraftServer:
+    """A running draft service: gRPC server (health, reflection) + servicer + graph.
+
+    start() binds and answers health NOT_SERVING; load_graph() opens the graph and switches
+    health to SERVING; stop() shuts down and closes the graph.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 50051,
+        *,
+        workers: int = 8,
+        defaults: DraftParams | None = None,
+        release_interval_s: float = RELEASE_INTERVAL_S,
+    ) -> None:
+        self.servicer = DraftServicer(defaults)
+        self.server = ServiceServer(host, port, [SERVICE_NAME], max_workers=workers)
+        draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
+        self._stopped = threading.Event()
+        self.release_interval_s = release_interval_s
+        self._releaser: threading.Thread | None = None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self) -> None:
+        self.server.start()
+
+    def load_graph(self, graph_path: str | Path) -> NGramGraph:
+        """Open the graph (GraphFormatError if bad), then report SERVING."""
+        graph = NGramGraph.open(graph_path)
+        self.servicer.load(graph)
+        self.server.set_serving()
+        if self.release_interval_s > 0:
+            self._releaser = threading.Thread(
+                target=self._release_loop, args=(graph,), name="graph-pages", daemon=True
+            )
+            self._releaser.start()
+        return graph
+
+    def _release_loop(self, graph: NGramGraph) -> None:
+        """Keep RSS bounded: unmap the graph pages touched since the last pass, periodically."""
+        while not self._stopped.wait(self.release_interval_s):
+            graph.release_pages()
+
+    def stop(self, grace: float | None = 5.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.server.stop(grace)
+        if self._releaser is not None:
+            self._releaser.join()
+        if self.servicer.graph is not None:
+            self.servicer.graph.close()
+
+    def wait_for_termination_signal(self, grace: float = 5.0) -> None:
+        self.server.wait_for_termination_signal(grace)
+        self.stop(grace)
+
+
+def start_server(
+    graph_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    *,
+    workers: int = 8,
+    defaults: DraftParams | None = None,
+) -> DraftServer:
+    """Start a draft service on host:port (port 0: any free port) with the graph loaded.
+
+    Health is NOT_SERVING from the bind until the graph is open, then SERVING. A bad graph
+    raises GraphFormatError after the server has been stopped again.
+    """
+    server = DraftServer(host, port, workers=workers, defaults=defaults)
+    server.start()
+    try:
+        server.load_graph(graph_path)
+    except BaseException:
+        server.stop(0)
+        raise
+    return server
+
+
+def serve(
+    graph_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    *,
+    workers: int = 8,
+    defaults: DraftParams | None = None,
+) -> None:
+    """Run the draft service until SIGINT/SIGTERM, then stop gracefully."""
+    server = start_server(graph_path, host, port, workers=workers, defaults=defaults)
+    graph = server.servicer.graph
+    assert graph is not None
+    log.info(
+        "draft service serving %s (max order %d, vocab %d) on %s",
+        graph.path,
+        graph.max_order,
+        graph.vocab_size,
+        server.address,
+    )
+    server.wait_for_termination_signal()

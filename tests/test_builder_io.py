@@ -1,0 +1,234 @@
+"""Builder inputs, errors, atomic publish (a killed build) and the CLI (build, graph-info)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, STORIES_MODEL, TINYSTORIES_TRAIN
+
+import builder.corpus as corpus
+from builder import BuildError, CorpusError, GraphBuilder
+from builder.cli import parse_escapes
+from speculant.cli import main
+from speculant.graph_format import open_graph_env, read_meta
+
+STORIES = str(STORIES_MODEL)
+
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f".{name}."))
+
+
+# -- corpus reading --------------------------------------------------------------------------
+
+
+def test_separator_split_across_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(corpus, "READ_BLOCK_BYTES", 3)  # separators and UTF-8 chars straddle blocks
+    docs = ["héllo wörld", "  second €", "third\n\nparagraph", "x"]
+    path = tmp_path / "c.txt"
+    path.write_text("\n\n\n".join(docs) + "\n\n\n\n\n\n", encoding="utf-8")
+    assert list(corpus.iter_documents([path], doc_separator="\n\n\n")) == docs
+    assert list(corpus.iter_documents([path])) == [path.read_text(encoding="utf-8")]
+
+
+def test_inputs_dirs_and_globs(tmp_path: Path) -> None:
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for rel in ("d/b.txt", "d/sub/a.jsonl", "d/.hidden.txt", "e1.txt", "e2.txt"):
+        (tmp_path / rel).write_text('{"text": "t"}' if rel.endswith("l") else "t")
+    got = corpus.resolve_inputs([tmp_path / "d", str(tmp_path / "e*.txt"), tmp_path / "e1.txt"])
+    assert [p.relative_to(tmp_path).as_posix() for p in got] == [
+        "d/b.txt",
+        "d/sub/a.jsonl",
+        "e1.txt",
+        "e2.txt",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("bad.txt", b"fine\nline two \xff\xfe here\n", "bad.txt:2: not valid UTF-8"),
+        ("bad.jsonl", b'{"text": "a"}\n{"text": oops}\n', "bad.jsonl:2: not a JSON line"),
+        ("nofield.jsonl", b'{"text": "a"}\n{"body": "b"}\n', "nofield.jsonl:2: record has no"),
+        (
+            "badutf.jsonl",
+            b'{"text": "a"}\n\n{"text": "\xc3("}\n',
+            "badutf.jsonl:3: not valid UTF-8",
+        ),
+    ],
+)
+def test_bad_input_errors_and_nothing_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, content: bytes, message: str
+) -> None:
+    bad = tmp_path / name
+    bad.write_bytes(content)
+    out = tmp_path / "graph"
+    rc = main(["build", "--corpus", str(bad), "--tokenizer", STORIES, "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1
+    assert message in err and str(bad) in err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists() and leftovers(tmp_path, "graph") == []
+
+
+@pytest.mark.parametrize("missing", ["nope.txt", "nodir/*.txt"])
+def test_missing_input(tmp_path: Path, capsys: pytest.CaptureFixture[str], missing: str) -> None:
+    out = tmp_path / "graph"
+    path = str(tmp_path / missing)
+    rc = main(["build", "--corpus", path, "--tokenizer", STORIES, "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1 and path in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_api_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="max_order"):
+        GraphBuilder(tokenizer_name=STORIES, max_order=11)
+    b = GraphBuilder(tokenizer_name=STORIES, max_order=2)
+    with pytest.raises(CorpusError, match="not found"):
+        b.build_from_files([str(tmp_path / "missing.txt")])
+    with pytest.raises(BuildError, match="no documents"):
+        b.save(tmp_path / "graph")
+    (tmp_path / "notgraph").mkdir()
+    (tmp_path / "notgraph" / "precious.txt").write_text("keep me")
+    (tmp_path / "c.txt").write_text("hello")
+    b.build_from_files([str(tmp_path / "c.txt")])
+    with pytest.raises(BuildError, match="refusing to replace"):
+        b.save(tmp_path / "notgraph")
+    assert (tmp_path / "notgraph" / "precious.txt").read_text() == "keep me"
+
+
+def test_parse_escapes() -> None:
+    assert parse_escapes(r"\n\n\n") == "\n\n\n"
+    assert parse_escapes(r"\t--é--\\") == "\t--é--\\"
+
+
+# -- publish ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_republish_replaces_previous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exchange: bool
+) -> None:
+    import builder.publish as publish
+
+    if not exchange:
+        monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
+    out = tmp_path / "graph"
+    for i, text in enumerate(["one two", "three four five"]):
+        (tmp_path / f"c{i}.txt").write_text(text)
+        b = GraphBuilder(tokenizer_name=STORIES, max_order=2)
+        b.build_from_files([str(tmp_path / f"c{i}.txt")])
+        meta = b.save(out)
+        b.close()
+        assert read_meta(open_graph_env(out), out).corpus_tokens == meta.corpus_tokens
+    assert meta.build_params["inputs"] == [str(tmp_path / "c1.txt")]
+    assert leftovers(tmp_path, "graph") == []
+
+
+def test_killed_build_leaves_previous_graph(tmp_path: Path) -> None:
+    """SIGKILL a `speculant build` while it writes: the previous graph stays, readable."""
+    out = tmp_path / "graph"
+    (tmp_path / "small.txt").write_text("Once upon a time there was a cat.")
+    b = GraphBuilder(tokenizer_name=STORIES, max_order=3)
+    b.build_from_files([str(tmp_path / "small.txt")])
+    before = b.save(out)
+    cmd = [sys.executable, "-m", "speculant.cli", "build", "--corpus", str(TINYSTORIES_TRAIN)]
+    cmd += ["--tokenizer", STORIES, "--doc-separator", r"\n\n\n", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # kill as soon as the LMDB write phase starts
+            if "writing graph" in line:
+                proc.send_signal(signal.SIGKILL)
+                break
+        else:
+            pytest.fail("build ended without reaching the write phase")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    meta = read_meta(open_graph_env(out), out)
+    assert meta.built_at == before.built_at and meta.corpus_tokens == before.corpus_tokens
+    assert [p.name for p in tmp_path.iterdir() if p.name == "graph"] == ["graph"]
+    stale = leftovers(tmp_path, "graph")
+    assert stale and all(".tmp-" in n for n in stale)  # the killed build's temporary dir
+    # the next build of the same output removes the dead build's temporary directory
+    b = GraphBuilder(tokenizer_name=STORIES, max_order=3)
+    b.build_from_files([str(tmp_path / "small.txt")])
+    b.save(out)
+    assert leftovers(tmp_path, "graph") == []
+
+
+# -- graph-info ------------------------------------------------------------------------------
+
+
+def test_graph_info_cli(tinystories_graph: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["graph-info", str(tinystories_graph)]) == 0
+    text = capsys.readouterr().out
+    assert "max order:      5" in text and "4,660 documents" in text and "size on disk" in text
+    assert main(["graph-info", str(tinystories_graph), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["max_order"] == 5 and info["corpus_documents"] == 4660
+    assert [o["order"] for o in info["orders"]] == [1, 2, 3, 4, 5]
+    assert info["size_on_disk_bytes"] > 1_000_000
+    assert info["build_params"]["doc_separator"] == "\n\n\n"
+
+
+def test_graph_info_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import lmdb
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "corrupt").mkdir()
+    (tmp_path / "corrupt" / "data.mdb").write_bytes(b"not an lmdb file" * 1000)
+    env = lmdb.open(str(tmp_path / "unfinished"), max_dbs=4)
+    env.open_db(b"order:1")
+    env.close()
+    cases = {
+        "missing": "graph not found",
+        "empty": "not a graph",
+        "corrupt": "cannot open graph",
+        "unfinished": "unfinished graph",
+    }
+    for name, message in cases.items():
+        assert main(["graph-info", str(tmp_path / name)]) == 1, name
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_build_grows_lmdb_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A build whose LMDB map fills up grows it and retries (jsonl input, --text-field)."""
+    import builder.graph_builder as gb
+    from builder.lmdb_writer import GraphWriter
+
+    grown = []
+
+    class TinyMap(GraphWriter):
+        def __init__(self, path: Path, map_size: int) -> None:
+            super().__init__(path, map_size)
+            self.env.set_mapsize(64 << 10)
+
+        def _grow(self) -> None:
+            grown.append(self.env.info()["map_size"])
+            super()._grow()
+
+    monkeypatch.setattr(gb, "GraphWriter", TinyMap)
+    lines = [json.dumps({"body": s}) for s in TINYSTORIES_TRAIN.read_text().split("\n\n\n")[:300]]
+    (tmp_path / "c.jsonl").write_text("\n".join(lines))
+    out = tmp_path / "graph"
+    args = ["build", "--corpus", str(tmp_path / "c.jsonl"), "--tokenizer", STORIES]
+    assert main([*args, "--text-field", "body", "--out", str(out), "--max-order", "4"]) == 0
+    assert grown, "the map never filled up: the test does not exercise growth"
+    assert "built" in capsys.readouterr().err
+    meta = read_meta(open_graph_env(out), out)
+    assert meta.corpus_documents == 300 and meta.max_order == 4
+    assert main(["graph-info", str(out)]) == 0  # entry counts match the meta

@@ -1,0 +1,224 @@
+"""The gateway over real services on localhost: streaming, determinism, errors, degraded drafts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from gateway.clients import GrpcDraftClient, GrpcVerifierClient
+from gateway.server import GatewayServicer, start_gateway
+from speculant.config import GenerationConfig
+from speculant.errors import FailedPreconditionError
+from speculant.health import health_status
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2
+from tests.conftest import GPT2_TOKENIZER, STORIES_MODEL
+from tests.e2e_fixtures import embedded_decoder, services, verifier_config  # noqa: F401
+
+PROMPT = "Once upon a time, there was a little dog named"
+
+
+def generate_request(**kwargs) -> gateway_pb2.GenerateRequest:
+    kwargs.setdefault("prompt", PROMPT)
+    kwargs.setdefault("max_tokens", 48)
+    return gateway_pb2.GenerateRequest(**kwargs)
+
+
+def test_health_and_reflection_on_every_service(services):  # noqa: F811
+    for address in (services.draft_address, services.verifier_address, services.gateway_address):
+        assert health_status(address) == "SERVING"
+
+
+def test_stream_text_equals_unary_text(services):  # noqa: F811
+    request = generate_request(temperature=0.8, seed=11, max_tokens=80)
+    unary = services.gateway.Generate(request, timeout=60)
+    messages = list(services.gateway.GenerateStream(request, timeout=60))
+    final = messages[-1]
+    assert final.finish_reason == unary.finish_reason != gateway_pb2.FINISH_REASON_UNSPECIFIED
+    assert final.stats.rounds == unary.stats.rounds
+    assert "".join(m.text_delta for m in messages) == unary.text
+    assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
+    assert len(messages) > 3  # tokens were streamed as they were accepted
+
+
+def test_seeded_requests_are_deterministic_embedded_and_over_grpc(services, embedded_decoder):  # noqa: F811
+    request = generate_request(
+        temperature=0.9,
+        seed=1234,
+        draft=common_pb2.DraftOptions(k=6, strategy=common_pb2.DRAFT_STRATEGY_SAMPLING),
+    )
+    first = services.gateway.Generate(request, timeout=60)
+    second = services.gateway.Generate(request, timeout=60)
+    assert list(first.token_ids) == list(second.token_ids)
+    from speculant.config import DraftConfig
+
+    generation = GenerationConfig(max_tokens=48, temperature=0.9, seed=1234)
+    draft = DraftConfig(k=6, strategy="sampling")
+    local_a = embedded_decoder.generate(PROMPT, generation_config=generation, draft_config=draft)
+    local_b = embedded_decoder.generate(PROMPT, generation_config=generation, draft_config=draft)
+    assert local_a.token_ids == local_b.token_ids
+    # The same rounds run in one process or across three: the same tokens.
+    assert local_a.token_ids == list(first.token_ids)
+    other_seed = services.gateway.Generate(
+        generate_request(temperature=0.9, seed=4321, draft=request.draft), timeout=60
+    )
+    assert list(other_seed.token_ids) != list(first.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"prompt": ""}, "prompt"),
+        ({"draft": common_pb2.DraftOptions(k=0)}, "draft.k"),
+        ({"draft": common_pb2.DraftOptions(k=65)}, "draft.k"),
+        ({"draft": common_pb2.DraftOptions(mix_temperature=0.0)}, "draft.mix_temperature"),
+        ({"draft": common_pb2.DraftOptions(entropy_penalty=-0.5)}, "draft.entropy_penalty"),
+        ({"messages": [gateway_pb2.ChatMessage(role="user", content="hi")]}, "messages"),
+        ({"stop": [""]}, "stop"),
+    ],
+)
+def test_bad_parameters_are_invalid_argument_naming_the_field(services, kwargs, field):  # noqa: F811
+    if "prompt" not in kwargs and "messages" in kwargs:
+        kwargs["prompt"] = ""
+    with pytest.raises(grpc.RpcError) as info:
+        services.gateway.Generate(generate_request(**kwargs), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in info.value.details()
+
+
+def test_unknown_session_is_not_found(services):  # noqa: F811
+    with pytest.raises(grpc.RpcError) as info:
+        services.verifier.Verify(verifier_pb2.VerifyRequest(session_id="nope"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_sessions_are_released_after_each_request(services):  # noqa: F811
+    services.gateway.Generate(generate_request(temperature=0.0), timeout=60)
+    stats = services.verifier.GetStats(verifier_pb2.GetStatsRequest(), timeout=10)
+    assert stats.live_sessions == 0
+    assert stats.sessions_released >= 1
+
+
+def test_draft_service_down_gives_identical_greedy_output(services, tinystories_graph):  # noqa: F811
+    from draft_service.server import start_server as start_draft
+
+    request = generate_request(temperature=0.0, max_tokens=64)
+    reference = services.gateway.Generate(request, timeout=60)
+    assert reference.stats.draft_failures == 0
+    # A second gateway whose only draft service is stopped.
+    draft = start_draft(tinystories_graph, port=0)
+    gateway, _ = start_gateway([draft.address], services.verifier_address, port=0)
+    draft.stop(0)
+    try:
+        with grpc.insecure_channel(gateway.address) as channel:
+            degraded = gateway_pb2_grpc.GatewayServiceStub(channel).Generate(request, timeout=60)
+    finally:
+        gateway.stop(0)
+    assert list(degraded.token_ids) == list(reference.token_ids)
+    assert degraded.stats.draft_failures > 0
+    assert degraded.stats.draft_tokens == 0
+
+
+@pytest.fixture(scope="module")
+def gpt2_graph(tmp_path_factory):
+    from builder import GraphBuilder
+
+    corpus = tmp_path_factory.mktemp("gpt2") / "corpus.txt"
+    corpus.write_text("Once upon a time there was a little dog. " * 50, encoding="utf-8")
+    out = corpus.parent / "graph"
+    builder = GraphBuilder(tokenizer_name=str(GPT2_TOKENIZER), max_order=3)
+    builder.build_from_files([str(corpus)])
+    builder.save(out)
+    return out
+
+
+def test_tokenizer_mismatch_is_failed_precondition(services, gpt2_graph):  # noqa: F811
+    from draft_service.server import start_server as start_draft
+
+    draft = start_draft(gpt2_graph, port=0)
+    try:
+        # Started without the start-up check, the gateway refuses every request.
+        servicer = GatewayServicer(
+            GrpcDraftClient([draft.address]), GrpcVerifierClient(services.verifier_address)
+        )
+        with pytest.raises(FailedPreconditionError, match="gpt-2"):
+            servicer.coordinator()
+        gateway, _ = start_gateway(
+            [draft.address], services.verifier_address, port=0, check_backends=False
+        )
+        try:
+            with grpc.insecure_channel(gateway.address) as channel:
+                stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.Generate(generate_request(), timeout=30)
+        finally:
+            gateway.stop(0)
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "gpt-2" in info.value.details() and "stories260K" in info.value.details()
+        # The command refuses to start at all.
+        completed = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "speculant.cli",
+                "serve-gateway",
+                "--port",
+                "0",
+                "--draft",
+                draft.address,
+                "--verifier",
+                services.verifier_address,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert completed.returncode == 2
+        assert "tokenizer mismatch" in completed.stderr and "Traceback" not in completed.stderr
+    finally:
+        draft.stop(0)
+
+
+def test_tokenizer_mismatch_embedded(gpt2_graph):
+    from gateway import SpeculativeDecoder
+
+    with pytest.raises(FailedPreconditionError, match="stories260K"):
+        SpeculativeDecoder(graph_path=gpt2_graph, verifier_config=verifier_config())
+
+
+def test_generate_cli_embedded_json(tinystories_graph):
+    import json
+
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speculant.cli",
+            "generate",
+            "--prompt",
+            PROMPT,
+            "--graph",
+            str(tinystories_graph),
+            "--model",
+            str(STORIES_MODEL),
+            "--max-tokens",
+            "20",
+            "--temperature",
+            "0",
+            "--k",
+            "4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    output = json.loads(completed.stdout)
+    assert set(output) >= {"text", "token_ids", "finish_reason", "stats"}
+    assert len(output["token_ids"]) == 20 and output["finish_reason"] == "max_tokens"
+    assert output["stats"]["rounds"] < 20

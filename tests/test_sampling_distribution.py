@@ -1,0 +1,91 @@
+"""Exactness, sampling: speculative decoding samples from the target model's distribution.
+
+The first two generated tokens after a fixed prompt, over 5,000 seeded runs of the embedded
+decoder, are compared with their exact joint probabilities computed from the model
+(P(t1, t2) = p(t1 | prompt) * p(t2 | prompt, t1)) by a chi-square test. The first token comes
+from the prefill, the second from rejection sampling of a draft; with max_tokens=3 the second
+round verifies exactly one draft token. The same test run with a deliberately wrong rejection
+rule must fail: that shows the test has the power to catch a wrong rule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import verifier_service.rejection as rejection
+from gateway.coordinator import GenerationRequest
+from speculant.types import DraftParams
+from tests.e2e_fixtures import embedded_decoder  # noqa: F401  (fixture)
+
+PROMPT = "One day,"
+RUNS = 5000
+MIN_EXPECTED = 5.0  # chi-square cells with fewer expected samples are pooled
+
+
+def exact_joint(decoder, prompt_ids: list[int], temperature: float) -> np.ndarray:
+    """P[t1, t2] [V, V] of the first two tokens sampled from the model at this temperature."""
+    model = decoder.verifier.model.model
+    vocab = decoder.verifier.info.vocab_size
+    with torch.inference_mode():
+        first = model(torch.tensor([prompt_ids])).logits[0, -1].double()  # [V]
+        p1 = torch.softmax(first / temperature, -1)  # [V]
+        batch = torch.tensor([[*prompt_ids, t] for t in range(vocab)])  # [V, len+1]
+        second = model(batch).logits[:, -1].double()  # [V, V]
+        p2 = torch.softmax(second / temperature, -1)  # [V(t1), V(t2)]
+    return (p1[:, None] * p2).numpy()
+
+
+def sample_pairs(decoder, prompt_ids, temperature: float, strategy: str) -> Counter:
+    counts: Counter = Counter()
+    for seed in range(RUNS):
+        request = GenerationRequest(
+            prompt_ids=prompt_ids,
+            max_tokens=3,
+            temperature=temperature,
+            seed=seed,
+            draft=DraftParams(k=4, strategy=strategy),
+        )
+        result = decoder.coordinator.generate(request)
+        counts[tuple(result.token_ids[:2])] += 1
+    return counts
+
+
+def chi_square_p_value(joint: np.ndarray, counts: Counter) -> float:
+    expected = joint * RUNS
+    cells = np.argwhere(expected >= MIN_EXPECTED)
+    observed = [counts.get((int(a), int(b)), 0) for a, b in cells]
+    expected_cells = [expected[a, b] for a, b in cells]
+    observed.append(RUNS - sum(observed))  # every other pair, pooled
+    expected_cells.append(RUNS - sum(expected_cells))
+    assert len(cells) >= 10, "the prompt should spread its mass over enough pairs"
+    return float(chisquare(observed, expected_cells).pvalue)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "strategy"), [(1.0, "sampling"), (0.7, "greedy"), (0.7, "sampling")]
+)
+def test_first_two_tokens_follow_the_model(embedded_decoder, temperature, strategy):  # noqa: F811
+    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(embedded_decoder, prompt_ids, temperature)
+    counts = sample_pairs(embedded_decoder, prompt_ids, temperature, strategy)
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
+
+
+def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):  # noqa: F811
+    """Negative control: draw the corrected token from p instead of the residual max(0, p - q)."""
+
+    def wrong_residual(p, q, draft_id):
+        return p.clone()
+
+    monkeypatch.setattr(rejection, "residual_distribution", wrong_residual)
+    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
+    counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "sampling")
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value < 1e-6, f"the test failed to catch a wrong rule (p = {p_value:.2e})"

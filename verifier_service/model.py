@@ -1,0 +1,223 @@
+"""Loading the target model once, and its cache-owning forward pass (no Hugging Face generate).
+
+The verifier keeps one KV cache per session (a transformers ``DynamicCache``) and extends it with
+an explicit forward over new tokens at explicit positions; rolling back past rejected tokens is a
+``crop`` of the cache (a view, no copy of the sequence).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from speculant.config import VerifierConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONTEXT = 2048  # when neither the model config nor the tokenizer states one
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(Exception):
+    """The model or its tokenizer could not be loaded; the message says why, in one line."""
+
+
+def _looks_local(name: str) -> bool:
+    """A path the user meant as a folder (absolute, relative with ./ or ../, or ~)."""
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..")
+
+
+def _source_and_kwargs(config: VerifierConfig) -> tuple[str, dict[str, Any], bool]:
+    """(source for from_pretrained, hub kwargs, is_local) for the configured model."""
+    name = config.model_name
+    if not name:
+        raise ModelLoadError("no model given (--model NAME_OR_DIR)")
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise ModelLoadError(f"model path {str(local)!r} is not a folder")
+        return str(local), {}, True
+    if _looks_local(name):
+        raise ModelLoadError(f"model folder {str(local)!r} does not exist")
+    token = config.hf_token or os.environ.get("HF_TOKEN") or None
+    kwargs: dict[str, Any] = {"token": token}
+    if config.download_mode == "offline":
+        kwargs["local_files_only"] = True
+    elif config.download_mode == "force":
+        kwargs["force_download"] = True
+    return name, kwargs, False
+
+
+def _hub_hint(config: VerifierConfig) -> str:
+    offline = config.download_mode == "offline" or os.environ.get("HF_HUB_OFFLINE") in (
+        "1",
+        "true",
+        "True",
+        "ON",
+        "YES",
+    )
+    if offline:
+        return (
+            "not a local folder, and not in the local Hugging Face cache"
+            " (offline: download_mode=offline or HF_HUB_OFFLINE=1)"
+        )
+    return (
+        "not a local folder; as a hub name it needs network access to huggingface.co"
+        " (and HF_TOKEN for gated or private models)"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def resolve_device(device: str) -> torch.device:
+    """auto -> cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("device 'cuda' requested but CUDA is not available")
+    return torch.device(device)
+
+
+def _max_context(model_config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
+    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = getattr(model_config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    if isinstance(value, int) and 0 < value < 10**8:
+        return value
+    return DEFAULT_MAX_CONTEXT
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    ids: list[int] = []
+    generation_config = getattr(model, "generation_config", None)
+    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if source is None:
+            continue
+        for value in source if isinstance(source, list | tuple) else [source]:
+            if int(value) not in ids:
+                ids.append(int(value))
+    return ids
+
+
+def _crop_uses_negative_count(cache: DynamicCache) -> bool:
+    """transformers >= 5.x: crop(-n) removes n tokens; older: crop(max_length)."""
+    params = list(inspect.signature(cache.crop).parameters)
+    return bool(params) and params[0] == "tokens_to_remove"
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready for cached forwards, with what the verifier reports about it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+    vocab_size: int  # logits width; valid token ids are 0..vocab_size-1
+    max_context: int  # positions 0..max_context-1
+    eos_token_ids: list[int]
+
+    def __post_init__(self) -> None:
+        self.model.eval()
+        # Position ids for any forward are a slice of this (a view: no allocation per call).
+        self._positions = torch.arange(self.max_context, device=self.device).unsqueeze(0)
+        self._crop_negative = _crop_uses_negative_count(DynamicCache(config=self.model.config))
+
+    @classmethod
+    def from_model(
+        cls,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str = "",
+    ) -> LoadedModel:
+        """Wrap an already-loaded model (tests, embedded callers)."""
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+        return cls(
+            model=model,
+            tokenizer=tokenizer,
+            name=name or getattr(model.config, "_name_or_path", "") or type(model).__name__,
+            device=next(model.parameters()).device,
+            dtype=next(model.parameters()).dtype,
+            vocab_size=vocab,
+            max_context=_max_context(model.config, tokenizer),
+            eos_token_ids=_eos_ids(model, tokenizer),
+        )
+
+    @classmethod
+    def load(cls, config: VerifierConfig) -> LoadedModel:
+        """Load model and tokenizer as configured; ModelLoadError with a one-line reason.
+
+        dtype "auto": the checkpoint's dtype on a GPU, float32 on CPU.
+        """
+        source, kwargs, is_local = _source_and_kwargs(config)
+        device = resolve_device(config.device)
+        dtype: Any = _DTYPES.get(config.dtype, "auto")
+        if dtype == "auto" and device.type == "cpu":
+            dtype = torch.float32  # half precision is slow (or unsupported) on CPU
+        placement = {"device_map": str(device)} if device.type == "cuda" else {}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement, **kwargs)
+        except Exception as exc:  # OSError, ValueError, hub errors...
+            where = "" if is_local else f" ({_hub_hint(config)})"
+            raise ModelLoadError(
+                f"cannot load model {config.model_name!r}{where}: {_first_line(exc)}"
+            ) from exc
+        model.to(device)
+        loaded = cls.from_model(model, tokenizer, name=config.model_name)
+        log.info(
+            "loaded %s on %s (%s): vocab %d, context %d",
+            loaded.name,
+            loaded.device,
+            loaded.dtype,
+            loaded.vocab_size,
+            loaded.max_context,
+        )
+        return loaded
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(
+        self, cache: DynamicCache, input_ids: torch.Tensor, start: int, logits_to_keep: int
+    ) -> torch.Tensor:
+        """Append input_ids [n] at positions start..start+n-1 to the cache.
+
+        Returns float logits [logits_to_keep, V] for the last logits_to_keep positions.
+        """
+        n = input_ids.shape[0]
+        out = self.model(
+            input_ids=input_ids.unsqueeze(0),  # [1, n]
+            position_ids=self._positions[:, start : start + n],  # [1, n]
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits[0]  # [logits_to_keep, V]
+
+    def crop(self, cache: DynamicCache, length: int) -> None:
+        """Keep only the first `length` cached positions (drop rejected tokens)."""
+        remove = cache.get_seq_length() - length
+        if remove <= 0:
+            return
+        cache.crop(-remove if self._crop_negative else length)

@@ -1,0 +1,128 @@
+"""Exact speculative rejection sampling: a pure, vectorised torch function.
+
+Terms (see also :mod:`speculant.types`):
+- *p* at a position: the target model's distribution, ``softmax(logits / temperature)``;
+  temperature 0 means the argmax, deterministically.
+- *q* of a draft token d_i: the distribution the drafter drew d_i from. ``None`` means every
+  draft is a point mass at d_i (greedy drafting), so q(d_i) = 1.
+- *accepted*: the longest prefix of the draft that survives; draft i is accepted with
+  probability ``min(1, p_i(d_i) / q_i(d_i))``, independently given the uniform draws.
+- *corrected* token: drawn at the first rejected position a from the residual
+  ``normalise(max(0, p_a - q_a))`` (point-mass q: p_a with d_a removed); if that residual is
+  all zero (possible only through rounding), from p_a with d_a removed.
+- *bonus* token: drawn from p at position k (after d_k) when all k drafts are accepted.
+
+Every call emits ``accepted + 1`` tokens, and the emitted sequence is distributed exactly as
+tokens sampled one at a time from the target model.
+
+Layout: ``logits[i]`` is the target's prediction for the token after
+``[..., pending, d_1, ..., d_i]``, i.e. row i scores d_{i+1} (rows 0..k-1) and row k gives the
+bonus distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RejectionOutput:
+    """accepted_count drafts kept, then one corrected or bonus token: token_ids has accepted+1."""
+
+    accepted_count: int
+    token_ids: list[int]
+
+
+def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """p = softmax(logits / temperature) in float32. logits: [..., V] -> [..., V]."""
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One index drawn with probability proportional to weights [V] (>= 0, not all zero).
+
+    Inverse CDF with one uniform: as exact as torch.multinomial, and on CPU 20x faster for a
+    32k vocabulary. The CDF is accumulated in float64, so tiny probabilities keep their mass.
+    """
+    cdf = torch.cumsum(weights, 0, dtype=torch.float64)  # [V]
+    u = torch.rand(1, dtype=torch.float64, device=weights.device, generator=generator)
+    index = int(torch.searchsorted(cdf, u * cdf[-1], right=True))  # first i with cdf[i] > u*total
+    if index >= weights.shape[0]:  # u * total rounded up to total (probability ~2^-53)
+        index = int(torch.nonzero(weights).max())
+    return index
+
+
+def sample_token(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> int:
+    """One token from p = softmax(logits / temperature); argmax at temperature 0. logits: [V]."""
+    if temperature == 0:
+        return int(torch.argmax(logits))
+    return sample_index(target_probs(logits, temperature), generator)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor | None, draft_id: int) -> torch.Tensor:
+    """Unnormalised distribution of the corrected token after rejecting ``draft_id``.
+
+    p, q: [V] (q None = point mass at draft_id). Returns max(0, p - q) [V], or, when that is all
+    zero, p with draft_id removed; multinomial sampling normalises it.
+    """
+    if q is None:
+        residual = p.clone()
+        residual[draft_id] = 0.0
+        return residual
+    residual = torch.clamp_min(p - q, 0.0)
+    if not bool(residual.sum() > 0):
+        residual = p.clone()
+        residual[draft_id] = 0.0
+    return residual
+
+
+def rejection_sample(
+    logits: torch.Tensor,
+    draft_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> RejectionOutput:
+    """Accept a prefix of the draft and emit one corrected or bonus token.
+
+    logits: [k+1, V] target logits (row i predicts the token after d_i; row 0 after the pending
+    token). draft_ids: [k] int64. draft_probs: [k, V] dense q (rows sum to 1) or None for
+    point-mass drafts. temperature >= 0. generator: the session's RNG (same device as logits).
+    """
+    k = draft_ids.shape[0]
+    if temperature == 0:
+        # Deterministic: p is a point mass at the argmax, so accept iff d_i == argmax_i, and the
+        # corrected / bonus token is the argmax. Identical for any q.
+        best = torch.argmax(logits, dim=-1)  # [k+1]
+        matches = (best[:k] == draft_ids).int()  # [k]
+        accepted = int(torch.cumprod(matches, 0).sum()) if k else 0
+        # The accepted drafts equal the argmaxes, so the emitted tokens are argmaxes 0..accepted.
+        return RejectionOutput(accepted, best[: accepted + 1].tolist())
+
+    draft_list: list[int] = draft_ids.tolist()
+    p = target_probs(logits, temperature)  # [k+1, V]
+    if k:
+        rows = torch.arange(k, device=p.device)
+        p_draft = p[rows, draft_ids]  # [k] p_i(d_i)
+        if draft_probs is None:
+            accept_prob = p_draft  # q_i(d_i) = 1
+        else:
+            q_draft = draft_probs[rows, draft_ids]  # [k] q_i(d_i) > 0
+            accept_prob = torch.clamp_max(p_draft / q_draft, 1.0)
+        uniforms = torch.rand(k, device=p.device, generator=generator)  # [k], one per position
+        accepted_mask = (uniforms < accept_prob).int()  # [k]
+        accepted = int(torch.cumprod(accepted_mask, 0).sum())  # leading accepts
+    else:
+        accepted = 0
+
+    if accepted == k:
+        final_dist = p[k]  # bonus: p after the last draft
+    else:
+        q_row = None if draft_probs is None else draft_probs[accepted]
+        final_dist = residual_distribution(p[accepted], q_row, draft_list[accepted])
+    final_token = sample_index(final_dist, generator)
+    return RejectionOutput(accepted, [*draft_list[:accepted], final_token])

@@ -1,0 +1,134 @@
+"""The verifier's gRPC service: a thin servicer over :class:`LocalVerifier`, and its server."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+import numpy as np
+
+from speculant.config import VerifierConfig
+from speculant.errors import UnavailableError
+from speculant.grpc_server import ServiceServer, map_errors
+from speculant.types import SparseDistribution
+from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.verifier import LocalVerifier, new_session_id
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name
+
+
+def _sparse(dist: common_pb2.SparseDistribution) -> SparseDistribution:
+    return SparseDistribution(
+        np.asarray(dist.token_ids, dtype=np.int64), np.asarray(dist.probs, dtype=np.float64)
+    )
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
+    """speculant.v1.VerifierService over an in-process verifier; errors map to status codes.
+
+    Created before the model is loaded (``verifier=None``): calls then get UNAVAILABLE, as the
+    health service says NOT_SERVING, until :attr:`verifier` is set.
+    """
+
+    def __init__(self, verifier: LocalVerifier | None = None) -> None:
+        self._verifier = verifier
+
+    @property
+    def verifier(self) -> LocalVerifier:
+        if self._verifier is None:
+            raise UnavailableError("the verifier is still loading its model")
+        return self._verifier
+
+    @verifier.setter
+    def verifier(self, verifier: LocalVerifier) -> None:
+        self._verifier = verifier
+
+    @map_errors
+    def Prefill(
+        self, request: verifier_pb2.PrefillRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.PrefillResponse:
+        session_id = request.session_id or new_session_id()
+        token = self.verifier.prefill(
+            session_id,
+            request.prompt_token_ids,
+            temperature=request.temperature if request.HasField("temperature") else 1.0,
+            seed=request.seed if request.HasField("seed") else None,
+        )
+        return verifier_pb2.PrefillResponse(session_id=session_id, token_id=token)
+
+    @map_errors
+    def Verify(
+        self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.VerifyResponse:
+        dists = [_sparse(d) for d in request.draft_distributions] or None
+        result = self.verifier.verify(request.session_id, request.draft_token_ids, dists)
+        return verifier_pb2.VerifyResponse(
+            accepted_count=result.accepted_count, token_ids=result.token_ids
+        )
+
+    @map_errors
+    def Release(
+        self, request: verifier_pb2.ReleaseRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.ReleaseResponse:
+        return verifier_pb2.ReleaseResponse(released=self.verifier.release(request.session_id))
+
+    @map_errors
+    def GetModelInfo(
+        self, request: verifier_pb2.GetModelInfoRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.GetModelInfoResponse:
+        info = self.verifier.info
+        return verifier_pb2.GetModelInfoResponse(
+            model_name=info.model_name,
+            tokenizer_name=info.tokenizer_name,
+            tokenizer_fingerprint=info.tokenizer_fingerprint,
+            vocab_size=info.vocab_size,
+            eos_token_ids=info.eos_token_ids,
+            max_context_length=info.max_context_length,
+            device=info.device,
+            dtype=info.dtype,
+        )
+
+    @map_errors
+    def GetStats(
+        self, request: verifier_pb2.GetStatsRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.GetStatsResponse:
+        s = self.verifier.stats()
+        return verifier_pb2.GetStatsResponse(
+            live_sessions=s.live_sessions,
+            sessions_created=s.sessions_created,
+            sessions_released=s.sessions_released,
+            sessions_expired=s.sessions_expired,
+            forward_passes=s.forward_passes,
+            draft_tokens=s.draft_tokens,
+            accepted_tokens=s.accepted_tokens,
+        )
+
+
+def start_server(
+    config: VerifierConfig,
+    host: str = "127.0.0.1",
+    port: int = 50052,
+    *,
+    verifier: LocalVerifier | None = None,
+) -> tuple[ServiceServer, LocalVerifier]:
+    """Start the server (health NOT_SERVING), load the model, then report SERVING.
+
+    Pass ``verifier`` to serve an already-built one (tests). ModelLoadError propagates after
+    the server is stopped.
+    """
+    server = ServiceServer(host, port, [SERVICE_NAME])
+    servicer = VerifierServicer()
+    verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server.grpc_server)
+    server.start()
+    try:
+        if verifier is None:
+            verifier = LocalVerifier(config, model_thread=True)
+    except BaseException:
+        server.stop(grace=0)
+        raise
+    servicer.verifier = verifier
+    server.set_serving()
+    log.info("verifier serving %s on %s", verifier.info.model_name, server.address)
+    return server, verifier

@@ -1,0 +1,167 @@
+"""A thread-safe store of verifier sessions, with an idle TTL and a cap on live sessions.
+
+A *session* is one generation in progress: its KV cache (``length`` positions, the prompt and
+the tokens emitted so far except the last), the *pending* token (the last emitted token, not yet
+in the cache: the next Verify's forward starts with it), its temperature and its RNG.
+
+Calls on one session are serialised by the session's lock (use :meth:`SessionStore.use`); idle
+sessions are expired by a background sweeper thread (and lazily on every call), so a vanished
+client never leaks memory even when no more calls arrive.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from speculant.errors import NotFoundError, ResourceExhaustedError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Session:
+    """The state of one generation (see the module docstring)."""
+
+    session_id: str
+    cache: Any  # transformers DynamicCache
+    length: int  # cached positions
+    pending_token: int
+    temperature: float
+    generator: torch.Generator
+    last_used: float = field(default_factory=time.monotonic)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False  # released or expired: later calls get NOT_FOUND
+
+
+class SessionStore:
+    """Sessions by id. ttl_s: idle time before expiry; max_sessions: cap on live sessions."""
+
+    def __init__(
+        self,
+        ttl_s: float,
+        max_sessions: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sweep_interval_s: float | None = None,
+    ) -> None:
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self._clock = clock
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self.created = 0
+        self.released = 0
+        self.expired = 0
+        self._stop = threading.Event()
+        interval = sweep_interval_s or min(max(ttl_s / 4, 0.05), 5.0)
+        self._sweeper = threading.Thread(
+            target=self._sweep_loop, args=(interval,), name="session-sweeper", daemon=True
+        )
+        self._sweeper.start()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the sweeper and drop every session."""
+        self._stop.set()
+        with self._lock:
+            for session in self._sessions.values():
+                session.closed = True
+            self._sessions.clear()
+
+    def _sweep_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.sweep()
+            except Exception:  # never let the sweeper die
+                log.exception("session sweep failed")
+
+    def sweep(self) -> int:
+        """Expire sessions idle for longer than the TTL (skipping ones in use); return how many."""
+        now = self._clock()
+        expired: list[Session] = []
+        with self._lock:
+            for sid, session in list(self._sessions.items()):
+                if now - session.last_used <= self.ttl_s:
+                    continue
+                if not session.lock.acquire(blocking=False):
+                    continue  # a call is running on it: not idle
+                try:
+                    session.closed = True
+                    del self._sessions[sid]
+                    expired.append(session)
+                finally:
+                    session.lock.release()
+            self.expired += len(expired)
+        for session in expired:
+            log.info("session %s expired after %.1f s idle", session.session_id, self.ttl_s)
+            session.cache = None  # free the KV cache now
+        return len(expired)
+
+    # -- access ------------------------------------------------------------------------------
+
+    def live(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def add(self, session: Session) -> None:
+        """Register a new session (replacing one with the same id); RESOURCE_EXHAUSTED at cap."""
+        self.sweep()
+        with self._lock:
+            old = self._sessions.get(session.session_id)
+            if old is None and len(self._sessions) >= self.max_sessions:
+                raise ResourceExhaustedError(
+                    f"too many live sessions ({self.max_sessions}); release some or retry later"
+                )
+            if old is not None:
+                old.closed = True
+            session.last_used = self._clock()
+            self._sessions[session.session_id] = session
+            self.created += 1
+
+    def check_capacity(self, session_id: str) -> None:
+        """Raise RESOURCE_EXHAUSTED early (before a prefill forward) when a new id is over cap."""
+        self.sweep()
+        with self._lock:
+            if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
+                raise ResourceExhaustedError(
+                    f"too many live sessions ({self.max_sessions}); release some or retry later"
+                )
+
+    @contextmanager
+    def use(self, session_id: str) -> Iterator[Session]:
+        """Hold the session's lock for one call; NOT_FOUND when unknown, released or expired."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise NotFoundError(
+                f"session {session_id!r} not found (never created, released or expired)"
+            )
+        with session.lock:
+            if session.closed:
+                raise NotFoundError(f"session {session_id!r} was released or expired")
+            session.last_used = self._clock()
+            try:
+                yield session
+            finally:
+                session.last_used = self._clock()
+
+    def release(self, session_id: str) -> bool:
+        """Drop a session; False when unknown. Waits for a call in progress on it to finish."""
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            if session is None:
+                return False
+            self.released += 1
+        with session.lock:
+            session.closed = True
+            session.cache = None
+        return True

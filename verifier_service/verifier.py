@@ -1,0 +1,289 @@
+"""The in-process verifier: the embedded mode uses it directly, the gRPC servicer wraps it.
+
+One session = one generation. ``prefill`` runs the prompt through the model and samples the first
+token (the session's *pending* token); each ``verify`` runs ONE forward over
+``[pending, d_1..d_k]``, accepts a prefix of the draft by exact rejection sampling
+(:mod:`verifier_service.rejection`), emits the accepted drafts plus one corrected or bonus token,
+and crops the KV cache so that it holds exactly the emitted tokens but the last (the new pending
+token). Terms (p, q, accepted, bonus) are defined in :mod:`speculant.types`.
+
+Session ids are chosen by the caller and must be non-empty here; the gRPC servicer picks a
+``uuid4().hex`` when a Prefill request leaves it empty (:func:`new_session_id`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from speculant.config import VerifierConfig
+from speculant.errors import InvalidArgumentError, OutOfRangeError
+from speculant.tokenizer import tokenizer_fingerprint
+from speculant.types import ModelInfo, SparseDistribution, VerifierStats, VerifyResult
+from verifier_service.model import LoadedModel
+from verifier_service.rejection import RejectionOutput, rejection_sample, sample_token
+from verifier_service.sessions import Session, SessionStore
+
+T = TypeVar("T")
+PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed for a draft distribution
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class LocalVerifier:
+    """Target model + sessions. Thread-safe; calls on one session are serialised."""
+
+    def __init__(
+        self,
+        config: VerifierConfig,
+        *,
+        model: LoadedModel | None = None,
+        model_thread: bool = False,
+        sweep_interval_s: float | None = None,
+    ) -> None:
+        """Load config.model_name (ModelLoadError if impossible), or use an already-loaded model.
+
+        model_thread: run every forward and sampling step on one dedicated thread. Servers
+        want this: torch's OpenMP pool is per calling thread, so forwards from many RPC worker
+        threads would each start a pool of spinning threads and starve the CPU. In-process
+        callers with one thread don't need it (it costs a thread hand-off per call).
+        """
+        self.config = config
+        self.model = model if model is not None else LoadedModel.load(config)
+        self.sessions = SessionStore(
+            config.session_ttl_s, config.max_sessions, sweep_interval_s=sweep_interval_s
+        )
+        self._forward_lock = threading.Lock()  # one forward at a time on the shared model
+        self._model_thread = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="model") if model_thread else None
+        )
+        self._stats_lock = threading.Lock()
+        self._forward_passes = 0
+        self._draft_tokens = 0
+        self._accepted_tokens = 0
+        self._info = ModelInfo(
+            model_name=self.model.name,
+            tokenizer_name=config.model_name or self.model.name,
+            tokenizer_fingerprint=tokenizer_fingerprint(self.model.tokenizer),
+            vocab_size=self.model.vocab_size,
+            eos_token_ids=list(self.model.eos_token_ids),
+            max_context_length=self.model.max_context,
+            device=str(self.model.device),
+            dtype=_dtype_name(self.model.dtype),
+        )
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def close(self) -> None:
+        """Drop all sessions and stop the expiry (and model) threads."""
+        self.sessions.close()
+        if self._model_thread is not None:
+            self._model_thread.shutdown(wait=False)
+
+    def _on_model(self, fn: Callable[[], T]) -> T:
+        """Run fn (forward + sampling) alone on the model: on the model thread, or under a lock."""
+        if self._model_thread is not None:
+            return self._model_thread.submit(fn).result()
+        with self._forward_lock:
+            return fn()
+
+    # -- validation --------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int], field: str) -> None:
+        vocab = self.model.vocab_size
+        for i, token in enumerate(ids):
+            if not 0 <= token < vocab:
+                raise InvalidArgumentError(
+                    f"{field}[{i}]", f"token id {token} is outside the vocabulary [0, {vocab})"
+                )
+
+    def _dense_q(
+        self, draft_ids: Sequence[int], dists: Sequence[SparseDistribution]
+    ) -> torch.Tensor:
+        """Validate sparse q's and scatter them into a dense [k, V] float32 tensor."""
+        if len(dists) != len(draft_ids):
+            raise InvalidArgumentError(
+                "draft_distributions",
+                f"has {len(dists)} entries for {len(draft_ids)} draft tokens"
+                " (give one per draft token, or none for point-mass drafts)",
+            )
+        vocab = self.model.vocab_size
+        rows: list[np.ndarray] = []
+        cols: list[np.ndarray] = []
+        vals: list[np.ndarray] = []
+        for i, (draft, dist) in enumerate(zip(draft_ids, dists, strict=True)):
+            field = f"draft_distributions[{i}]"
+            ids = np.asarray(dist.token_ids, dtype=np.int64)
+            probs = np.asarray(dist.probs, dtype=np.float64)
+            if ids.shape != probs.shape or ids.ndim != 1:
+                raise InvalidArgumentError(
+                    field, f"token_ids ({ids.size}) and probs ({probs.size}) differ in length"
+                )
+            if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+                raise InvalidArgumentError(
+                    f"{field}.token_ids", f"token ids must be in [0, {vocab})"
+                )
+            if not np.all(np.isfinite(probs)) or np.any(probs < 0):
+                raise InvalidArgumentError(f"{field}.probs", "must be finite and >= 0")
+            total = float(probs.sum())
+            if abs(total - 1.0) > PROB_SUM_TOLERANCE:
+                raise InvalidArgumentError(f"{field}.probs", f"must sum to 1, got {total:.6g}")
+            if float(probs[ids == draft].sum()) <= 0:
+                raise InvalidArgumentError(
+                    field, f"gives the draft token {draft} probability 0 (q(d) must be > 0)"
+                )
+            rows.append(np.full(ids.size, i, dtype=np.int64))
+            cols.append(ids)
+            vals.append(probs / total)
+        q = torch.zeros(len(draft_ids), vocab, dtype=torch.float32)
+        q.index_put_(
+            (torch.from_numpy(np.concatenate(rows)), torch.from_numpy(np.concatenate(cols))),
+            torch.from_numpy(np.concatenate(vals)).float(),
+            accumulate=True,  # repeated ids add up
+        )
+        return q.to(self.model.device, non_blocking=True)  # [k, V]
+
+    # -- API ---------------------------------------------------------------------------------
+
+    def prefill(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> int:
+        """Create (or restart) the session from the prompt; return the first generated token.
+
+        The first token is sampled from p after the prompt with the session's generator (seeded
+        with ``seed``; random when None), or is the argmax at temperature 0.
+        """
+        if not session_id:
+            raise InvalidArgumentError("session_id", "must not be empty")
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise InvalidArgumentError("prompt_token_ids", "must not be empty")
+        self._check_ids(prompt, "prompt_token_ids")
+        max_ctx = self.model.max_context
+        if len(prompt) >= max_ctx:
+            raise InvalidArgumentError(
+                "prompt_token_ids",
+                f"has {len(prompt)} tokens; the model's context is {max_ctx} tokens"
+                f" (at most {max_ctx - 1} prompt tokens, to leave room for one generated token)",
+            )
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
+        self.sessions.check_capacity(session_id)
+
+        device = self.model.device
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        cache = self.model.new_cache()
+
+        def run() -> int:
+            input_ids = torch.tensor(prompt, dtype=torch.long, device=device)  # [n]
+            logits = self.model.forward(cache, input_ids, 0, logits_to_keep=1)  # [1, V]
+            return sample_token(logits[0], temperature, generator)
+
+        token = self._on_model(run)
+        self._count(forward=1)
+        self.sessions.add(
+            Session(
+                session_id=session_id,
+                cache=cache,
+                length=len(prompt),
+                pending_token=token,
+                temperature=float(temperature),
+                generator=generator,
+            )
+        )
+        return token
+
+    def verify(
+        self,
+        session_id: str,
+        draft_ids: Sequence[int],
+        draft_distributions: Sequence[SparseDistribution] | None = None,
+    ) -> VerifyResult:
+        """Score the drafts in ONE forward; return accepted drafts + a corrected/bonus token.
+
+        draft_distributions: the q of each draft token, or None/empty for point-mass (greedy)
+        drafts. Drafts that would overflow the model's context are dropped from the end; when
+        the context is already full, OUT_OF_RANGE.
+        """
+        drafts = [int(t) for t in draft_ids]
+        self._check_ids(drafts, "draft_token_ids")
+        q = self._dense_q(drafts, draft_distributions) if draft_distributions else None
+        with self.sessions.use(session_id) as session:
+            room = self.model.max_context - session.length - 1  # drafts that still fit
+            if room < 0:
+                raise OutOfRangeError(
+                    f"session {session_id!r} is at the model's context limit"
+                    f" ({self.model.max_context} tokens)"
+                )
+            if len(drafts) > room:
+                drafts = drafts[:room]
+                q = None if q is None else q[:room]
+            k = len(drafts)
+
+            def run() -> RejectionOutput:
+                input_ids = torch.tensor(
+                    [session.pending_token, *drafts], dtype=torch.long, device=self.model.device
+                )  # [k+1]: pending, d_1..d_k
+                logits = self.model.forward(
+                    session.cache, input_ids, session.length, logits_to_keep=k + 1
+                )  # [k+1, V]
+                out = rejection_sample(
+                    logits, input_ids[1:], q, session.temperature, session.generator
+                )
+                # Keep pending + accepted drafts; the last emitted token is the new pending one.
+                if out.accepted_count < k:
+                    self.model.crop(session.cache, session.length + 1 + out.accepted_count)
+                return out
+
+            out = self._on_model(run)
+            session.length += 1 + out.accepted_count
+            session.pending_token = out.token_ids[-1]
+        self._count(forward=1, drafts=k, accepted=out.accepted_count)
+        return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
+
+    def release(self, session_id: str) -> bool:
+        """Free the session; False when it was unknown (already released or expired)."""
+        return self.sessions.release(session_id)
+
+    def stats(self) -> VerifierStats:
+        with self._stats_lock:
+            return VerifierStats(
+                live_sessions=self.sessions.live(),
+                sessions_created=self.sessions.created,
+                sessions_released=self.sessions.released,
+                sessions_expired=self.sessions.expired,
+                forward_passes=self._forward_passes,
+                draft_tokens=self._draft_tokens,
+                accepted_tokens=self._accepted_tokens,
+            )
+
+    def _count(self, forward: int = 0, drafts: int = 0, accepted: int = 0) -> None:
+        with self._stats_lock:
+            self._forward_passes += forward
+            self._draft_tokens += drafts
+            self._accepted_tokens += accepted
