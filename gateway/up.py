@@ -31,6 +31,7 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--draft-port", type=int, default=50051)
     up.add_argument("--verifier-port", type=int, default=50052)
     up.add_argument("--device", default="auto")
+    up.add_argument("--torch-threads", type=int, default=None, help="verifier torch threads")
     up.add_argument("--startup-timeout", type=float, default=300.0)
     up.set_defaults(handler=run_up)
 
@@ -111,6 +112,7 @@ def run_up(args: argparse.Namespace) -> int:
                     str(args.verifier_port),
                     "--device",
                     args.device,
+                    *(["--torch-threads", str(args.torch_threads)] if args.torch_threads else []),
                 ],
             )
         )

@@ -61,6 +61,8 @@ class VerifierConfig(BaseSettings):
     download_mode: Literal["auto", "offline", "force"] = "auto"
     session_ttl_s: float = Field(300.0, gt=0)
     max_sessions: int = Field(64, ge=1)
+    # torch intra-op threads (None = torch's default). Small models on busy CPUs run best on 1.
+    torch_threads: int | None = Field(None, ge=1)
 
 
 class GenerationConfig(BaseSettings):

@@ -26,6 +26,12 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: cache then network; offline: local cache/folder only; force: re-download",
     )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice; 1 suits tiny models on busy CPUs)",
+    )
 
 
 def register(
@@ -75,6 +81,8 @@ def _config(args: argparse.Namespace) -> object:
         overrides["session_ttl_s"] = args.session_ttl
     if getattr(args, "max_sessions", None) is not None:
         overrides["max_sessions"] = args.max_sessions
+    if getattr(args, "torch_threads", None) is not None:
+        overrides["torch_threads"] = args.torch_threads
     try:
         return VerifierConfig(**overrides)
     except ValidationError as exc:

@@ -169,6 +169,8 @@ class LoadedModel:
         dtype "auto": the checkpoint's dtype on a GPU, float32 on CPU.
         """
         source, kwargs, is_local = _source_and_kwargs(config)
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
         device = resolve_device(config.device)
         dtype: Any = _DTYPES.get(config.dtype, "auto")
         if dtype == "auto" and device.type == "cpu":

@@ -129,6 +129,7 @@ def start_server(
         server.stop(grace=0)
         raise
     servicer.verifier = verifier
+    verifier.warm_up()
     server.set_serving()
     log.info("verifier serving %s on %s", verifier.info.model_name, server.address)
     return server, verifier

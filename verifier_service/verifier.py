@@ -266,6 +266,14 @@ class LocalVerifier:
         self._count(forward=1, drafts=k, accepted=out.accepted_count)
         return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
 
+    def warm_up(self) -> None:
+        """Run one short session through prefill and verify, so the first real request does not
+        pay for lazy initialisation (kernels, thread pools, allocator)."""
+        session_id = f"warm-up-{new_session_id()}"
+        token = self.prefill(session_id, [0, 1, 2, 3], temperature=0.0)
+        self.verify(session_id, [token] * 4)
+        self.release(session_id)
+
     def release(self, session_id: str) -> bool:
         """Free the session; False when it was unknown (already released or expired)."""
         return self.sessions.release(session_id)
