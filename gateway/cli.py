@@ -58,6 +58,7 @@ def register(
 
     register_demo(subparsers)
     register_up(subparsers)
+    __import__("gateway.bench").bench.register_bench(bench_subparsers)
 
 
 def _fail(message: str, code: int = 1) -> int:

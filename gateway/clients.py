@@ -34,8 +34,16 @@ STRATEGY_TO_PROTO = {
 }
 
 
+# Reconnect quickly after a backend restarts (gRPC's default backoff starts at 1 s, up to 120 s).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
 def _channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    return grpc.insecure_channel(address, options=GRPC_OPTIONS + RECONNECT_OPTIONS)
 
 
 def propose_request(
@@ -140,6 +148,10 @@ class GrpcVerifierClient:
                 dtype=r.dtype,
             )
         return self._info
+
+    def forget_info(self) -> None:
+        """Drop the cached model info (asked again on next use, e.g. after a restart)."""
+        self._info = None
 
     def prefill(
         self,

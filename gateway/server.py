@@ -25,7 +25,7 @@ from gateway.coordinator import (
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
 from speculant.config import DraftConfig, GenerationConfig
-from speculant.errors import FailedPreconditionError, InvalidArgumentError
+from speculant.errors import FailedPreconditionError, InvalidArgumentError, RemoteError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams
@@ -148,7 +148,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> Iterator[StreamChunk | GenerationResult]:
         coordinator = self.coordinator()
         gen_request = self._to_request(request, coordinator)
-        return coordinator.stream(gen_request, cancelled=lambda: not context.is_active())
+        try:
+            yield from coordinator.stream(gen_request, cancelled=lambda: not context.is_active())
+        except RemoteError as exc:
+            if exc.code == grpc.StatusCode.UNAVAILABLE:
+                self._forget_backends()
+            raise
+
+    def _forget_backends(self) -> None:
+        """The verifier went away: check the tokenizers again when it is back (it may have
+        been restarted with another model)."""
+        with self._lock:
+            self._coordinator = None
+            self.verifier.forget_info()
 
     @map_errors
     def Generate(

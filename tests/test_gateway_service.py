@@ -222,3 +222,75 @@ def test_generate_cli_embedded_json(tinystories_graph):
     assert set(output) >= {"text", "token_ids", "finish_reason", "stats"}
     assert len(output["token_ids"]) == 20 and output["finish_reason"] == "max_tokens"
     assert output["stats"]["rounds"] < 20
+
+
+def test_generate_cli_via_gateway(services):  # noqa: F811
+    import json
+
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "speculant.cli",
+            "generate",
+            "--prompt",
+            PROMPT,
+            "--gateway",
+            services.gateway_address,
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    output = json.loads(completed.stdout)
+    assert len(output["token_ids"]) == 12 and output["finish_reason"] == "max_tokens"
+    direct = services.gateway.Generate(generate_request(max_tokens=12, temperature=0.0))
+    assert output["token_ids"] == list(direct.token_ids)
+
+
+def generate_when_back(stub, request, within_s: float = 10.0):
+    """Generate, retrying UNAVAILABLE while the gateway's channel reconnects."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return stub.Generate(request, timeout=30)
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinystories_graph):  # noqa: F811
+    from draft_service.server import start_server as start_draft
+    from verifier_service.server import start_server as start_verifier
+
+    draft = start_draft(tinystories_graph, port=0)
+    verifier_server, verifier = start_verifier(verifier_config(), port=0)
+    address = verifier_server.address
+    gateway, servicer = start_gateway([draft.address], address, port=0)
+    try:
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            request = generate_request(max_tokens=8, temperature=0.0)
+            before = stub.Generate(request, timeout=30)
+            verifier_server.stop(0)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Generate(request, timeout=30)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert servicer._coordinator is None  # the tokenizer check runs again
+            port = int(address.rsplit(":", 1)[1])
+            verifier_server, _ = start_verifier(verifier_config(), port=port, verifier=verifier)
+            after = generate_when_back(stub, request)
+        assert list(after.token_ids) == list(before.token_ids)
+    finally:
+        gateway.stop(0)
+        verifier_server.stop(0)
+        draft.stop(0)

@@ -1,0 +1,825 @@
+"""`speculant bench generate`: speculative decoding against Hugging Face `generate`, side by side.
+
+Systems (each prompt runs through every system, in an order rotated prompt by prompt, after a
+warm-up, all in one process run, on the same tokenized prompt: the tokenizer's default special
+tokens, as ``encode_prompt`` makes them):
+
+- ``hf``: Hugging Face ``generate`` of the same model, greedy at temperature 0, else sampling
+  with the request's seed. The baseline.
+- ``hf-lookup``: Hugging Face prompt lookup decoding (``prompt_lookup_num_tokens`` = the largest
+  k). In transformers 5.x it works with ``do_sample`` True or False: candidates come without
+  logits, so each candidate is kept iff it equals the token the target picks (argmax, or a
+  sample from p), which is exact. It is token-identical to ``hf`` only at temperature 0.
+- ``embedded``: :class:`gateway.SpeculativeDecoder`, one decoder reused with the draft
+  parameters of each variant (k x attentive mixing on/off).
+- ``services``: draft, verifier and gateway services as child processes (``python -m
+  speculant.cli serve-*``) on free localhost ports, called through one long-lived gateway
+  channel with the unary ``Generate``.
+
+Figures per system variant (``median`` = median over prompts of the per-prompt value, where a
+per-prompt value is the median over repetitions; ``total`` = sums over prompts, then the ratio):
+
+- tokens/s = generated tokens / wall seconds of the call as the bench sees it (for ``services``
+  that is the client-observed time, network included);
+- speedup = tokens/s of the variant / tokens/s of ``hf`` on the same prompt (median of the
+  per-prompt ratios; ``total_speedup`` is the ratio of the totals);
+- tau = generated tokens / verifier forward passes (``stats.rounds``, the prefill included),
+  i.e. tokens per target forward; for ``hf`` and ``hf-lookup`` the forwards are counted with a
+  forward hook on the model (``hf`` gives 1.0);
+- acceptance rate = accepted draft tokens / draft tokens, and by draft position
+  (sum over prompts of accepted_by_position / sum of drafted_by_position);
+- time split from the coordinator's stats: draft / verify / other; for ``services`` the gateway
+  measures them (its RPCs included) and ``client_overhead`` = client wall - gateway total
+  (the client's RPC, serialization and tokenization in the gateway);
+- peak RSS of this process (``ru_maxrss``) and of each service process (VmHWM, and RSS at the
+  end from psutil);
+- exactness at temperature 0: prompts whose output token ids differ from ``hf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
+DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
+SYSTEMS = ("hf", "hf-lookup", "embedded", "services")
+RPC_TIMEOUT_S = 600.0
+
+
+def default_prompts_path() -> Path:
+    """The tinystories dev prompts when ../shared is present, else the demo prompts."""
+    return SHARED_DEV_PROMPTS if SHARED_DEV_PROMPTS.is_file() else DEMO_PROMPTS
+
+
+@dataclass
+class BenchSettings:
+    """What to run; every field is recorded in the JSON output."""
+
+    graph: str
+    model: str
+    prompts: str = field(default_factory=lambda: str(default_prompts_path()))
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    ks: tuple[int, ...] = (4, 8)
+    mixes: tuple[bool, ...] = (True, False)
+    strategy: str = "greedy"
+    systems: tuple[str, ...] = SYSTEMS
+    limit: int | None = None
+    repetitions: int = 1
+    warmup: int = 1
+    torch_threads: int = 1
+    device: str = "cpu"
+    startup_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: a system, and for the speculative ones its k and mixing."""
+
+    system: str
+    k: int | None = None
+    mix: bool | None = None
+
+    @property
+    def name(self) -> str:
+        if self.system == "hf":
+            return "hf"
+        if self.system == "hf-lookup":
+            return f"hf-lookup k={self.k}"
+        return f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
+
+
+@dataclass
+class RunRecord:
+    """One call of one variant on one prompt."""
+
+    token_ids: list[int]
+    wall_seconds: float
+    rounds: int
+    stats: dict[str, Any] | None = None  # the coordinator's GenerationStats (speculative only)
+
+
+def variants_for(settings: BenchSettings) -> list[Variant]:
+    """The table's rows, in the order of SYSTEMS."""
+    rows: list[Variant] = []
+    for system in SYSTEMS:
+        if system not in settings.systems:
+            continue
+        if system == "hf":
+            rows.append(Variant("hf"))
+        elif system == "hf-lookup":
+            rows.append(Variant("hf-lookup", k=max(settings.ks)))
+        else:
+            rows.extend(Variant(system, k, mix) for k in settings.ks for mix in settings.mixes)
+    return rows
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """The `prompt` field of each JSON line, the first `limit` of them."""
+    with open(path, encoding="utf-8") as f:
+        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return prompts[:limit] if limit else prompts
+
+
+# --- machine -------------------------------------------------------------------------------
+
+
+def _load_average() -> list[float] | None:
+    with contextlib.suppress(OSError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def _self_peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports kB
+
+
+def _peak_rss_bytes(pid: int) -> int | None:
+    """VmHWM (the peak resident set) of a process, where /proc has it."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Versions, CPU count and torch threads (the load average is added by the caller)."""
+    import grpc
+    import torch
+    import transformers
+
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "grpcio": grpc.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+
+
+# --- systems -------------------------------------------------------------------------------
+
+
+class ForwardCounter:
+    """Counts forward passes of a torch module with a forward hook."""
+
+    def __init__(self, module: Any) -> None:
+        self.count = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_args: object) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+class InProcessSystems:
+    """hf, hf-lookup and embedded: one model, shared by the baseline and the embedded decoder."""
+
+    def __init__(self, settings: BenchSettings) -> None:
+        from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
+        from gateway.baseline import PlainDecoder
+
+        self.settings = settings
+        self.decoder = SpeculativeDecoder(
+            graph_path=settings.graph,
+            verifier_config=VerifierConfig(model_name=settings.model, device=settings.device),
+            draft_config=DraftConfig(strategy=settings.strategy),
+        )
+        loaded = self.decoder.verifier.model
+        self.plain = PlainDecoder(loaded.model, list(loaded.eos_token_ids))
+        self.forwards = ForwardCounter(loaded.model)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.decoder.tokenizer
+
+    def encode(self, prompt: str) -> list[int]:
+        from gateway.coordinator import encode_prompt
+
+        return encode_prompt(self.tokenizer, prompt)
+
+    def run_hf(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
+        lookup = variant.k if variant.system == "hf-lookup" else None
+        before = self.forwards.count
+        started = time.perf_counter()
+        result = self.plain.generate(
+            prompt_ids,
+            self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            seed=seed,
+            prompt_lookup_num_tokens=lookup,
+        )
+        wall = time.perf_counter() - started
+        return RunRecord(result.token_ids, wall, self.forwards.count - before)
+
+    def run_embedded(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
+        from gateway.coordinator import GenerationRequest
+        from speculant.config import DraftConfig
+        from speculant.types import DraftParams
+
+        draft = DraftConfig(k=variant.k, strategy=self.settings.strategy, attentive_mix=variant.mix)
+        request = GenerationRequest(
+            prompt_ids=prompt_ids,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            seed=seed,
+            draft=DraftParams.from_config(draft),
+        )
+        started = time.perf_counter()
+        result = self.decoder.coordinator.generate(request)
+        wall = time.perf_counter() - started
+        stats = result.stats.as_dict()
+        return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats)
+
+    def close(self) -> None:
+        self.forwards.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the child binds it right after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    address: str
+    process: subprocess.Popen
+    log_path: Path
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The child environment: serve-verifier has no threads flag, so OpenMP/MKL variables set
+    torch's intra-op pool size (torch.get_num_threads() reads OMP_NUM_THREADS at start)."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+class ServiceStack:
+    """The three services as child processes on free localhost ports; stop() ends them all."""
+
+    def __init__(self, settings: BenchSettings, log_dir: Path) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.children: list[ServiceProcess] = []
+        self.channel: Any = None
+        self.stub: Any = None
+
+    def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
+        from gateway.up import _die_with_parent
+
+        host = "127.0.0.1"
+        address = f"{host}:{free_port(host)}"
+        log_path = self.log_dir / f"{name}.log"
+        command = [sys.executable, "-m", "speculant.cli", *args]
+        command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=thread_env(self.settings.torch_threads),
+                preexec_fn=_die_with_parent,
+            )
+        child = ServiceProcess(name, address, process, log_path)
+        self.children.append(child)
+        return child
+
+    def _wait_ready(self, child: ServiceProcess) -> None:
+        from speculant.health import wait_until_serving
+
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            if child.process.poll() is not None:
+                tail = child.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"the {child.name} service exited (code {child.process.returncode}):\n{tail}"
+                )
+            if wait_until_serving(child.address, timeout_s=0.5):
+                return
+        raise RuntimeError(f"the {child.name} service was not serving after the start-up timeout")
+
+    def start(self) -> None:
+        import grpc
+
+        from speculant.v1 import gateway_pb2_grpc
+
+        s = self.settings
+        draft = self._spawn("draft", ["serve-draft", "--graph", s.graph])
+        verifier = self._spawn(
+            "verifier", ["serve-verifier", "--model", s.model, "--device", s.device]
+        )
+        self._wait_ready(draft)
+        self._wait_ready(verifier)
+        gateway = self._spawn(
+            "gateway", ["serve-gateway", "--draft", draft.address, "--verifier", verifier.address]
+        )
+        self._wait_ready(gateway)
+        self.channel = grpc.insecure_channel(gateway.address)
+        self.stub = gateway_pb2_grpc.GatewayServiceStub(self.channel)
+
+    def run(self, variant: Variant, prompt: str, seed: int) -> RunRecord:
+        from google.protobuf import json_format
+
+        from speculant.v1 import common_pb2, gateway_pb2
+
+        strategy = (
+            common_pb2.DRAFT_STRATEGY_SAMPLING
+            if self.settings.strategy == "sampling"
+            else common_pb2.DRAFT_STRATEGY_GREEDY
+        )
+        request = gateway_pb2.GenerateRequest(
+            prompt=prompt,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            seed=seed,
+            draft=common_pb2.DraftOptions(
+                k=variant.k, strategy=strategy, attentive_mix=variant.mix
+            ),
+        )
+        started = time.perf_counter()
+        response = self.stub.Generate(request, timeout=RPC_TIMEOUT_S)
+        wall = time.perf_counter() - started
+        stats = json_format.MessageToDict(
+            response.stats,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+        return RunRecord(list(response.token_ids), wall, response.stats.rounds, stats)
+
+    def process_info(self) -> dict[str, Any]:
+        """Per service: pid, address, RSS now, peak RSS, and its OMP_NUM_THREADS."""
+        import psutil
+
+        out: dict[str, Any] = {}
+        for child in self.children:
+            info: dict[str, Any] = {"pid": child.process.pid, "address": child.address}
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(child.process.pid)
+                info["rss_bytes"] = proc.memory_info().rss
+                info["num_threads"] = proc.num_threads()
+                info["omp_num_threads"] = proc.environ().get("OMP_NUM_THREADS")
+            info["peak_rss_bytes"] = _peak_rss_bytes(child.process.pid)
+            out[child.name] = info
+        return out
+
+    def stop(self) -> None:
+        from gateway.up import Child, stop_children
+
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+        stop_children([Child(c.name, c.address, c.process) for c in reversed(self.children)])
+
+
+@contextlib.contextmanager
+def service_stack(settings: BenchSettings) -> Iterator[ServiceStack]:
+    """Started services, stopped on the way out (errors and Ctrl-C included)."""
+    with tempfile.TemporaryDirectory(prefix="speculant-bench-") as log_dir:
+        stack = ServiceStack(settings, Path(log_dir))
+        try:
+            stack.start()
+            yield stack
+        finally:
+            stack.stop()
+
+
+# --- figures -------------------------------------------------------------------------------
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
+    out: list[int] = []
+    for values in lists:
+        if len(values) > len(out):
+            out.extend([0] * (len(values) - len(out)))
+        for i, v in enumerate(values):
+            out[i] += int(v)
+    return out
+
+
+def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | None) -> dict:
+    """The per-prompt figures of one variant (medians over the repetitions)."""
+    tokens = len(records[0].token_ids)
+    wall = statistics.median(r.wall_seconds for r in records)
+    row: dict[str, Any] = {
+        "tokens": tokens,
+        "wall_seconds": [round(r.wall_seconds, 6) for r in records],
+        "tokens_per_second": _ratio(tokens, wall),
+        "rounds": records[0].rounds,
+        "tau": _ratio(tokens, records[0].rounds),
+        "outputs_differ_between_repetitions": any(
+            r.token_ids != records[0].token_ids for r in records
+        ),
+    }
+    if reference is not None:
+        ref_wall = statistics.median(r.wall_seconds for r in reference)
+        ref_tps = _ratio(len(reference[0].token_ids), ref_wall)
+        row["speedup"] = _ratio(row["tokens_per_second"] or 0.0, ref_tps or 0.0)
+        row["identical_to_hf"] = all(r.token_ids == reference[0].token_ids for r in records)
+    stats = [r.stats for r in records if r.stats is not None]
+    if stats:
+
+        def med(key: str) -> float:
+            return statistics.median(float(s[key]) for s in stats)
+
+        row.update(
+            draft_tokens=int(stats[0]["draft_tokens"]),
+            accepted_tokens=int(stats[0]["accepted_tokens"]),
+            acceptance_rate=float(stats[0]["acceptance_rate"]),
+            accepted_by_position=_sum_lists([s["accepted_by_position"] for s in stats]),
+            drafted_by_position=_sum_lists([s["drafted_by_position"] for s in stats]),
+            total_seconds=med("total_seconds"),
+            draft_seconds=med("draft_seconds"),
+            verify_seconds=med("verify_seconds"),
+            other_seconds=med("other_seconds"),
+            client_overhead_seconds=statistics.median(
+                r.wall_seconds - float(r.stats["total_seconds"]) for r in records if r.stats
+            ),
+            draft_failures=sum(int(s["draft_failures"]) for s in stats),
+            prompt_tokens=int(stats[0]["prompt_tokens"]),
+        )
+    return row
+
+
+def summarize_variant(rows: list[dict], temperature: float) -> dict[str, Any]:
+    """Medians over prompts of the per-prompt values, plus totals (sums, then ratios)."""
+    total_tokens = sum(r["tokens"] for r in rows)
+    total_wall = sum(statistics.median(r["wall_seconds"]) for r in rows)
+    total_rounds = sum(r["rounds"] for r in rows)
+    out: dict[str, Any] = {
+        "prompts": len(rows),
+        "tokens_total": total_tokens,
+        "tokens_median": _median([r["tokens"] for r in rows]),
+        "tokens_per_second_median": _median([r["tokens_per_second"] for r in rows]),
+        "tokens_per_second_total": _ratio(total_tokens, total_wall),
+        "wall_seconds_total": total_wall,
+        "tau_median": _median([r["tau"] for r in rows]),
+        "tau_total": _ratio(total_tokens, total_rounds),
+        "rounds_total": total_rounds,
+        "speedup_median": _median([r.get("speedup") for r in rows]),
+    }
+    if "identical_to_hf" in rows[0]:
+        out["exact_mismatches"] = (
+            sum(not r["identical_to_hf"] for r in rows) if temperature == 0 else None
+        )
+    if "draft_tokens" in rows[0]:
+        drafted = sum(r["draft_tokens"] for r in rows)
+        accepted_by_pos = _sum_lists([r["accepted_by_position"] for r in rows])
+        drafted_by_pos = _sum_lists([r["drafted_by_position"] for r in rows])
+        out.update(
+            acceptance_rate_median=_median([r["acceptance_rate"] for r in rows]),
+            acceptance_rate_total=_ratio(sum(r["accepted_tokens"] for r in rows), drafted),
+            acceptance_by_position=[
+                _ratio(a, d) for a, d in zip(accepted_by_pos, drafted_by_pos, strict=True)
+            ],
+            drafted_by_position=drafted_by_pos,
+            draft_failures=sum(r["draft_failures"] for r in rows),
+        )
+        for part in ("total", "draft", "verify", "other", "client_overhead"):
+            values = [r[f"{part}_seconds"] for r in rows]
+            out[f"{part}_seconds_median"] = _median(values)
+            out[f"{part}_seconds_total"] = sum(values)
+        out["verify_ms_per_round_total"] = 1e3 * out["verify_seconds_total"] / total_rounds
+        draft_rounds = total_rounds - len(rows)  # the prefill round has no draft
+        out["draft_ms_per_round_total"] = (
+            1e3 * out["draft_seconds_total"] / draft_rounds if draft_rounds else None
+        )
+    return out
+
+
+def add_total_speedups(summary: dict[str, dict]) -> None:
+    """total_speedup = the variant's total tokens/s over hf's."""
+    base = summary.get("hf", {}).get("tokens_per_second_total")
+    for figures in summary.values():
+        tps = figures["tokens_per_second_total"]
+        figures["speedup_total"] = _ratio(tps, base) if base and tps is not None else None
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+Runner = Callable[[Variant, str, list[int], int], RunRecord]
+
+
+def _runner(in_process: InProcessSystems, services: ServiceStack | None) -> Runner:
+    def run(variant: Variant, prompt: str, prompt_ids: list[int], seed: int) -> RunRecord:
+        if variant.system in ("hf", "hf-lookup"):
+            return in_process.run_hf(variant, prompt_ids, seed)
+        if variant.system == "embedded":
+            return in_process.run_embedded(variant, prompt_ids, seed)
+        assert services is not None
+        return services.run(variant, prompt, seed)
+
+    return run
+
+
+def rotated(items: Sequence[Variant], shift: int) -> list[Variant]:
+    """items rotated left by shift (so each system takes every position in turn)."""
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def _interleave(
+    run: Runner,
+    variants: list[Variant],
+    prompts: list[str],
+    prompt_ids: list[list[int]],
+    settings: BenchSettings,
+    progress: Callable[[str], None],
+) -> dict[Variant, list[list[RunRecord]]]:
+    records: dict[Variant, list[list[RunRecord]]] = {v: [] for v in variants}
+    for i, (prompt, ids) in enumerate(zip(prompts, prompt_ids, strict=True)):
+        per_prompt: dict[Variant, list[RunRecord]] = {v: [] for v in variants}
+        for rep in range(settings.repetitions):
+            for variant in rotated(variants, i * settings.repetitions + rep):
+                per_prompt[variant].append(run(variant, prompt, ids, settings.seed + i))
+        for variant in variants:
+            records[variant].append(per_prompt[variant])
+        progress(f"prompt {i + 1}/{len(prompts)} done")
+    return records
+
+
+def run_benchmark(
+    settings: BenchSettings, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Run every variant on every prompt (interleaved) and return all figures as a dict."""
+    import torch
+
+    progress = progress or (lambda _msg: None)
+    unknown = set(settings.systems) - set(SYSTEMS)
+    if unknown:
+        raise ValueError(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
+    torch.set_num_threads(settings.torch_threads)
+    load_start = _load_average()
+    started = time.time()
+    prompts = load_prompts(settings.prompts, settings.limit)
+    variants = variants_for(settings)
+    progress(f"loading {settings.model} and {settings.graph}")
+    in_process = InProcessSystems(settings)
+    prompt_ids = [in_process.encode(p) for p in prompts]
+    with contextlib.ExitStack() as stack:
+        services = None
+        if "services" in settings.systems:
+            progress("starting the draft, verifier and gateway services")
+            services = stack.enter_context(service_stack(settings))
+        run = _runner(in_process, services)
+        warm = min(settings.warmup, len(prompts))
+        progress(f"warm-up: {warm} prompt(s) through {len(variants)} variants")
+        for i in range(warm):
+            for variant in variants:
+                run(variant, prompts[i], prompt_ids[i], settings.seed + i)
+        progress(f"measuring {len(prompts)} prompts x {len(variants)} variants")
+        records = _interleave(run, variants, prompts, prompt_ids, settings, progress)
+        service_processes = services.process_info() if services else {}
+    in_process.close()
+    prompt_lengths = [len(ids) for ids in prompt_ids]
+    return _result(
+        settings, variants, records, prompt_lengths, service_processes, load_start, started
+    )
+
+
+def _result(
+    settings: BenchSettings,
+    variants: list[Variant],
+    records: dict[Variant, list[list[RunRecord]]],
+    prompt_lengths: list[int],
+    service_processes: dict[str, Any],
+    load_start: list[float] | None,
+    started: float,
+) -> dict[str, Any]:
+    hf = next((v for v in variants if v.system == "hf"), None)
+    per_prompt: dict[str, list[dict]] = {}
+    summary: dict[str, dict] = {}
+    for variant in variants:
+        rows = []
+        for i, recs in enumerate(records[variant]):
+            reference = records[hf][i] if hf is not None else None
+            rows.append({"prompt_index": i, **per_prompt_values(recs, reference)})
+        per_prompt[variant.name] = rows
+        summary[variant.name] = {**asdict(variant), **summarize_variant(rows, settings.temperature)}
+        if "prompt_tokens" in rows[0]:  # did every system see the same tokenized prompt?
+            summary[variant.name]["prompt_length_mismatches"] = sum(
+                r["prompt_tokens"] != n for r, n in zip(rows, prompt_lengths, strict=True)
+            )
+    add_total_speedups(summary)
+    machine = machine_info()
+    machine.update(
+        load_average_start=load_start,
+        load_average_end=_load_average(),
+        bench_seconds=round(time.time() - started, 1),
+    )
+    return {
+        "settings": {**asdict(settings), "ks": list(settings.ks), "mixes": list(settings.mixes)},
+        "machine": machine,
+        "memory": {
+            "bench_process_peak_rss_bytes": _self_peak_rss_bytes(),
+            "services": service_processes,
+        },
+        "summary": summary,
+        "per_prompt": per_prompt,
+    }
+
+
+# --- output --------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
+    if value is None:
+        return "-"
+    return format(value * scale if scale != 1.0 else value, spec)
+
+
+TABLE_COLUMNS = (
+    ("variant", 24, None, ""),
+    ("tok/s", 7, "tokens_per_second_median", ".0f"),
+    ("speedup", 7, "speedup_median", ".2f"),
+    ("tau", 5, "tau_median", ".2f"),
+    ("accept", 6, "acceptance_rate_total", ".1%"),
+    ("draft ms", 8, "draft_seconds_median", ".1f"),
+    ("verify ms", 9, "verify_seconds_median", ".1f"),
+    ("other ms", 8, "other_seconds_median", ".1f"),
+    ("rpc ms", 6, "client_overhead_seconds_median", ".1f"),
+    ("mismatch", 8, "exact_mismatches", "d"),
+)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """One row per variant: medians over prompts (accept: total over prompts)."""
+    title = "medians over prompts of per-prompt values; accept = accepted / drafted, all prompts"
+    header = "  ".join(
+        name.rjust(width) if i else name.ljust(width)
+        for i, (name, width, _, _) in enumerate(TABLE_COLUMNS)
+    )
+    lines = [title, header, "-" * len(header)]
+    for name, figures in result["summary"].items():
+        cells = [name.ljust(TABLE_COLUMNS[0][1])]
+        for _, width, key, spec in TABLE_COLUMNS[1:]:
+            scale = 1e3 if key and key.endswith("seconds_median") else 1.0
+            cells.append(_fmt(figures.get(key), spec, scale).rjust(width))
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def format_footer(result: dict[str, Any]) -> str:
+    """Totals, acceptance by position, memory and machine lines under the table."""
+    lines = []
+    for name, f in result["summary"].items():
+        extra = ""
+        if f.get("acceptance_by_position"):
+            by_pos = " ".join(_fmt(a, ".2f") for a in f["acceptance_by_position"])
+            extra = f"; acceptance by position {by_pos}"
+        lines.append(
+            f"{name}: total {_fmt(f['tokens_per_second_total'], '.0f')} tok/s, "
+            f"speedup {_fmt(f.get('speedup_total'), '.2f')}x, tau {_fmt(f['tau_total'], '.2f')}"
+            f"{extra}"
+        )
+    mem = result["memory"]
+    rss = [f"bench {mem['bench_process_peak_rss_bytes'] / 2**20:.0f} MiB"]
+    for name, info in mem["services"].items():
+        peak = info.get("peak_rss_bytes") or info.get("rss_bytes") or 0
+        rss.append(f"{name} {peak / 2**20:.0f} MiB (OMP_NUM_THREADS={info.get('omp_num_threads')})")
+    machine = result["machine"]
+    lines.append("peak RSS: " + ", ".join(rss))
+    lines.append(
+        f"machine: {machine['cpu_count']} CPUs, torch {machine['torch']} with "
+        f"{machine['torch_threads']} thread(s), load average {machine['load_average_start']} at "
+        f"start, {machine['load_average_end']} at end, {machine['bench_seconds']} s"
+    )
+    return "\n".join(lines)
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return parse
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def _system(text: str) -> str:
+    if text not in SYSTEMS:
+        raise ValueError(f"unknown system {text!r}; choose from {', '.join(SYSTEMS)}")
+    return text
+
+
+def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `speculant bench generate`."""
+    p = bench_subparsers.add_parser(
+        "generate",
+        help="speculative decoding (embedded, services) against HF generate and prompt lookup",
+    )
+    p.add_argument("--prompts", default=str(default_prompts_path()), help="JSON lines: prompt")
+    p.add_argument("--graph", required=True, help="graph directory")
+    p.add_argument("--model", required=True, help="model name or folder")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
+    p.add_argument("--k", dest="ks", type=_csv(int), default=(4, 8), help="e.g. 4,8")
+    p.add_argument("--mix", dest="mixes", type=_csv(_on_off), default=(True, False), help="on,off")
+    p.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
+    p.add_argument(
+        "--systems", type=_csv(_system), default=SYSTEMS, help="subset of " + ",".join(SYSTEMS)
+    )
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--repetitions", type=int, default=1, help="runs per prompt and variant")
+    p.add_argument("--warmup", type=int, default=1, help="prompts run untimed first")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads here and OMP/MKL_NUM_THREADS in the services (default 1: on a "
+        "small shared machine a second OpenMP thread slows tiny-model forwards badly)",
+    )
+    p.add_argument("--device", choices=["cpu", "auto", "cuda"], default="cpu")
+    p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
+    p.set_defaults(handler=run_bench_generate)
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    return BenchSettings(
+        graph=args.graph,
+        model=args.model,
+        prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        ks=tuple(args.ks),
+        mixes=tuple(args.mixes),
+        strategy=args.strategy,
+        systems=tuple(args.systems),
+        limit=args.limit,
+        repetitions=args.repetitions,
+        warmup=args.warmup,
+        torch_threads=args.torch_threads,
+        device=args.device,
+    )
+
+
+def _raise_on_sigterm(_signum: int, _frame: object) -> None:
+    raise SystemExit(143)  # unwinds through the finally blocks that stop the services
+
+
+def run_bench_generate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if not settings.ks or not settings.mixes or not settings.systems:
+        print("error: --k, --mix and --systems need at least one value", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    result = run_benchmark(settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_table(result))
+    print()
+    print(format_footer(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"figures written to {args.json}", file=sys.stderr)
+    return 0
