@@ -10,11 +10,14 @@ tokens, as ``encode_prompt`` makes them):
   k). In transformers 5.x it works with ``do_sample`` True or False: candidates come without
   logits, so each candidate is kept iff it equals the token the target picks (argmax, or a
   sample from p), which is exact. It is token-identical to ``hf`` only at temperature 0.
-- ``embedded``: :class:`gateway.SpeculativeDecoder`, one decoder reused with the draft
-  parameters of each variant (k x attentive mixing on/off).
+- ``embedded``: :class:`gateway.SpeculativeDecoder`'s verifier and graph, with one coordinator
+  and Drafter per variant (k x attentive mixing on/off), so that the drafter's greedy step
+  cache of one variant is not warmed by another variant's drafts of the same prompt.
 - ``services``: draft, verifier and gateway services as child processes (``python -m
-  speculant.cli serve-*``) on free localhost ports, called through one long-lived gateway
-  channel with the unary ``Generate``.
+  speculant.cli serve-*``) on free localhost ports, with OMP/MKL_NUM_THREADS = the bench's torch
+  threads (and ``serve-verifier --torch-threads``), called through one long-lived gateway
+  channel with the unary ``Generate``. All variants share the one draft service and so its
+  step cache (its effect, a few us per drafted token, is small against the Propose round trip).
 
 Figures per system variant (``median`` = median over prompts of the per-prompt value, where a
 per-prompt value is the median over repetitions; ``total`` = sums over prompts, then the ratio):
@@ -207,12 +210,33 @@ class InProcessSystems:
         self.settings = settings
         self.decoder = SpeculativeDecoder(
             graph_path=settings.graph,
-            verifier_config=VerifierConfig(model_name=settings.model, device=settings.device),
+            verifier_config=VerifierConfig(
+                model_name=settings.model,
+                device=settings.device,
+                torch_threads=settings.torch_threads,
+            ),
             draft_config=DraftConfig(strategy=settings.strategy),
         )
         loaded = self.decoder.verifier.model
         self.plain = PlainDecoder(loaded.model, list(loaded.eos_token_ids))
         self.forwards = ForwardCounter(loaded.model)
+        self._coordinators: dict[Variant, Any] = {}
+
+    def coordinator(self, variant: Variant) -> Any:
+        """A coordinator with its own Drafter per variant: the drafter's step cache is then not
+        warmed by the other variants' drafts of the same prompt (one shared verifier)."""
+        if variant not in self._coordinators:
+            from draft_service.drafting import Drafter
+            from gateway.coordinator import Coordinator
+
+            shared = self.decoder.coordinator
+            self._coordinators[variant] = Coordinator(
+                Drafter(self.decoder.graph),
+                shared.verifier,
+                shared.tokenizer,
+                draft_context_window=shared.draft_context_window,
+            )
+        return self._coordinators[variant]
 
     @property
     def tokenizer(self) -> Any:
@@ -251,7 +275,7 @@ class InProcessSystems:
             draft=DraftParams.from_config(draft),
         )
         started = time.perf_counter()
-        result = self.decoder.coordinator.generate(request)
+        result = self.coordinator(variant).generate(request)
         wall = time.perf_counter() - started
         stats = result.stats.as_dict()
         return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats)
@@ -276,8 +300,9 @@ class ServiceProcess:
 
 
 def thread_env(threads: int) -> dict[str, str]:
-    """The child environment: serve-verifier has no threads flag, so OpenMP/MKL variables set
-    torch's intra-op pool size (torch.get_num_threads() reads OMP_NUM_THREADS at start)."""
+    """The child environment: OMP/MKL_NUM_THREADS bound the OpenMP pools of every service
+    (torch.get_num_threads() starts from OMP_NUM_THREADS); the verifier also gets
+    ``--torch-threads``."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -337,7 +362,11 @@ class ServiceStack:
         s = self.settings
         draft = self._spawn("draft", ["serve-draft", "--graph", s.graph])
         verifier = self._spawn(
-            "verifier", ["serve-verifier", "--model", s.model, "--device", s.device]
+            "verifier",
+            [
+                *("serve-verifier", "--model", s.model, "--device", s.device),
+                *("--torch-threads", str(s.torch_threads)),
+            ],
         )
         self._wait_ready(draft)
         self._wait_ready(verifier)

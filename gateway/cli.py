@@ -53,12 +53,13 @@ def register(
     add_generation_arguments(generate)
     generate.set_defaults(handler=run_generate)
 
+    from gateway.bench import register_bench
     from gateway.demo import register_demo
     from gateway.up import register_up
 
     register_demo(subparsers)
     register_up(subparsers)
-    __import__("gateway.bench").bench.register_bench(bench_subparsers)
+    register_bench(bench_subparsers)
 
 
 def _fail(message: str, code: int = 1) -> int:
