@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -31,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import DEFAULT_CACHE_SIZE, Drafter
 from draft_service.graph import NGramGraph
+from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -157,9 +159,18 @@ def start_service(graph: str, workers: int) -> tuple[subprocess.Popen, str, floa
 
 
 def bench_grpc(
-    address: str, contexts: list[list[int]], params: DraftParams, concurrency: int, requests: int
+    address: str,
+    contexts: list[list[int]],
+    params: DraftParams,
+    concurrency: int,
+    requests: int,
+    rpc: str = "unary",
 ) -> dict[str, float]:
-    """Closed-loop Propose over gRPC: p50 / p99 / mean ms and calls per second."""
+    """Closed-loop Propose over gRPC: p50 / p99 / mean ms and calls per second.
+
+    rpc: "unary" (a Propose call each) or "stream" (requests on one open ProposeStream per
+    client, as the gateway drafts).
+    """
     requests_pb = [
         draft_pb2.ProposeRequest(
             context_token_ids=c,
@@ -173,19 +184,24 @@ def bench_grpc(
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     channels = [grpc.insecure_channel(address) for _ in range(concurrency)]
     stubs = [draft_pb2_grpc.DraftServiceStub(ch) for ch in channels]
-    for stub in stubs:  # connect and warm up
+    if rpc == "stream":
+        exchanges = [StreamExchange(stub.ProposeStream, timeout_s=None) for stub in stubs]
+        calls = [partial(exchange.call, backend="draft") for exchange in exchanges]
+    else:
+        calls = [partial(stub.Propose, timeout=5) for stub in stubs]
+    for call in calls:  # connect and warm up
         for request in requests_pb[:50]:
-            stub.Propose(request, timeout=5)
+            call(request)
     barrier = threading.Barrier(concurrency + 1)
 
     def client(index: int) -> None:
-        stub = stubs[index]
+        call = calls[index]
         out = latencies[index]
         barrier.wait()
         for j in range(index, requests, concurrency):
             request = requests_pb[j % len(requests_pb)]
             t0 = time.perf_counter()
-            stub.Propose(request, timeout=5)
+            call(request)
             out.append((time.perf_counter() - t0) * 1e3)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
@@ -196,11 +212,15 @@ def bench_grpc(
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - t0
+    if rpc == "stream":
+        for exchange in exchanges:
+            exchange.close()
     for channel in channels:
         channel.close()
     merged = [x for lat in latencies for x in lat]
     stats = _percentiles(merged)
     return {
+        "rpc": rpc,
         "concurrency": concurrency,
         "requests": len(merged),
         "p50_ms": stats["p50"],
@@ -228,9 +248,10 @@ def run_bench(options: BenchOptions) -> dict:
         }
         warmup = make_contexts(graph, 200, options.context_len, options.seed + 1)
         # Fresh contexts for each gRPC run, so one run does not warm the server for the next.
+        runs = [(rpc, c) for rpc in ("unary", "stream") for c in options.concurrency]
         grpc_contexts = {
-            c: make_contexts(graph, options.requests, options.context_len, options.seed + 2 + i)
-            for i, c in enumerate(options.concurrency)
+            run: make_contexts(graph, options.requests, options.context_len, options.seed + 2 + i)
+            for i, run in enumerate(runs)
         }
         in_process = bench_in_process(graph, contexts, warmup, params, cache_size=0)
         cached = bench_in_process(graph, contexts, warmup, params, cache_size=DEFAULT_CACHE_SIZE)
@@ -246,14 +267,20 @@ def run_bench(options: BenchOptions) -> dict:
     print(f"serve-draft: health SERVING {ready_s * 1e3:.0f} ms after launch ({address})")
     grpc_results = []
     try:
-        for concurrency in options.concurrency:
+        for rpc, concurrency in runs:
             result = bench_grpc(
-                address, grpc_contexts[concurrency], params, concurrency, options.requests
+                address,
+                grpc_contexts[rpc, concurrency],
+                params,
+                concurrency,
+                options.requests,
+                rpc,
             )
             grpc_results.append(result)
             print(
-                f"gRPC Propose, concurrency {concurrency}: p50 {result['p50_ms']:.3f} ms, "
-                f"p99 {result['p99_ms']:.3f} ms, {result['calls_per_s']:.0f} calls/s"
+                f"gRPC Propose ({rpc}), concurrency {concurrency}: "
+                f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, "
+                f"{result['calls_per_s']:.0f} calls/s"
             )
         rss = psutil.Process(proc.pid).memory_info().rss
         total_calls = sum(r["requests"] for r in grpc_results)

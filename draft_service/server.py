@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import grpc
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.grpc_server import ServiceServer, map_errors
+from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.types import DraftParams, DraftProposal
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -96,6 +97,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         params, seed = params_from_request(request, self.defaults)
         proposal = drafter.propose(request.context_token_ids, params, seed=seed)
         return proposal_to_response(proposal)
+
+    @map_stream_errors
+    def ProposeStream(
+        self, requests: Iterator[draft_pb2.ProposeRequest], context: grpc.ServicerContext
+    ) -> Iterator[draft_pb2.ProposeResponse]:
+        """Propose for each request on the stream, in order (a bad request ends the stream)."""
+        _, drafter = self._ready()
+        for request in requests:
+            params, seed = params_from_request(request, self.defaults)
+            proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+            yield proposal_to_response(proposal)
 
     @map_errors
     def GetGraphInfo(

@@ -10,13 +10,15 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 import grpc
 import numpy as np
 
-from speculant.errors import RemoteError, UnavailableError
+from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
+from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams, DraftProposal, ModelInfo, SparseDistribution, VerifyResult
 from speculant.v1 import (
     common_pb2,
@@ -63,8 +65,42 @@ def propose_request(
     )
 
 
+class _Watchdog:
+    """Cancels stream exchanges that run past their deadline (streams have no per-message
+    timeout). One thread, waking every `tick_s` only while calls are in flight."""
+
+    def __init__(self, tick_s: float = 0.01) -> None:
+        self._tick_s = tick_s
+        self._in_flight: dict[int, tuple[float, StreamExchange]] = {}
+        self._lock = threading.Condition()
+        threading.Thread(target=self._run, name="draft-watchdog", daemon=True).start()
+
+    def watch(self, exchange: StreamExchange, timeout_s: float) -> int:
+        with self._lock:
+            ticket = id(exchange)
+            self._in_flight[ticket] = (time.monotonic() + timeout_s, exchange)
+            self._lock.notify()
+            return ticket
+
+    def done(self, ticket: int) -> None:
+        with self._lock:
+            self._in_flight.pop(ticket, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._in_flight:
+                    self._lock.wait()
+                now = time.monotonic()
+                late = [t for t, (deadline, _) in self._in_flight.items() if deadline < now]
+                for ticket in late:
+                    self._in_flight.pop(ticket)[1].cancel()
+            time.sleep(self._tick_s)
+
+
 class GrpcDraftClient:
-    """Drafts from one or more draft-service replicas, round robin, failing over on errors."""
+    """Drafts from one or more draft-service replicas over open streams (ProposeStream), round
+    robin, failing over to the next replica on an error or a timeout."""
 
     def __init__(self, addresses: Sequence[str], timeout_s: float = 0.25) -> None:
         if not addresses:
@@ -72,8 +108,10 @@ class GrpcDraftClient:
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
         self._stubs = [draft_pb2_grpc.DraftServiceStub(_channel(a)) for a in self.addresses]
+        self._idle: list[list[StreamExchange]] = [[] for _ in self.addresses]
         self._next = itertools.cycle(range(len(self._stubs)))
         self._lock = threading.Lock()
+        self._watchdog = _Watchdog()
 
     def _replica_order(self) -> list[int]:
         with self._lock:
@@ -81,15 +119,32 @@ class GrpcDraftClient:
         n = len(self._stubs)
         return [(first + i) % n for i in range(n)]
 
+    def _propose_on(
+        self, index: int, request: draft_pb2.ProposeRequest
+    ) -> draft_pb2.ProposeResponse:
+        with self._lock:
+            idle = self._idle[index]
+            exchange = idle.pop() if idle else None
+        if exchange is None:
+            exchange = StreamExchange(self._stubs[index].ProposeStream, timeout_s=None)
+        ticket = self._watchdog.watch(exchange, self.timeout_s)
+        try:
+            response = exchange.call(request, f"draft service {self.addresses[index]}")
+        finally:
+            self._watchdog.done(ticket)
+        with self._lock:
+            self._idle[index].append(exchange)
+        return response
+
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
     ) -> DraftProposal:
         request = propose_request(context_ids, params, seed)
-        last_error: grpc.RpcError | None = None
+        last_error: Exception | None = None
         for index in self._replica_order():
             try:
-                response = self._stubs[index].Propose(request, timeout=self.timeout_s)
-            except grpc.RpcError as exc:
+                response = self._propose_on(index, request)
+            except (RemoteError, UnavailableError) as exc:
                 last_error = exc
                 log.debug("draft replica %s failed: %s", self.addresses[index], exc)
                 continue
@@ -102,7 +157,7 @@ class GrpcDraftClient:
                 matched_orders=list(response.matched_orders),
             )
         assert last_error is not None
-        raise RemoteError.from_rpc_error(last_error, "draft service")
+        raise last_error
 
     def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
         """The graph meta of the first replica that answers."""
@@ -119,13 +174,19 @@ class GrpcDraftClient:
 
 
 class GrpcVerifierClient:
-    """The verifier service, over one long-lived channel."""
+    """The verifier service: one open Session stream per generation (prefill, then verifies);
+    closing it releases the session on the verifier."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, address: str, timeout_s: float = 60.0, session_timeout_s: float = 3600.0
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
+        self.session_timeout_s = session_timeout_s
         self._stub = verifier_pb2_grpc.VerifierServiceStub(_channel(address))
         self._info: ModelInfo | None = None
+        self._sessions: dict[str, StreamExchange] = {}
+        self._lock = threading.Lock()
 
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         try:
@@ -160,13 +221,22 @@ class GrpcVerifierClient:
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> int:
-        request = verifier_pb2.PrefillRequest(
-            session_id=session_id,
-            prompt_token_ids=prompt_ids,
-            temperature=temperature,
-            seed=seed,
+        stream = StreamExchange(self._stub.Session, timeout_s=self.session_timeout_s)
+        with self._lock:
+            self._sessions[session_id] = stream
+        request = verifier_pb2.SessionRequest(
+            prefill=verifier_pb2.PrefillRequest(
+                session_id=session_id,
+                prompt_token_ids=prompt_ids,
+                temperature=temperature,
+                seed=seed,
+            )
         )
-        return self._call("Prefill", request).token_id
+        try:
+            return stream.call(request, "verifier Prefill").prefill.token_id
+        except Exception:
+            self.release(session_id)
+            raise
 
     def verify(
         self,
@@ -174,19 +244,32 @@ class GrpcVerifierClient:
         draft_ids: Sequence[int],
         draft_distributions: Sequence[SparseDistribution] | None = None,
     ) -> VerifyResult:
-        request = verifier_pb2.VerifyRequest(
-            session_id=session_id,
-            draft_token_ids=draft_ids,
-            draft_distributions=[
-                common_pb2.SparseDistribution(
-                    token_ids=d.token_ids.tolist(), probs=d.probs.tolist()
-                )
-                for d in draft_distributions or ()
-            ],
+        with self._lock:
+            stream = self._sessions.get(session_id)
+        if stream is None:
+            raise NotFoundError(f"no open verifier session {session_id!r}")
+        request = verifier_pb2.SessionRequest(
+            verify=verifier_pb2.VerifyRequest(
+                draft_token_ids=draft_ids,
+                draft_distributions=[
+                    common_pb2.SparseDistribution(
+                        token_ids=d.token_ids.tolist(), probs=d.probs.tolist()
+                    )
+                    for d in draft_distributions or ()
+                ],
+            )
         )
-        response = self._call("Verify", request)
+        response = stream.call(request, "verifier Verify").verify
         return VerifyResult(response.accepted_count, list(response.token_ids))
 
     def release(self, session_id: str) -> bool:
-        request = verifier_pb2.ReleaseRequest(session_id=session_id)
-        return self._call("Release", request, timeout=5.0).released
+        """End the session's stream; the verifier frees the session as the stream ends."""
+        with self._lock:
+            stream = self._sessions.pop(session_id, None)
+        if stream is None:
+            return False
+        if stream.broken:
+            stream.cancel()
+        else:
+            stream.close()
+        return True

@@ -100,7 +100,12 @@ def test_bench_draft_writes_its_figures(graph_dir: Path, tmp_path: Path) -> None
     assert "in-process Propose" in result.stdout
     figures = json.loads(out.read_text())
     assert figures["in_process"]["median_us"] > 0
-    assert [g["concurrency"] for g in figures["grpc"]] == [1, 2]
+    assert [(g["rpc"], g["concurrency"]) for g in figures["grpc"]] == [
+        ("unary", 1),
+        ("unary", 2),
+        ("stream", 1),
+        ("stream", 2),
+    ]
     assert all(g["p99_ms"] >= g["p50_ms"] > 0 for g in figures["grpc"])
     assert 0 < figures["time_to_serving_s"] < 30
     assert figures["server_rss_bytes"] > 0

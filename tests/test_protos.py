@@ -41,11 +41,16 @@ def test_public_names_exist():
         **verifier_pb2.DESCRIPTOR.services_by_name,
     }
     assert set(services["GatewayService"].methods_by_name) == {"Generate", "GenerateStream"}
-    assert set(services["DraftService"].methods_by_name) == {"Propose", "GetGraphInfo"}
+    assert set(services["DraftService"].methods_by_name) == {
+        "Propose",
+        "ProposeStream",
+        "GetGraphInfo",
+    }
     assert set(services["VerifierService"].methods_by_name) == {
         "Prefill",
         "Verify",
         "Release",
+        "Session",
         "GetModelInfo",
         "GetStats",
     }

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
 
 from speculant.config import VerifierConfig
-from speculant.errors import UnavailableError
-from speculant.grpc_server import ServiceServer, map_errors
+from speculant.errors import InvalidArgumentError, UnavailableError
+from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.verifier import LocalVerifier, new_session_id
@@ -45,10 +46,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def verifier(self, verifier: LocalVerifier) -> None:
         self._verifier = verifier
 
-    @map_errors
-    def Prefill(
-        self, request: verifier_pb2.PrefillRequest, context: grpc.ServicerContext
-    ) -> verifier_pb2.PrefillResponse:
+    def _prefill(self, request: verifier_pb2.PrefillRequest) -> verifier_pb2.PrefillResponse:
         session_id = request.session_id or new_session_id()
         token = self.verifier.prefill(
             session_id,
@@ -58,15 +56,52 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         )
         return verifier_pb2.PrefillResponse(session_id=session_id, token_id=token)
 
-    @map_errors
-    def Verify(
-        self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
-    ) -> verifier_pb2.VerifyResponse:
+    def _verify(self, request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
         dists = [_sparse(d) for d in request.draft_distributions] or None
         result = self.verifier.verify(request.session_id, request.draft_token_ids, dists)
         return verifier_pb2.VerifyResponse(
             accepted_count=result.accepted_count, token_ids=result.token_ids
         )
+
+    @map_errors
+    def Prefill(
+        self, request: verifier_pb2.PrefillRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.PrefillResponse:
+        return self._prefill(request)
+
+    @map_errors
+    def Verify(
+        self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
+    ) -> verifier_pb2.VerifyResponse:
+        return self._verify(request)
+
+    @map_stream_errors
+    def Session(
+        self, requests: Iterator[verifier_pb2.SessionRequest], context: grpc.ServicerContext
+    ) -> Iterator[verifier_pb2.SessionResponse]:
+        """A prefill, then verifies, on one stream; the session is released when it ends."""
+        session_id = ""
+        try:
+            for request in requests:
+                if request.HasField("prefill"):
+                    if session_id:
+                        raise InvalidArgumentError("prefill", "only the first message may prefill")
+                    prefill = request.prefill
+                    prefill.session_id = prefill.session_id or new_session_id()
+                    response = self._prefill(prefill)
+                    session_id = response.session_id
+                    yield verifier_pb2.SessionResponse(prefill=response)
+                elif request.HasField("verify"):
+                    if not session_id:
+                        raise InvalidArgumentError("verify", "the first message must be a prefill")
+                    verify = request.verify
+                    verify.session_id = session_id
+                    yield verifier_pb2.SessionResponse(verify=self._verify(verify))
+                else:
+                    raise InvalidArgumentError("step", "a message must be a prefill or a verify")
+        finally:
+            if session_id and self._verifier is not None:
+                self._verifier.release(session_id)
 
     @map_errors
     def Release(

@@ -51,6 +51,11 @@ class VerifierServiceStub:
                 request_serializer=speculant_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=speculant_dot_v1_dot_verifier__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/speculant.v1.VerifierService/Session',
+                request_serializer=speculant_dot_v1_dot_verifier__pb2.SessionRequest.SerializeToString,
+                response_deserializer=speculant_dot_v1_dot_verifier__pb2.SessionResponse.FromString,
+                _registered_method=True)
         self.GetModelInfo = channel.unary_unary(
                 '/speculant.v1.VerifierService/GetModelInfo',
                 request_serializer=speculant_dot_v1_dot_verifier__pb2.GetModelInfoRequest.SerializeToString,
@@ -90,6 +95,16 @@ class VerifierServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """One session on one open stream: the first message is a prefill, each later one a verify;
+        one response per message, in order. Ending or cancelling the stream releases the session.
+        Saves a round trip per round against the unary calls, and a vanished client frees its KV
+        cache at once instead of at the TTL.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetModelInfo(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -119,6 +134,11 @@ def add_VerifierServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=speculant_dot_v1_dot_verifier__pb2.ReleaseRequest.FromString,
                     response_serializer=speculant_dot_v1_dot_verifier__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=speculant_dot_v1_dot_verifier__pb2.SessionRequest.FromString,
+                    response_serializer=speculant_dot_v1_dot_verifier__pb2.SessionResponse.SerializeToString,
             ),
             'GetModelInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModelInfo,
@@ -214,6 +234,33 @@ class VerifierService:
             '/speculant.v1.VerifierService/Release',
             speculant_dot_v1_dot_verifier__pb2.ReleaseRequest.SerializeToString,
             speculant_dot_v1_dot_verifier__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/speculant.v1.VerifierService/Session',
+            speculant_dot_v1_dot_verifier__pb2.SessionRequest.SerializeToString,
+            speculant_dot_v1_dot_verifier__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
