@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
@@ -13,7 +14,14 @@ from gateway.server import GatewayServicer, start_gateway
 from speculant.config import GenerationConfig
 from speculant.errors import FailedPreconditionError
 from speculant.health import health_status
-from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2
+from speculant.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    verifier_pb2,
+)
 from tests.conftest import GPT2_TOKENIZER, STORIES_MODEL
 from tests.e2e_fixtures import embedded_decoder, services, verifier_config  # noqa: F401
 
@@ -256,8 +264,6 @@ def test_generate_cli_via_gateway(services):  # noqa: F811
 
 def generate_when_back(stub, request, within_s: float = 10.0):
     """Generate, retrying UNAVAILABLE while the gateway's channel reconnects."""
-    import time
-
     deadline = time.monotonic() + within_s
     while True:
         try:
@@ -294,3 +300,46 @@ def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinysto
         gateway.stop(0)
         verifier_server.stop(0)
         draft.stop(0)
+
+
+class HangingDraftService(draft_pb2_grpc.DraftServiceServicer):
+    """A draft service that never answers in time (a stuck replica)."""
+
+    def ProposeStream(self, requests, context):
+        for _ in requests:
+            time.sleep(2.0)
+            yield draft_pb2.ProposeResponse()
+
+    def GetGraphInfo(self, request, context):
+        return self.info
+
+
+def test_draft_timeout_never_fails_the_request(services):  # noqa: F811
+    from concurrent import futures
+
+    with grpc.insecure_channel(services.draft_address) as channel:
+        info = draft_pb2_grpc.DraftServiceStub(channel).GetGraphInfo(
+            draft_pb2.GetGraphInfoRequest(), timeout=10
+        )
+    hanging = HangingDraftService()
+    hanging.info = info
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    draft_pb2_grpc.add_DraftServiceServicer_to_server(hanging, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    gateway, _ = start_gateway(
+        [f"127.0.0.1:{port}"], services.verifier_address, port=0, draft_timeout_s=0.05
+    )
+    try:
+        request = generate_request(temperature=0.0, max_tokens=12)
+        reference = services.gateway.Generate(request, timeout=60)
+        with grpc.insecure_channel(gateway.address) as channel:
+            started = time.monotonic()
+            slow = gateway_pb2_grpc.GatewayServiceStub(channel).Generate(request, timeout=60)
+            elapsed = time.monotonic() - started
+    finally:
+        gateway.stop(0)
+        server.stop(0)
+    assert list(slow.token_ids) == list(reference.token_ids)
+    assert slow.stats.draft_failures > 0
+    assert elapsed < 10  # each stuck draft cost about its 50 ms timeout, not 2 s
