@@ -1,6 +1,8 @@
 """``speculant bench build``: time one graph build and report its figures.
 
-Figures: wall time (tokenizer load included), peak RSS of this process and its children,
+Figures: wall time (tokenizer load and engine start included), peak RSS of this process and its
+children, and of the largest worker process (reported by the tasks), the engine, its workers and
+partitions, tokenize+count wall time and throughput (tokens/s and corpus MiB/s),
 tokenizing throughput (tokens per second of tokenizer time) and counting+writing throughput
 (tokens per second of counting, spilling, merging and LMDB writing), graph size on disk, corpus
 tokens and contexts per order.
@@ -25,9 +27,15 @@ def peak_rss_bytes() -> int:
     return (own + children) * 1024  # Linux reports KiB
 
 
+def corpus_bytes(builder) -> int:
+    """Bytes of corpus the build read (the sum of its partitions' pieces)."""
+    return sum(p["size"] for m in builder._manifests for p in m["partition"]["pieces"])
+
+
 def bench_build(args: argparse.Namespace) -> dict[str, Any]:
     """Build a graph from the arguments of ``bench build`` and return the figures."""
     from builder import GraphBuilder
+    from builder.cli import builder_kwargs
     from builder.info import disk_usage
 
     logging.getLogger("builder").setLevel(logging.WARNING)
@@ -38,13 +46,7 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
         out = scratch / "graph"
     try:
         t0 = time.perf_counter()
-        builder = GraphBuilder(
-            tokenizer_name=args.tokenizer,
-            max_order=args.max_order,
-            chunk_size=args.chunk_size,
-            hf_token=args.hf_token,
-            progress=False,
-        )
+        builder = GraphBuilder(**builder_kwargs(args), progress=False)
         t_loaded = time.perf_counter()
         with builder:
             builder.build_from_files(
@@ -54,13 +56,25 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         s = builder.stats
         count_write = s.count_seconds + s.write_seconds
+        params = meta.build_params
         return {
             "corpus": list(args.corpus),
             "tokenizer": args.tokenizer,
             "max_order": args.max_order,
             "doc_separator": args.doc_separator,
             "chunk_size": args.chunk_size,
+            "engine": params["engine"],
+            "workers": params["workers"],
+            "partitions": params["partitioning"]["partitions"],
             "wall_seconds": round(wall, 3),
+            "count_wall_seconds": round(s.count_wall_seconds, 3),
+            "count_wall_tokens_per_second": round(s.tokens / max(s.count_wall_seconds, 1e-9)),
+            "corpus_bytes": corpus_bytes(builder),
+            "task_seconds": round(
+                task_s := sum(m["seconds"]["total"] for m in builder._manifests), 3
+            ),
+            "tokens_per_worker_second": round(s.tokens / max(task_s, 1e-9)),
+            "corpus_bytes_per_worker_second": round(corpus_bytes(builder) / max(task_s, 1e-9)),
             "tokenizer_load_seconds": round(t_loaded - t0, 3),
             "read_seconds": round(s.read_seconds, 3),
             "tokenize_seconds": round(s.tokenize_seconds, 3),
@@ -69,6 +83,9 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
             "tokenize_tokens_per_second": round(s.tokens / max(s.tokenize_seconds, 1e-9)),
             "count_write_tokens_per_second": round(s.tokens / max(count_write, 1e-9)),
             "peak_rss_bytes": peak_rss_bytes(),
+            "worker_peak_rss_bytes": max(
+                (m["worker_peak_rss_bytes"] for m in builder._manifests), default=0
+            ),
             "graph_size_on_disk_bytes": disk_usage(Path(out)),
             "documents": meta.corpus_documents,
             "tokens": meta.corpus_tokens,
@@ -89,7 +106,16 @@ def format_bench(f: dict[str, Any]) -> str:
         f"documents / tokens:    {f['documents']:,} / {f['tokens']:,}",
         f"wall time:             {f['wall_seconds']:.2f} s "
         f"(tokenizer load {f['tokenizer_load_seconds']:.2f} s)",
-        f"peak RSS:              {f['peak_rss_bytes'] / mib:,.0f} MiB",
+        f"peak RSS:              {f['peak_rss_bytes'] / mib:,.0f} MiB "
+        f"(largest worker process: {f['worker_peak_rss_bytes'] / mib:,.0f} MiB)",
+        f"engine:                {f['engine']}, {f['workers']} worker process(es), "
+        f"{f['partitions']} partition(s)",
+        f"tokenize+count (wall): {f['count_wall_seconds']:.2f} s, "
+        f"{f['count_wall_tokens_per_second']:,} tokens/s, "
+        f"{f['corpus_bytes'] / mib / max(f['count_wall_seconds'], 1e-9):,.2f} MiB/s of corpus",
+        f"per worker (tasks):    {f['task_seconds']:.2f} task-s, "
+        f"{f['tokens_per_worker_second']:,} tokens/s, "
+        f"{f['corpus_bytes_per_worker_second'] / mib:,.2f} MiB/s of corpus per worker",
         f"tokenizing:            {f['tokenize_seconds']:.2f} s, "
         f"{f['tokenize_tokens_per_second']:,} tokens/s",
         f"counting + writing:    {f['count_seconds'] + f['merge_write_seconds']:.2f} s "

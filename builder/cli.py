@@ -1,6 +1,8 @@
 """Command-line subcommands of the builder package.
 
-- ``speculant build --corpus PATH [PATH ...] --tokenizer NAME_OR_DIR --out GRAPH_DIR [...]``
+- ``speculant build --corpus PATH [PATH ...] --tokenizer NAME_OR_DIR --out GRAPH_DIR [...]
+  [--engine local|dask] [--address ADDR] [--workers N] [--partitions N | --partition-size MB]
+  [--work-dir DIR]``
 - ``speculant graph-info GRAPH_DIR [--json]``
 - ``speculant bench build --corpus ... --tokenizer ... [--json OUT]``
 
@@ -43,7 +45,8 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="PATH",
-        help="corpus files, directories (recursive) or globs (.jsonl: one record per line)",
+        help="corpus files, directories (recursive) or globs (.jsonl: one record per line; "
+        ".parquet: one row per document, needs the distributed extra)",
     )
     p.add_argument(
         "--tokenizer", required=True, metavar="NAME_OR_DIR", help="Hugging Face tokenizer"
@@ -62,6 +65,47 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
         "--chunk-size", type=_positive, default=10000, help="tokens counted per numpy step"
     )
     p.add_argument("--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)")
+    engine = p.add_argument_group("engine (where tokenizing and counting run)")
+    engine.add_argument(
+        "--engine",
+        choices=("local", "dask"),
+        default="local",
+        help="local: this machine's cores (default); dask: a Dask cluster (see --address)",
+    )
+    engine.add_argument(
+        "--address",
+        default=None,
+        metavar="ADDR",
+        help="Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: a new local cluster)",
+    )
+    engine.add_argument(
+        "--workers",
+        type=_positive,
+        default=None,
+        help="worker processes (local engine, or a new local Dask cluster; default: every core)",
+    )
+    size = engine.add_mutually_exclusive_group()
+    size.add_argument(
+        "--partitions",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="cut the corpus into about N partitions (tasks)",
+    )
+    size.add_argument(
+        "--partition-size",
+        type=_positive,
+        default=None,
+        metavar="MB",
+        help="partition size in MiB (default 64); files are cut at document boundaries",
+    )
+    engine.add_argument(
+        "--work-dir",
+        default=None,
+        metavar="DIR",
+        help="where tasks write partial counts: storage every worker reaches at the same path "
+        "(required with --address; default: the temporary directory)",
+    )
 
 
 def register(
@@ -105,6 +149,33 @@ def _builder_errors() -> tuple[type[BaseException], ...]:
     return (BuildError, GraphFormatError, TokenizerLoadError, ValueError, OSError)
 
 
+def builder_kwargs(args: argparse.Namespace) -> dict:
+    """GraphBuilder arguments from the corpus and engine options."""
+    from builder.errors import BuildError
+
+    if args.address and args.engine != "dask":
+        raise BuildError("--address needs --engine dask")
+    if args.address and not args.work_dir:
+        raise BuildError(
+            "--address needs --work-dir: a directory on storage that every Dask worker and "
+            "this machine reach at the same path (the partial counts go there)"
+        )
+    if args.engine == "dask":  # the cluster's own INFO lines would drown the build's
+        logging.getLogger("distributed").setLevel(logging.WARNING)
+    return {
+        "tokenizer_name": args.tokenizer,
+        "max_order": args.max_order,
+        "chunk_size": args.chunk_size,
+        "hf_token": args.hf_token,
+        "engine": args.engine,
+        "address": args.address,
+        "workers": args.workers,
+        "partitions": args.partitions,
+        "partition_bytes": args.partition_size << 20 if args.partition_size else None,
+        "work_dir": args.work_dir,
+    }
+
+
 def run_build(args: argparse.Namespace) -> int:
     if args.quiet:
         logging.getLogger("builder").setLevel(logging.WARNING)
@@ -112,13 +183,7 @@ def run_build(args: argparse.Namespace) -> int:
     try:
         from builder import GraphBuilder
 
-        builder = GraphBuilder(
-            tokenizer_name=args.tokenizer,
-            max_order=args.max_order,
-            chunk_size=args.chunk_size,
-            hf_token=args.hf_token,
-            progress=False if args.quiet else None,
-        )
+        builder = GraphBuilder(**builder_kwargs(args), progress=False if args.quiet else None)
         with builder:
             builder.build_from_files(
                 args.corpus, text_field=args.text_field, doc_separator=args.doc_separator
@@ -130,7 +195,8 @@ def run_build(args: argparse.Namespace) -> int:
         print(
             f"built {args.out}: {meta.corpus_documents:,} documents, "
             f"{meta.corpus_tokens:,} tokens, orders 1..{meta.max_order}, "
-            f"{meta.build_seconds:.1f} s",
+            f"{meta.build_seconds:.1f} s ({args.engine} engine, "
+            f"{meta.build_params['partitioning']['partitions']} partition(s))",
             file=sys.stderr,
         )
     return 0

@@ -1,17 +1,26 @@
 """GraphBuilder: corpus files -> tokenized documents -> exact n-gram counts -> LMDB graph.
 
-Document policy: each document (a plain-text file, a piece of one between ``doc_separator``s, or
-a JSON-lines record) is tokenized on its own exactly as a prompt would be, with the tokenizer's
-default special tokens (a leading BOS for stories260K / Llama tokenizers) and no EOS appended;
-no n-gram crosses a document boundary. Orders 1..max_order are counted exactly: an order-o
-context is o tokens and its n-grams are o + 1 tokens long.
+Document policy: each document (a plain-text file, a piece of one between ``doc_separator``s, a
+JSON-lines record or a Parquet row) is tokenized on its own exactly as a prompt would be, with the
+tokenizer's default special tokens (a leading BOS for stories260K / Llama tokenizers) and no EOS
+appended; no n-gram crosses a document boundary. Orders 1..max_order are counted exactly: an
+order-o context is o tokens and its n-grams are o + 1 tokens long.
 
-Pipeline and memory bounds: documents are read as a stream (:mod:`builder.corpus`), tokenized in
-batches (:mod:`builder.tokenize`), counted ``chunk_size`` window starts at a time
-(:mod:`builder.counting`) into sorted partial-count runs spilled to a temporary directory every
-``spill_rows`` rows (:mod:`builder.runs`), merged ``merge_block_rows`` rows at a time
-(:mod:`builder.merge`) and appended to LMDB (:mod:`builder.lmdb_writer`) in a temporary directory
-that is published atomically (:mod:`builder.publish`).
+One code path, several executors:
+
+1. plan: the corpus files are cut into partitions at document boundaries
+   (:mod:`builder.partition`);
+2. count: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
+   cluster) runs one task per partition (:mod:`builder.partial_counts`): documents are read as a
+   stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), counted
+   ``chunk_size`` window starts at a time (:mod:`builder.counting`) into sorted partial-count
+   runs spilled every ``spill_rows`` rows (:mod:`builder.runs`) into the task's directory under
+   the shared work directory;
+3. merge: this process merges every partition's runs ``merge_block_rows`` rows at a time
+   (:mod:`builder.merge`) and appends them to LMDB (:mod:`builder.lmdb_writer`) in a temporary
+   directory that is published atomically (:mod:`builder.publish`).
+
+Counts are sums, so the graph does not depend on the engine or the partitioning.
 """
 
 from __future__ import annotations
@@ -20,29 +29,30 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from builder.corpus import iter_documents, resolve_inputs
-from builder.counting import NgramCounter
+from builder.corpus import resolve_inputs
+from builder.engines import Engine, make_engine
 from builder.errors import BuildError
 from builder.keys import KeyCodec, bits_for_vocab
 from builder.lmdb_writer import GraphWriter
 from builder.merge import merge_runs
+from builder.partial_counts import manifest_runs, register_tokenizer
+from builder.partition import plan_partitions
 from builder.publish import (
-    RUNS_PREFIX,
     check_output,
+    make_run_dir,
     make_temp_dir,
     publish,
     remove_stale_run_dirs,
     remove_stale_temp_dirs,
 )
-from builder.runs import RunStore
 from speculant.graph_format import FORMAT_VERSION, MAX_SUPPORTED_ORDER, GraphMeta
 
 log = logging.getLogger("builder")
@@ -50,23 +60,35 @@ log = logging.getLogger("builder")
 
 @dataclass
 class BuildStats:
-    """Figures of a build: counts and the time spent in each phase (seconds)."""
+    """Figures of a build: counts and the time spent in each phase (seconds).
+
+    read, tokenize and count seconds are summed over the tasks (worker time, which exceeds the
+    wall time when tasks run in parallel); ``count_wall_seconds`` is the wall time of step 2.
+    """
 
     documents: int = 0
     tokens: int = 0
     read_seconds: float = 0.0  # reading and decoding corpus files
     tokenize_seconds: float = 0.0
     count_seconds: float = 0.0  # counting chunks and spilling runs
+    count_wall_seconds: float = 0.0  # wall time of the counting step (all tasks)
     write_seconds: float = 0.0  # merging runs and writing LMDB
     graph_bytes: int = 0
+    partitions: int = 0
 
 
 class GraphBuilder:
     """Builds an n-gram graph from corpus files with a Hugging Face tokenizer.
 
     ``chunk_size``: window starts (about tokens) counted together in one numpy step;
-    ``spill_rows``: partial-count rows held in memory before a sorted run is spilled to disk;
-    ``merge_block_rows``: rows held by the merge at a time. Together they bound peak memory.
+    ``spill_rows``: partial-count rows a task holds in memory before a sorted run is spilled to
+    disk; ``merge_block_rows``: rows held by the merge at a time. Together they bound peak memory.
+
+    ``engine``: ``"local"`` (default), ``"dask"`` or an :class:`~builder.engines.Engine`;
+    ``address``: a Dask scheduler (default: a new local cluster); ``workers``: worker processes
+    (default: every core); ``partition_bytes`` / ``partitions``: the partition size, or a target
+    count (default: 64 MiB partitions); ``work_dir``: where the partial counts go, a directory
+    that every worker can reach at the same path (default: the system's temporary directory).
     """
 
     def __init__(
@@ -83,36 +105,56 @@ class GraphBuilder:
         progress: bool | None = None,
         work_dir: str | os.PathLike[str] | None = None,
         tokenizer=None,
+        engine: str | Engine = "local",
+        address: str | None = None,
+        workers: int | None = None,
+        partition_bytes: int | None = None,
+        partitions: int | None = None,
     ) -> None:
         if not 1 <= max_order <= MAX_SUPPORTED_ORDER:
             raise ValueError(f"max_order must be in 1..{MAX_SUPPORTED_ORDER}, got {max_order}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        from builder.tokenize import DocumentTokenizer
         from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint, vocab_size
 
         self.tokenizer_name = tokenizer_name
+        self.hf_token = hf_token
         self.max_order = max_order
         self.chunk_size = chunk_size
+        self.spill_rows = max(1, spill_rows)
         self.merge_block_rows = merge_block_rows
         self.batch_docs = batch_docs
         self.batch_chars = batch_chars
+        self.partition_bytes = partition_bytes
+        self.partitions = partitions
         self.progress = sys.stderr.isatty() if progress is None else progress
         self.tokenizer = tokenizer or load_tokenizer(tokenizer_name, hf_token)
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.vocab_size = vocab_size(self.tokenizer)
-        self._doc_tokenizer = DocumentTokenizer(self.tokenizer)
+        register_tokenizer(tokenizer_name, self.tokenizer, self.fingerprint)
         self._bits = bits_for_vocab(self.vocab_size)
         remove_stale_run_dirs(work_dir)
-        self._run_dir = Path(tempfile.mkdtemp(prefix=f"{RUNS_PREFIX}{os.getpid()}-", dir=work_dir))
+        self._run_dir = make_run_dir(work_dir)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._run_dir, True)
-        self._store = RunStore(self._run_dir, max_order, spill_rows)
-        self._counter = NgramCounter(max_order, self._bits, chunk_size, self._store)
+        if isinstance(engine, str):
+            self.engine: Engine = make_engine(engine, address=address, workers=workers)
+            self._own_engine = True
+        else:
+            self.engine, self._own_engine = engine, False
+        self._manifests: list[dict[str, Any]] = []
         self._inputs: list[str] = []
         self._text_field = "text"
         self._doc_separator: str | None = None
         self._started: float | None = None
         self.stats = BuildStats()
+
+    @property
+    def runs(self) -> dict[int, list[tuple[Path, Path]]]:
+        """Every finished task's (keys, counts) run files, per order."""
+        return {
+            o: [run for m in self._manifests for run in manifest_runs(m, o)]
+            for o in range(1, self.max_order + 1)
+        }
 
     # -- counting -------------------------------------------------------------------------
 
@@ -123,64 +165,76 @@ class GraphBuilder:
         text_field: str = "text",
         doc_separator: str | None = None,
     ) -> BuildStats:
-        """Read, tokenize and count the corpus (may be called again to add more files)."""
+        """Plan, tokenize and count the corpus (may be called again to add more files)."""
         if self._started is None:
             self._started = time.perf_counter()
         files = resolve_inputs(paths)
         self._inputs.extend(os.fspath(p) for p in paths)
         self._text_field, self._doc_separator = text_field, doc_separator
+        plan = plan_partitions(
+            files,
+            doc_separator=doc_separator,
+            partition_bytes=self.partition_bytes,
+            partitions=self.partitions,
+        )
+        specs = [self._spec(part.to_dict()) for part in plan]
         from tqdm import tqdm
 
         stats = self.stats
         bar = tqdm(
-            desc="tokenizing+counting",
-            unit="doc",
+            desc=f"tokenizing+counting ({self.engine.name})",
+            total=len(specs),
+            unit="partition",
             file=sys.stderr,
             disable=not self.progress,
             dynamic_ncols=True,
         )
         begun = time.perf_counter()
+
+        def done(manifest: dict[str, Any]) -> None:
+            self._manifests.append(manifest)
+            stats.documents += manifest["documents"]
+            stats.tokens += manifest["tokens"]
+            stats.read_seconds += manifest["seconds"]["read"]
+            stats.tokenize_seconds += manifest["seconds"]["tokenize"]
+            stats.count_seconds += manifest["seconds"]["count"]
+            stats.partitions += 1
+            bar.update(1)
+            rate = stats.tokens / max(time.perf_counter() - begun, 1e-9)
+            bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+
         try:
-            docs = iter_documents(files, text_field=text_field, doc_separator=doc_separator)
-            for batch in self._timed_batches(docs):
-                t0 = time.perf_counter()
-                arrays = self._doc_tokenizer.encode_batch(batch)
-                t1 = time.perf_counter()
-                for ids in arrays:
-                    self._counter.add_document(ids)
-                    stats.tokens += int(ids.size)
-                stats.documents += len(arrays)
-                stats.tokenize_seconds += t1 - t0
-                stats.count_seconds += time.perf_counter() - t1
-                bar.update(len(arrays))
-                rate = stats.tokens / max(time.perf_counter() - begun, 1e-9)
-                bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
+            self.engine.map(specs, done)
         finally:
             bar.close()
+            stats.count_wall_seconds += time.perf_counter() - begun
         log.info(
-            "read %d documents, %d tokens from %d file(s)",
+            "read %d documents, %d tokens from %d file(s) in %d partition(s), engine %s",
             stats.documents,
             stats.tokens,
             len(files),
+            len(specs),
+            self.engine.name,
         )
         return stats
 
-    def _timed_batches(self, docs: Iterator[str]) -> Iterable[list[str]]:
-        """Group documents into batches of batch_docs / batch_chars; times the reading."""
-        batch: list[str] = []
-        chars = 0
-        t0 = time.perf_counter()
-        for doc in docs:
-            batch.append(doc)
-            chars += len(doc)
-            if len(batch) >= self.batch_docs or chars >= self.batch_chars:
-                self.stats.read_seconds += time.perf_counter() - t0
-                yield batch
-                batch, chars = [], 0
-                t0 = time.perf_counter()
-        self.stats.read_seconds += time.perf_counter() - t0
-        if batch:
-            yield batch
+    def _spec(self, partition: dict[str, Any]) -> dict[str, Any]:
+        """The plain-data task spec of one partition (see :func:`count_partition`)."""
+        return {
+            "partition": partition,
+            "work_dir": str(self._run_dir),
+            "tokenizer": self.tokenizer_name,
+            "hf_token": self.hf_token,
+            "fingerprint": self.fingerprint,
+            "key_bits": self._bits,
+            "max_order": self.max_order,
+            "chunk_size": self.chunk_size,
+            "spill_rows": self.spill_rows,
+            "batch_docs": self.batch_docs,
+            "batch_chars": self.batch_chars,
+            "text_field": self._text_field,
+            "doc_separator": self._doc_separator,
+        }
 
     # -- writing --------------------------------------------------------------------------
 
@@ -192,24 +246,19 @@ class GraphBuilder:
             raise BuildError("the corpus has no documents: nothing to build")
         remove_stale_temp_dirs(out)
         t0 = time.perf_counter()
-        count_t0 = time.perf_counter()
-        self._counter.flush()
-        self._store.spill()
-        self.stats.count_seconds += time.perf_counter() - count_t0
+        runs = self.runs
         tmp = make_temp_dir(out)
         log.info("merging runs and writing graph to %s (building in %s)", out, tmp.name)
         try:
             run_bytes = sum(
-                k.stat().st_size + c.stat().st_size
-                for runs in self._store.runs.values()
-                for k, c in runs
+                k.stat().st_size + c.stat().st_size for order in runs.values() for k, c in order
             )
             writer = GraphWriter(tmp, map_size=2 * run_bytes + (64 << 20))
             try:
                 orders = [
                     writer.write_order(
                         KeyCodec(self._bits, o + 1),
-                        merge_runs(self._store.runs[o], self.merge_block_rows),
+                        merge_runs(runs[o], self.merge_block_rows),
                     )
                     for o in range(1, self.max_order + 1)
                 ]
@@ -243,8 +292,16 @@ class GraphBuilder:
                 "text_field": self._text_field,
                 "chunk_size": self.chunk_size,
                 "max_order": self.max_order,
-                "spill_rows": self._store.spill_rows,
+                "spill_rows": self.spill_rows,
                 "merge_block_rows": self.merge_block_rows,
+                "engine": self.engine.name,
+                "workers": self._workers_seen(),
+                "partitioning": {
+                    "partitions": len(self._manifests),
+                    "partition_bytes": self.partition_bytes,
+                    "requested_partitions": self.partitions,
+                    "pieces": sum(len(m["partition"]["pieces"]) for m in self._manifests),
+                },
                 "stats": {
                     k: round(v, 3) for k, v in asdict(self.stats).items() if k.endswith("seconds")
                 },
@@ -253,9 +310,16 @@ class GraphBuilder:
             build_seconds=round(time.perf_counter() - started, 3),
         )
 
+    def _workers_seen(self) -> int:
+        """Distinct worker processes that ran this build's tasks."""
+        return len({m["worker"] for m in self._manifests})
+
     def close(self) -> None:
-        """Remove the temporary runs (also done when the builder is garbage collected)."""
+        """Remove the partial counts (also done when the builder is garbage collected) and
+        stop the engine if this builder started it."""
         self._cleanup()
+        if self._own_engine:
+            self.engine.close()
 
     def __enter__(self) -> GraphBuilder:
         return self

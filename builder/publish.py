@@ -13,7 +13,7 @@ uses), then fsynced and published:
 
 A killed build leaves only a temporary directory (never served, since its name differs); those of
 builds whose process is gone are removed by the next build of the same output (and spilled-run
-directories ``.speculant-runs-<pid>-*`` of dead builders by the next builder).
+directories ``.speculant-runs-<pid>-*`` of dead builders of the same host by the next builder).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -67,17 +69,37 @@ def remove_stale_temp_dirs(out: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-RUNS_PREFIX = ".speculant-runs-"  # + "<pid>-<random>": a builder's spilled runs
+RUNS_PREFIX = ".speculant-runs-"  # + "<pid>-<random>": a build's partial counts
+RUNS_OWNER = "owner.json"  # {"host": ..., "pid": ...} of the build that made a run directory
+
+
+def make_run_dir(work_dir: str | os.PathLike[str] | None) -> Path:
+    """Create a build's directory of partial counts in work_dir (default: the temp directory).
+
+    It records its owner (host and pid), so that a later build on shared storage removes it
+    only when it was made on the same host by a process that is gone.
+    """
+    parent = Path(work_dir if work_dir is not None else tempfile.gettempdir()).absolute()
+    parent.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=f"{RUNS_PREFIX}{os.getpid()}-", dir=parent))
+    owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    (path / RUNS_OWNER).write_text(json.dumps(owner), encoding="utf-8")
+    return path
 
 
 def remove_stale_run_dirs(work_dir: str | os.PathLike[str] | None) -> None:
-    """Remove spilled-run directories of builders whose process no longer runs."""
+    """Remove partial-count directories of builds of this host whose process no longer runs."""
     parent = Path(work_dir if work_dir is not None else tempfile.gettempdir())
+    host = socket.gethostname()
     with contextlib.suppress(OSError):
         for entry in parent.iterdir():
             if not entry.name.startswith(RUNS_PREFIX) or not entry.is_dir():
                 continue
             pid = entry.name[len(RUNS_PREFIX) :].split("-", 1)[0]
+            with contextlib.suppress(OSError, ValueError):
+                owner = json.loads((entry / RUNS_OWNER).read_text(encoding="utf-8"))
+                if owner.get("host") != host:
+                    continue  # another machine's build on shared storage: not ours to judge
             if pid.isdigit() and not _pid_alive(int(pid)):
                 shutil.rmtree(entry, ignore_errors=True)
 

@@ -29,6 +29,7 @@ from speculant.graph_format import (
     MAX_SUPPORTED_ORDER,
     GraphFormatError,
     GraphMeta,
+    SharedGraphEnv,
     decode_successors,
     open_graph_env,
     order_db_name,
@@ -55,45 +56,10 @@ def _load_madvise() -> Callable[..., int] | None:
 _MADVISE = _load_madvise()
 
 
-class _SharedEnvironments:
-    """One LMDB environment per graph file per process, shared by every NGramGraph on it.
-
-    LMDB forbids opening the same environment twice in one process (the embedded decoder and a
-    draft service in one test process, or two drafters, would otherwise fail); the environment
-    is closed when its last graph closes.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._open: dict[str, tuple[lmdb.Environment, int]] = {}
-
-    def acquire(self, path: Path) -> lmdb.Environment:
-        key = str(path.resolve())
-        with self._lock:
-            env, users = self._open.get(key, (None, 0))
-            if env is None:
-                env = open_graph_env(path, readonly=True)
-            self._open[key] = (env, users + 1)
-            return env
-
-    def release(self, path: Path) -> None:
-        key = str(path.resolve())
-        with self._lock:
-            env, users = self._open[key]
-            if users > 1:
-                self._open[key] = (env, users - 1)
-            else:
-                del self._open[key]
-                env.close()
-
-
-_ENVIRONMENTS = _SharedEnvironments()
-
-
 class NGramGraph:
     """A graph opened read-only: per-order successor lookups and its meta record."""
 
-    def __init__(self, path: Path, env: lmdb.Environment, meta: GraphMeta) -> None:
+    def __init__(self, path: Path, env: SharedGraphEnv, meta: GraphMeta) -> None:
         self.path = path
         self.meta = meta
         self.max_order = meta.max_order
@@ -105,7 +71,7 @@ class NGramGraph:
             try:
                 self._dbs.append(env.open_db(order_db_name(order), create=False))
             except lmdb.Error as exc:
-                _ENVIRONMENTS.release(path)
+                env.close()
                 raise GraphFormatError(
                     f"corrupt graph {path}: the chain of order {order} is missing ({exc})"
                 ) from exc
@@ -118,14 +84,14 @@ class NGramGraph:
     def open(cls, path: str | Path) -> NGramGraph:
         """Open a published graph; GraphFormatError if missing, unfinished, corrupt or unknown."""
         path = Path(path)
-        env = _ENVIRONMENTS.acquire(path)
+        env = open_graph_env(path)
         try:
             meta = read_meta(env, path)
         except BaseException:
-            _ENVIRONMENTS.release(path)
+            env.close()
             raise
         if not 1 <= meta.max_order <= MAX_SUPPORTED_ORDER or meta.vocab_size < 1:
-            _ENVIRONMENTS.release(path)
+            env.close()
             raise GraphFormatError(
                 f"corrupt graph {path}: max_order={meta.max_order}, vocab_size={meta.vocab_size}"
             )
@@ -236,7 +202,7 @@ class NGramGraph:
                 with contextlib.suppress(lmdb.Error):
                     txn.abort()
             self._txns.clear()
-        _ENVIRONMENTS.release(self.path)
+        self._env.close()
 
     def __enter__(self) -> NGramGraph:
         return self

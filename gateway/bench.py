@@ -37,6 +37,14 @@ per-prompt value is the median over repetitions; ``total`` = sums over prompts, 
 - peak RSS of this process (``ru_maxrss``) and of each service process (VmHWM, and RSS at the
   end from psutil);
 - exactness at temperature 0: prompts whose output token ids differ from ``hf``.
+
+With ``--cost`` the run ends with the cost section of :mod:`gateway.bench_cost` (cost_M(n), the
+median verifier forward over n new tokens on a 128-token cache, for the run's model and
+random-llama-58m by default) and, per speculative variant and measured model M, the projection
+tokens/s = tau / (cost_M(L + 1) + overhead) against the baseline 1 / cost_M(1), where L is the
+variant's mean draft length per verify round and overhead its measured (draft + other + rpc)
+time per round. ``--plot OUT.png`` draws :mod:`gateway.bench_plot`'s four panels. ``speculant
+bench cost`` measures the costs alone (``--from BENCH.json`` projects an earlier run).
 """
 
 from __future__ import annotations
@@ -58,6 +66,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gateway.bench_cost import (
+    DEFAULT_COST_MODELS,
+    FORMULA,
+    CostSettings,
+    add_cost_options,
+    cost_settings_from_args,
+    format_cost_table,
+    format_projection,
+    project_all,
+    register_cost,
+    run_cost,
+)
+from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
@@ -811,7 +833,16 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", choices=["cpu", "auto", "cuda"], default="cpu")
     p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
+    p.add_argument(
+        "--cost",
+        action="store_true",
+        help="add the forward-cost section and the projected speedups (see `bench cost`); "
+        "--cost-models defaults to the run's model and random-llama-58m",
+    )
+    add_cost_options(p, prefix="cost-")
     p.set_defaults(handler=run_bench_generate)
+    register_cost(bench_subparsers)
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
@@ -838,17 +869,59 @@ def _raise_on_sigterm(_signum: int, _frame: object) -> None:
     raise SystemExit(143)  # unwinds through the finally blocks that stop the services
 
 
+def default_cost_models(run_model: str) -> tuple[str, ...]:
+    """The run's model, then random-llama-58m from ../shared when it is there."""
+    models = [run_model]
+    larger = DEFAULT_COST_MODELS[-1]
+    if larger.is_dir() and Path(run_model).resolve() != larger.resolve():
+        models.append(str(larger))
+    return tuple(models)
+
+
+def add_cost_section(
+    result: dict[str, Any], cost_settings: CostSettings, progress: Callable[[str], None]
+) -> None:
+    """Measure the forward costs and add them, with the projections, to a bench result."""
+    cost = run_cost(cost_settings, progress=progress)
+    result["cost"] = cost
+    result["projection_formula"] = FORMULA
+    result["projection"] = project_all(result["summary"], cost, result["settings"]["model"])
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 def run_bench_generate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if not settings.ks or not settings.mixes or not settings.systems:
         print("error: --k, --mix and --systems need at least one value", file=sys.stderr)
         return 2
+    if args.plot:
+        try:
+            require_matplotlib()  # fail before the run, not after it
+        except PlotUnavailable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    result = run_benchmark(settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    result = run_benchmark(settings, progress=_progress)
+    if args.cost:
+        cost_settings = cost_settings_from_args(
+            args, prefix="cost-", models=default_cost_models(settings.model)
+        )
+        add_cost_section(result, cost_settings, _progress)
     print(format_table(result))
     print()
     print(format_footer(result))
+    if args.cost:
+        print()
+        print(format_cost_table(result["cost"]))
+        print()
+        print(format_projection(result["projection"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(f"figures written to {args.json}", file=sys.stderr)
+    if args.plot:
+        write_plot(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
     return 0

@@ -21,9 +21,10 @@ No pickle: keys and values are fixed-width integers, the meta record is JSON.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lmdb
 import numpy as np
@@ -102,21 +103,58 @@ class GraphMeta:
         return cls(**data)
 
 
-def open_graph_env(path: str | Path, *, readonly: bool = True) -> lmdb.Environment:
-    """Open a published graph's LMDB environment read-only and memory-mapped.
+class SharedGraphEnv:
+    """A handle on a process-wide shared, read-only LMDB environment of one graph file.
 
-    The graph is immutable once published, so no lock file is used (works on read-only media);
-    readahead is off so that random lookups only page in what they touch.
+    LMDB forbids opening the same environment twice in one process, yet several readers may
+    want the same graph (an embedded decoder and a draft service in one process, graph-info, a
+    second drafter). Every :func:`open_graph_env` of the same ``data.mdb`` (same device and
+    inode: a graph republished at the same path is a new file, and gets a new environment)
+    shares one environment; it closes when the last handle is closed. Attribute access is
+    forwarded to the ``lmdb.Environment``.
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise GraphFormatError(f"graph not found: {path} is not a directory")
-    if not (path / DATA_FILE).is_file():
-        raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
+
+    _lock = threading.Lock()
+    _open: ClassVar[dict[tuple[int, int], tuple[lmdb.Environment, int]]] = {}
+
+    def __init__(self, env: lmdb.Environment, key: tuple[int, int]) -> None:
+        self._env = env
+        self._key = key
+        self._closed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    @classmethod
+    def acquire(cls, path: Path) -> SharedGraphEnv:
+        stat = (path / DATA_FILE).stat()
+        key = (stat.st_dev, stat.st_ino)
+        with cls._lock:
+            env, users = cls._open.get(key, (None, 0))
+            if env is None:
+                env = _open_lmdb(path)
+            cls._open[key] = (env, users + 1)
+        return cls(env, key)
+
+    def close(self) -> None:
+        """Release this handle; the environment closes with its last handle."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            env, users = self._open[self._key]
+            if users > 1:
+                self._open[self._key] = (env, users - 1)
+            else:
+                del self._open[self._key]
+                env.close()
+
+
+def _open_lmdb(path: Path) -> lmdb.Environment:
     try:
         return lmdb.open(
             str(path),
-            readonly=readonly,
+            readonly=True,
             lock=False,
             readahead=False,
             max_dbs=MAX_SUPPORTED_ORDER + 2,
@@ -127,7 +165,22 @@ def open_graph_env(path: str | Path, *, readonly: bool = True) -> lmdb.Environme
         raise GraphFormatError(f"cannot open graph {path}: {exc}") from exc
 
 
-def read_meta(env: lmdb.Environment, path: str | Path = "") -> GraphMeta:
+def open_graph_env(path: str | Path) -> SharedGraphEnv:
+    """Open a published graph's LMDB environment read-only and memory-mapped.
+
+    The graph is immutable once published, so no lock file is used (works on read-only media);
+    readahead is off so that random lookups only page in what they touch. Close the handle
+    when done (see :class:`SharedGraphEnv`).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise GraphFormatError(f"graph not found: {path} is not a directory")
+    if not (path / DATA_FILE).is_file():
+        raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
+    return SharedGraphEnv.acquire(path)
+
+
+def read_meta(env: lmdb.Environment | SharedGraphEnv, path: str | Path = "") -> GraphMeta:
     """Read and check the meta record: present, parseable and of a supported version."""
     try:
         meta_db = env.open_db(META_DB, create=False)

@@ -5,7 +5,9 @@ Tiny runs (2 prompts x 16 tokens); no timing assertions: the machine is shared.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 
 import pytest
 
@@ -19,8 +21,20 @@ from gateway.bench import (
     settings_from_args,
     variants_for,
 )
+from gateway.bench_cost import (
+    CostSettings,
+    cost_at,
+    cost_settings_from_args,
+    format_cost_table,
+    format_projection,
+    load_cost_model,
+    parse_counts,
+    project_all,
+    run_cost,
+)
+from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
 from speculant.cli import build_parser
-from tests.conftest import DEV_PROMPTS, STORIES_MODEL
+from tests.conftest import DEV_PROMPTS, RANDOM_LLAMA, STORIES_MODEL
 
 SPECULATIVE_FIGURES = (
     "tokens_per_second_median",
@@ -123,3 +137,95 @@ def test_bench_services(tinystories_graph) -> None:
     for info in services.values():
         assert info["omp_num_threads"] == "1"
         assert info["peak_rss_bytes"] or info["rss_bytes"]
+
+
+# --- cost, projection and plot -------------------------------------------------------------
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PROJECTION_FIELDS = (
+    "variant",
+    "model",
+    "tau",
+    "mean_draft_length",
+    "overhead_ms_per_round",
+    "cost_next_ms",
+    "cost_one_ms",
+    "projected_tokens_per_second",
+    "baseline_tokens_per_second",
+    "projected_speedup",
+)
+
+
+@pytest.fixture(scope="module")
+def small_run(tinystories_graph) -> dict:
+    """2 prompts x 8 tokens through hf and embedded (k 4 and 8, mixing on)."""
+    settings = _settings(tinystories_graph, ("hf", "embedded"))
+    settings.max_tokens, settings.ks, settings.mixes = 8, (4, 8), (True,)
+    return run_benchmark(settings)
+
+
+def test_parse_counts_and_interpolation() -> None:
+    assert parse_counts("1-3,31, 2") == (1, 2, 3, 31)
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_counts("0-2")
+    forward = {"1": {"median_ms": 1.0}, "3": {"median_ms": 2.0}, "5": {"median_ms": 4.0}}
+    assert cost_at(forward, 2.0) == (pytest.approx(1.5e-3), False)
+    assert cost_at(forward, 4.5) == (pytest.approx(3.5e-3), False)
+    assert cost_at(forward, 6.0) == (pytest.approx(5.0e-3), True)  # extrapolated
+
+
+def test_cli_cost_arguments() -> None:
+    args = build_parser().parse_args(
+        ["bench", "cost", "--models", "a,b", "--new-tokens", "1-3,31", "--repeats", "2"]
+    )
+    settings = cost_settings_from_args(args)
+    assert settings.models == ("a", "b") and settings.new_tokens == (1, 2, 3, 31)
+    assert settings.repeats == 2 and settings.cache_tokens == 128 and settings.device == "auto"
+    argv = "bench generate --graph g --model m --cost --cost-new-tokens 1,9 --plot x.png"
+    args = build_parser().parse_args(argv.split())
+    assert args.cost and args.plot == "x.png"
+    settings = cost_settings_from_args(args, prefix="cost-", models=("m",))
+    assert settings.models == ("m",) and settings.new_tokens == (1, 9)
+
+
+def test_bench_cost_and_projection(small_run) -> None:
+    settings = CostSettings(models=(str(STORIES_MODEL),), new_tokens=(1, 2, 9), repeats=3, warmup=1)
+    cost = run_cost(settings)
+    json.dumps(cost)
+    assert cost["device"] in ("cpu", "cuda") and cost["device_name"]
+    assert cost["dtype"] == "float32"
+    (model,) = cost["models"]
+    assert not model["random_weights"] and model["vocab_size"] == 512
+    assert set(model["forward"]) == {"1", "2", "9"}
+    for figures in model["forward"].values():
+        assert figures["median_ms"] > 0 and figures["p10_ms"] <= figures["p90_ms"]
+    rows = project_all(small_run["summary"], cost, small_run["settings"]["model"])
+    assert {r["variant"] for r in rows} == {"embedded k=4 mix=on", "embedded k=8 mix=on"}
+    for row in rows:
+        for key in PROJECTION_FIELDS:
+            assert key in row, key
+        assert row["projected_tokens_per_second"] > 0 and row["projected_speedup"] > 0
+        assert row["baseline_tokens_per_second"] == pytest.approx(1e3 / row["cost_one_ms"])
+        assert 0 <= row["mean_draft_length"] <= 8
+        assert row["measured_tokens_per_second"] > 0  # the run's own model
+    text = format_cost_table(cost) + format_projection(rows)
+    assert "stories260K" in text and "tau / (cost_M(L+1) + overhead)" in text
+
+
+def test_random_weights_model_builds_from_config() -> None:
+    import torch
+
+    loaded, random_weights = load_cost_model(str(RANDOM_LLAMA), torch.device("cpu"), "float32")
+    assert random_weights and loaded.vocab_size == 32064
+
+
+def test_plot_without_matplotlib(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    with pytest.raises(PlotUnavailable, match="matplotlib"):
+        require_matplotlib()
+
+
+def test_plot_is_a_png(small_run, tmp_path) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib (the 'bench' extra)")
+    out = write_plot(small_run, tmp_path / "bench.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC

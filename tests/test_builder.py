@@ -102,7 +102,7 @@ def test_counts_exact_vs_brute_force(tmp_path: Path, chunk: int, spill: int, blo
     )
     builder.build_from_files([str(f) for f in files], doc_separator=STORY_SEPARATOR)
     if chunk == 7:  # more runs than one merge pass takes: an intermediate pass runs too
-        assert max(len(r) for r in builder._store.runs.values()) > FAN_IN
+        assert max(len(r) for r in builder.runs.values()) > FAN_IN
     builder.save(tmp_path / "graph")
     ids = [builder.tokenizer(d).input_ids for d in docs]
     assert ids[0][0] == builder.tokenizer.bos_token_id  # documents start with BOS, like prompts
