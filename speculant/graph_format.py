@@ -20,6 +20,7 @@ No pickle: keys and values are fixed-width integers, the meta record is JSON.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import asdict, dataclass, field
@@ -114,7 +115,7 @@ class SharedGraphEnv:
     forwarded to the ``lmdb.Environment``.
     """
 
-    _lock = threading.Lock()
+    _lock = threading.RLock()  # re-entrant: __del__ may run while a thread holds it
     _open: ClassVar[dict[tuple[int, int], tuple[lmdb.Environment, int]]] = {}
 
     def __init__(self, env: lmdb.Environment, key: tuple[int, int]) -> None:
@@ -135,6 +136,11 @@ class SharedGraphEnv:
                 env = _open_lmdb(path)
             cls._open[key] = (env, users + 1)
         return cls(env, key)
+
+    def __del__(self) -> None:
+        # A handle dropped without close() (e.g. ``read_meta(open_graph_env(p), p)``) releases.
+        with contextlib.suppress(Exception):
+            self.close()
 
     def close(self) -> None:
         """Release this handle; the environment closes with its last handle."""
