@@ -28,14 +28,15 @@ def peak_rss_bytes() -> int:
 
 
 def corpus_bytes(builder) -> int:
-    """Bytes of corpus the build read (the sum of its partitions' pieces)."""
-    return sum(p["size"] for m in builder._manifests for p in m["partition"]["pieces"])
+    """Bytes of corpus the build read (its file pieces, and the text of dataset records)."""
+    files = sum(p["size"] for m in builder._manifests for p in m["partition"]["pieces"])
+    return files + sum(r["bytes"] for m in builder._manifests for r in m.get("read", []))
 
 
 def bench_build(args: argparse.Namespace) -> dict[str, Any]:
     """Build a graph from the arguments of ``bench build`` and return the figures."""
     from builder import GraphBuilder
-    from builder.cli import builder_kwargs
+    from builder.cli import builder_kwargs, read_inputs
     from builder.info import disk_usage
 
     logging.getLogger("builder").setLevel(logging.WARNING)
@@ -49,16 +50,15 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
         builder = GraphBuilder(**builder_kwargs(args), progress=False)
         t_loaded = time.perf_counter()
         with builder:
-            builder.build_from_files(
-                args.corpus, text_field=args.text_field, doc_separator=args.doc_separator
-            )
+            read_inputs(builder, args)
             meta = builder.save(out)
         wall = time.perf_counter() - t0
         s = builder.stats
         count_write = s.count_seconds + s.write_seconds
         params = meta.build_params
         return {
-            "corpus": list(args.corpus),
+            "corpus": list(args.corpus or [])
+            + ([f"dataset:{args.dataset}"] if args.dataset else []),
             "tokenizer": args.tokenizer,
             "max_order": args.max_order,
             "doc_separator": args.doc_separator,

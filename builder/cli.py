@@ -1,8 +1,10 @@
 """Command-line subcommands of the builder package.
 
-- ``speculant build --corpus PATH [PATH ...] --tokenizer NAME_OR_DIR --out GRAPH_DIR [...]
-  [--engine local|dask] [--address ADDR] [--workers N] [--partitions N | --partition-size MB]
-  [--work-dir DIR]``
+- ``speculant build (--corpus PATH [PATH ...] | --dataset NAME_OR_PATH [--dataset-config C]
+  [--split S] [--data-files PATTERN ...] [--max-docs N]) --tokenizer NAME_OR_DIR
+  --out GRAPH_DIR [...] [--engine local|dask] [--address ADDR] [--workers N]
+  [--partitions N | --partition-size MB] [--work-dir DIR]`` (``--corpus`` and ``--dataset``
+  may be combined)
 - ``speculant graph-info GRAPH_DIR [--json]``
 - ``speculant bench build --corpus ... --tokenizer ... [--json OUT]``
 
@@ -43,10 +45,38 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--corpus",
         nargs="+",
-        required=True,
+        default=None,
         metavar="PATH",
         help="corpus files, directories (recursive) or globs (.jsonl: one record per line; "
         ".parquet: one row per document, needs the distributed extra)",
+    )
+    ds = p.add_argument_group(
+        "Hugging Face dataset (instead of or with --corpus; streamed, needs the distributed extra)"
+    )
+    ds.add_argument(
+        "--dataset",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="a hub dataset, a local dataset directory, or json/parquet/csv/text with "
+        "--data-files; one record = one document (field --text-field)",
+    )
+    ds.add_argument(
+        "--dataset-config", default=None, metavar="C", help="the dataset's configuration name"
+    )
+    ds.add_argument("--split", default=None, metavar="S", help="the split to read (default train)")
+    ds.add_argument(
+        "--data-files",
+        nargs="+",
+        default=None,
+        metavar="PATTERN",
+        help="data files or globs of the dataset (load_dataset's data_files)",
+    )
+    ds.add_argument(
+        "--max-docs",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="read exactly N documents (or all, if fewer), spread evenly over the shards",
     )
     p.add_argument(
         "--tokenizer", required=True, metavar="NAME_OR_DIR", help="Hugging Face tokenizer"
@@ -60,7 +90,11 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
         help="split plain-text files into documents at STR (escapes allowed: '\\n\\n\\n'); "
         "default: one document per file",
     )
-    p.add_argument("--text-field", default="text", help="JSON-lines field holding the text")
+    p.add_argument(
+        "--text-field",
+        default="text",
+        help="JSON-lines field, Parquet column or dataset field holding the text",
+    )
     p.add_argument(
         "--chunk-size", type=_positive, default=10000, help="tokens counted per numpy step"
     )
@@ -90,14 +124,16 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=None,
         metavar="N",
-        help="cut the corpus into about N partitions (tasks)",
+        help="cut the corpus into about N partitions (tasks); a dataset: its shards into "
+        "at most N tasks (default: one task per shard)",
     )
     size.add_argument(
         "--partition-size",
         type=_positive,
         default=None,
         metavar="MB",
-        help="partition size in MiB (default 64); files are cut at document boundaries",
+        help="partition size in MiB (default 64; corpus files only); files are cut at document "
+        "boundaries",
     )
     engine.add_argument(
         "--work-dir",
@@ -153,6 +189,7 @@ def builder_kwargs(args: argparse.Namespace) -> dict:
     """GraphBuilder arguments from the corpus and engine options."""
     from builder.errors import BuildError
 
+    check_inputs(args)
     if args.address and args.engine != "dask":
         raise BuildError("--address needs --engine dask")
     if args.address and not args.work_dir:
@@ -176,6 +213,40 @@ def builder_kwargs(args: argparse.Namespace) -> dict:
     }
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """--corpus and/or --dataset; the dataset options only with --dataset."""
+    from builder.errors import BuildError
+
+    if not args.corpus and not args.dataset:
+        raise BuildError("give --corpus PATH ... and/or --dataset NAME_OR_PATH")
+    if not args.dataset:
+        for option, value in (
+            ("--dataset-config", args.dataset_config),
+            ("--split", args.split),
+            ("--data-files", args.data_files),
+            ("--max-docs", args.max_docs),
+        ):
+            if value is not None:
+                raise BuildError(f"{option} needs --dataset")
+
+
+def read_inputs(builder, args: argparse.Namespace) -> None:
+    """Count the --corpus files, then the --dataset, into builder."""
+    if args.corpus:
+        builder.build_from_files(
+            args.corpus, text_field=args.text_field, doc_separator=args.doc_separator
+        )
+    if args.dataset:
+        builder.build_from_dataset(
+            args.dataset,
+            args.dataset_config,
+            split=args.split or "train",
+            text_field=args.text_field,
+            data_files=args.data_files,
+            max_docs=args.max_docs,
+        )
+
+
 def run_build(args: argparse.Namespace) -> int:
     if args.quiet:
         logging.getLogger("builder").setLevel(logging.WARNING)
@@ -185,9 +256,7 @@ def run_build(args: argparse.Namespace) -> int:
 
         builder = GraphBuilder(**builder_kwargs(args), progress=False if args.quiet else None)
         with builder:
-            builder.build_from_files(
-                args.corpus, text_field=args.text_field, doc_separator=args.doc_separator
-            )
+            read_inputs(builder, args)
             meta = builder.save(args.out)
     except errors as exc:
         return _fail("build", exc)

@@ -1,15 +1,17 @@
 """GraphBuilder: corpus files -> tokenized documents -> exact n-gram counts -> LMDB graph.
 
 Document policy: each document (a plain-text file, a piece of one between ``doc_separator``s, a
-JSON-lines record or a Parquet row) is tokenized on its own exactly as a prompt would be, with the
-tokenizer's default special tokens (a leading BOS for stories260K / Llama tokenizers) and no EOS
-appended; no n-gram crosses a document boundary. Orders 1..max_order are counted exactly: an
-order-o context is o tokens and its n-grams are o + 1 tokens long.
+JSON-lines record, a Parquet row or a Hugging Face dataset record) is tokenized on its own exactly
+as a prompt would be, with the tokenizer's default special tokens (a leading BOS for stories260K
+/ Llama tokenizers) and no EOS appended; no n-gram crosses a document boundary. Orders
+1..max_order are counted exactly: an order-o context is o tokens and its n-grams are o + 1 tokens
+long.
 
 One code path, several executors:
 
 1. plan: the corpus files are cut into partitions at document boundaries
-   (:mod:`builder.partition`);
+   (:mod:`builder.partition`); a Hugging Face dataset is split by its streaming shards
+   (:mod:`builder.dataset_source`);
 2. count: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
    cluster) runs one task per partition (:mod:`builder.partial_counts`): documents are read as a
    stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), counted
@@ -145,6 +147,7 @@ class GraphBuilder:
         self._inputs: list[str] = []
         self._text_field = "text"
         self._doc_separator: str | None = None
+        self._datasets: list[dict[str, Any]] = []
         self._started: float | None = None
         self.stats = BuildStats()
 
@@ -178,6 +181,101 @@ class GraphBuilder:
             partitions=self.partitions,
         )
         specs = [self._spec(part.to_dict()) for part in plan]
+        self._count(specs)
+        log.info(
+            "read %d documents, %d tokens from %d file(s) in %d partition(s), engine %s",
+            self.stats.documents,
+            self.stats.tokens,
+            len(files),
+            len(specs),
+            self.engine.name,
+        )
+        return self.stats
+
+    def build_from_dataset(
+        self,
+        path: str,
+        name: str | None = None,
+        *,
+        split: str = "train",
+        text_field: str = "text",
+        data_files: Sequence[str] | None = None,
+        max_docs: int | None = None,
+    ) -> BuildStats:
+        """Tokenize and count a Hugging Face dataset split, streamed (one record = one document).
+
+        ``path``, ``name``, ``split``, ``data_files`` are those of ``datasets.load_dataset``
+        (a hub name, a local directory, or ``"json"`` / ``"parquet"`` with ``data_files``).
+        Tasks stream the dataset's shards (:mod:`builder.dataset_source`); ``max_docs`` caps
+        the documents read, exactly (in several rounds where some shards run out early).
+        May be combined with :meth:`build_from_files` and called again.
+        """
+        from builder.dataset_source import first_quotas, next_quotas, open_dataset
+        from builder.dataset_source import plan_dataset_partitions as plan_rounds
+
+        if max_docs is not None and max_docs < 1:
+            raise ValueError(f"max_docs must be >= 1, got {max_docs}")
+        if self._started is None:
+            self._started = time.perf_counter()
+        ref = open_dataset(
+            path,
+            name,
+            split,
+            data_files=list(data_files) if data_files else None,
+            text_field=text_field,
+            hf_token=self.hf_token,
+        )
+        self._text_field = text_field
+        before = self.stats.documents
+        quotas = first_quotas(ref.n_shards, max_docs)
+        taken: dict[int, int] = {}
+        exhausted: set[int] = set()
+        rounds = tasks = 0
+        while quotas:
+            plan = plan_rounds(
+                ref, quotas, taken, partitions=self.partitions, first_index=len(self._manifests)
+            )
+            specs = [self._spec(part.to_dict()) | {"dataset": ref.to_dict()} for part in plan]
+            manifests = self._count(specs)
+            rounds, tasks = rounds + 1, tasks + len(specs)
+            shortfall = 0
+            for manifest in manifests:
+                for piece, got in zip(
+                    manifest["partition"]["pieces"], manifest["read"], strict=True
+                ):
+                    shard = piece["shard"]
+                    taken[shard] = taken.get(shard, 0) + got["documents"]
+                    if got["exhausted"]:
+                        exhausted.add(shard)
+                    if piece["stop"] >= 0:
+                        shortfall += piece["stop"] - piece["start"] - got["documents"]
+            if max_docs is None:
+                break
+            quotas = next_quotas(shortfall, [s for s in range(ref.n_shards) if s not in exhausted])
+        self._inputs.append(f"dataset:{ref.path}")
+        self._datasets.append(
+            ref.to_dict()
+            | {
+                "text_field": text_field,
+                "max_docs": max_docs,
+                "documents": self.stats.documents - before,
+                "rounds": rounds,
+                "tasks": tasks,
+            }
+        )
+        log.info(
+            "read %d documents from %s in %d shard(s), %d task(s), %d round(s), engine %s",
+            self.stats.documents - before,
+            ref.describe(),
+            ref.n_shards,
+            tasks,
+            rounds,
+            self.engine.name,
+        )
+        return self.stats
+
+    def _count(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Run the tasks on the engine, with a progress bar; their manifests, in spec order."""
         from tqdm import tqdm
 
         stats = self.stats
@@ -204,19 +302,10 @@ class GraphBuilder:
             bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
 
         try:
-            self.engine.map(specs, done)
+            return self.engine.map(specs, done)
         finally:
             bar.close()
             stats.count_wall_seconds += time.perf_counter() - begun
-        log.info(
-            "read %d documents, %d tokens from %d file(s) in %d partition(s), engine %s",
-            stats.documents,
-            stats.tokens,
-            len(files),
-            len(specs),
-            self.engine.name,
-        )
-        return stats
 
     def _spec(self, partition: dict[str, Any]) -> dict[str, Any]:
         """The plain-data task spec of one partition (see :func:`count_partition`)."""
@@ -294,6 +383,7 @@ class GraphBuilder:
                 "max_order": self.max_order,
                 "spill_rows": self.spill_rows,
                 "merge_block_rows": self.merge_block_rows,
+                "datasets": list(self._datasets),
                 "engine": self.engine.name,
                 "workers": self._workers_seen(),
                 "partitioning": {

@@ -13,7 +13,9 @@ attempt, ``part<index>-<random>/`` inside the build's work directory:
   (``[n]`` uint64), plain ``.npy`` files saved without pickle;
 - ``manifest.json``, written last (atomically): the format name and version, the partition, the
   key bits, max order, documents, tokens, per order the list of ``[keys file, counts file, rows]``,
-  the seconds spent reading, tokenizing and counting, and the worker process's peak RSS.
+  the seconds spent reading, tokenizing and counting, and the worker process's peak RSS; for a
+  Hugging Face dataset (spec key ``dataset``), also ``read``: per piece (shard range) the
+  documents read, their UTF-8 bytes and whether the shard ended before the range did.
 
 A directory without a manifest is an unfinished attempt (its worker died or failed): the merge
 never reads it. A retried task writes a fresh directory, so a half-written attempt never mixes
@@ -68,7 +70,8 @@ def count_partition(spec: dict[str, Any]) -> dict[str, Any]:
     spec: ``partition`` (:meth:`Partition.to_dict`), ``work_dir`` (shared directory),
     ``tokenizer``, ``hf_token``, ``fingerprint`` (the driver's: a worker whose tokenizer differs
     refuses), ``key_bits``, ``max_order``, ``chunk_size``, ``spill_rows``, ``batch_docs``,
-    ``batch_chars``, ``text_field``, ``doc_separator``.
+    ``batch_chars``, ``text_field``, ``doc_separator``; for a Hugging Face dataset, ``dataset``
+    (:meth:`~builder.dataset_source.DatasetRef.to_dict`), the pieces being shard ranges.
     """
     begun = time.perf_counter()
     part = Partition.from_dict(spec["partition"])
@@ -86,7 +89,19 @@ def count_partition(spec: dict[str, Any]) -> dict[str, Any]:
     counter = NgramCounter(max_order, int(spec["key_bits"]), int(spec["chunk_size"]), store)
     seconds = {"read": 0.0, "tokenize": 0.0, "count": 0.0}
     documents = tokens = 0
-    docs = _documents(part, spec["text_field"], spec["doc_separator"])
+    read: list[dict[str, Any]] = []
+    if spec.get("dataset"):
+        from builder.dataset_source import DatasetRef, iter_dataset_documents
+
+        docs = iter_dataset_documents(
+            DatasetRef.from_dict(spec["dataset"]),
+            part.pieces,
+            text_field=spec["text_field"],
+            hf_token=spec.get("hf_token"),
+            report=read,
+        )
+    else:
+        docs = _documents(part, spec["text_field"], spec["doc_separator"])
     for batch in _timed_batches(docs, int(spec["batch_docs"]), int(spec["batch_chars"]), seconds):
         t0 = time.perf_counter()
         arrays = doc_tokenizer.encode_batch(batch)
@@ -115,6 +130,7 @@ def count_partition(spec: dict[str, Any]) -> dict[str, Any]:
             str(o): [[k.name, c.name, int(_rows(c))] for k, c in runs]
             for o, runs in store.runs.items()
         },
+        "read": read,
         "worker_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "seconds": {k: round(v, 4) for k, v in seconds.items()}
         | {"total": round(time.perf_counter() - begun, 4)},

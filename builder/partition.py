@@ -16,6 +16,9 @@ that a sequential read of the whole file yields (and counts do not depend on the
   character match);
 - plain text without a separator is one document: the whole file is one piece;
 - Parquet: between row groups (sizes from the file's footer).
+
+Hugging Face datasets are partitioned by their streaming shards instead
+(:func:`builder.dataset_source.plan_dataset_partitions`).
 """
 
 from __future__ import annotations
@@ -36,13 +39,16 @@ SCAN_BLOCK_BYTES = 1 << 20  # bytes read at a time while looking for a cut
 
 @dataclass(frozen=True)
 class Piece:
-    """A file or a range of one: bytes [start, stop) (Parquet: row groups [start, stop))."""
+    """A file or a range of one: bytes [start, stop) (Parquet: row groups [start, stop)), or
+    documents [start, stop) of a dataset shard (stop -1: to its end; see
+    :mod:`builder.dataset_source`)."""
 
-    path: str  # absolute
-    kind: str  # "text" | "jsonl" | "parquet"
+    path: str  # absolute (a dataset: its path or hub name)
+    kind: str  # "text" | "jsonl" | "parquet" | "dataset"
     start: int
     stop: int
-    size: int  # bytes (Parquet: compressed bytes of its row groups)
+    size: int  # bytes (Parquet: compressed bytes of its row groups; a dataset: 0, unknown)
+    shard: int | None = None  # a dataset piece's shard index
 
 
 @dataclass(frozen=True)

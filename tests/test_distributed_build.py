@@ -275,6 +275,33 @@ def test_dask_jsonl_and_parquet_globs(slices, reference, dask_cluster, tmp_path:
     assert_same_graph(tmp_path / "graph", reference["stories"])
 
 
+def test_dask_hf_dataset_streaming(slices, reference, dask_cluster, tmp_path: Path) -> None:
+    """The same stories as a Hugging Face dataset (3 JSON-lines shards, streamed by the Dask
+    workers, one task per shard): the same graph."""
+    pytest.importorskip("datasets")
+    _, client = dask_cluster
+    docs = list(iter_documents(slices["stories"], doc_separator=STORY_SEPARATOR))
+    (tmp_path / "ds").mkdir()
+    for i in range(3):
+        with (tmp_path / "ds" / f"{i}.jsonl").open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"body": d}) + "\n" for d in docs[i::3])
+    b = GraphBuilder(
+        tokenizer_name=STORIES,
+        max_order=4,
+        engine=DaskEngine(client=client),
+        work_dir=tmp_path / "work",
+    )
+    with b:
+        b.build_from_dataset(
+            "json", data_files=[str(tmp_path / "ds" / "*.jsonl")], text_field="body"
+        )
+        meta = b.save(tmp_path / "graph")
+    assert_same_graph(tmp_path / "graph", reference["stories"])
+    assert meta.build_params["engine"] == "dask"
+    assert meta.build_params["datasets"][0]["n_shards"] == 3
+    assert meta.build_params["partitioning"]["partitions"] == 3
+
+
 def test_dask_task_error_names_the_file(dask_cluster, tmp_path: Path) -> None:
     """A bad record in a later partition: one clear error from the worker, nothing published."""
     _, client = dask_cluster
