@@ -58,6 +58,8 @@ class BenchOptions:
     concurrency: list[int] = field(default_factory=lambda: [1, 4])
     strategy: str = "greedy"
     attentive_mix: bool = True
+    mixing: str = "seed"
+    min_draft_prob: float = 0.0
     context_len: int = 32
     workers: int = 8
     seed: int = 0
@@ -177,6 +179,8 @@ def bench_grpc(
             k=params.k,
             strategy=_STRATEGY[params.strategy],
             attentive_mix=params.attentive_mix,
+            mixing=params.mixing,
+            min_draft_prob=params.min_draft_prob,
             seed=i,
         )
         for i, c in enumerate(contexts)
@@ -233,7 +237,11 @@ def bench_grpc(
 def run_bench(options: BenchOptions) -> dict:
     """Run every measurement, print the figures, write JSON if asked; return the figures."""
     params = DraftParams(
-        k=options.k, strategy=options.strategy, attentive_mix=options.attentive_mix
+        k=options.k,
+        strategy=options.strategy,
+        attentive_mix=options.attentive_mix,
+        mixing=options.mixing,
+        min_draft_prob=options.min_draft_prob,
     ).validate()
     graph = NGramGraph.open(options.graph)
     try:
@@ -257,7 +265,10 @@ def run_bench(options: BenchOptions) -> dict:
         cached = bench_in_process(graph, contexts, warmup, params, cache_size=DEFAULT_CACHE_SIZE)
     finally:
         graph.close()
-    label = f"in-process Propose (k={params.k}, {params.strategy}, mix={params.attentive_mix}"
+    label = (
+        f"in-process Propose (k={params.k}, {params.strategy}, mixing={params.effective_mixing}"
+        f", min_draft_prob={params.min_draft_prob:g}"
+    )
     for name, figures in (("no cache", in_process), ("step cache on", cached)):
         print(
             f"{label}, {name}, {len(contexts)} calls): median {figures['median_us']:.1f} µs, "

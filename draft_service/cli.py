@@ -42,6 +42,12 @@ def register(
     bench.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
     bench.add_argument("--no-mix", action="store_true", help="attentive_mix=false")
     bench.add_argument(
+        "--mixing", choices=["seed", "backoff", "witten-bell"], default="seed", help="mixing mode"
+    )
+    bench.add_argument(
+        "--min-draft-prob", type=float, default=0.0, help="adaptive draft length (0 = off)"
+    )
+    bench.add_argument(
         "--context-len", type=int, default=32, help="maximum context length in tokens"
     )
     bench.add_argument("--workers", type=int, default=8, help="server worker threads")
@@ -109,6 +115,8 @@ def bench_draft(args: argparse.Namespace) -> int:
         concurrency=concurrency,
         strategy=args.strategy,
         attentive_mix=not args.no_mix,
+        mixing=args.mixing,
+        min_draft_prob=args.min_draft_prob,
         context_len=args.context_len,
         workers=args.workers,
         seed=args.seed,

@@ -7,15 +7,21 @@ Terms:
 - *matched order*: the highest order whose context matched at a position.
 - *dead end*: no order matches; drafting stops there and the draft is partial (possibly empty).
 - *q*: the distribution the drafted token was drawn from. With attentive mixing (the default), the
-  mix of every matching order's successor distribution (see :mod:`draft_service.mixing`); without,
-  the successor distribution of the matched order alone. ``greedy`` drafts argmax q (ties: lowest
+  mix of every matching order's successor distribution under ``params.mixing`` (see
+  :mod:`draft_service.mixing`); with ``mixing="backoff"`` or ``attentive_mix=False``, the
+  successor distribution of the matched order alone. ``greedy`` drafts argmax q (ties: lowest
   token id), and the q it reports is then a point mass at that token, since that is the
   distribution it was drawn from; ``sampling`` draws from q with a numpy Generator and reports q.
+- *running probability* of draft token d_i: q(d_1) * ... * q(d_i), with q the mixed distribution
+  (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
+  estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
+  before the first d_i (i >= 2) whose running probability is below it (*adaptive length*).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import struct
 from collections.abc import Sequence
 
@@ -29,7 +35,7 @@ from speculant.types import DraftParams, DraftProposal, SparseDistribution
 
 _U32 = np.dtype("<u4")
 _PACK_ONE = struct.Struct(">I").pack
-_DEAD_END = (-1, 0)
+_DEAD_END = (-1, 0, 0.0)
 DEFAULT_CACHE_SIZE = 32768  # greedy steps kept (a few MB at most)
 
 
@@ -43,9 +49,9 @@ class Drafter:
         self._mixer = Mixer(graph.vocab_size)
         # Greedy steps depend only on the last max_order tokens and the mixing parameters, and
         # consecutive rounds of one generation revisit them: a bounded cache (FIFO eviction) of
-        # (tail, mixing parameters) -> (token, matched order), or _DEAD_END.
+        # (tail, mixing parameters) -> (token, matched order, q(token) or NaN), or _DEAD_END.
         self.cache_size = cache_size
-        self._greedy_cache: dict[tuple, tuple[int, int]] = {}
+        self._greedy_cache: dict[tuple, tuple[int, int, float]] = {}
 
     def validate_context(self, context_ids: Sequence[int] | np.ndarray) -> None:
         """InvalidArgumentError naming ``context_token_ids`` unless every id is in [0, vocab)."""
@@ -84,30 +90,35 @@ class Drafter:
         tail_ids = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
         tail = struct.pack(f">{len(tail_ids)}I", *tail_ids)  # last <= max_order ids, big-endian
         txn, dbs = self.graph.raw_lookup()
-        mix = params.attentive_mix
+        every_order = params.effective_mixing != "backoff"
         greedy = params.strategy == "greedy"
         rng = None if greedy else np.random.default_rng(seed)
         proposal = DraftProposal()
         cache = self._greedy_cache if greedy and self.cache_size > 0 else None
         mix_key = _mix_key(params)
+        min_prob = params.min_draft_prob
+        running = 1.0  # q(d_1) * ... * q(d_i) so far
         for _ in range(params.k):
             if greedy:
                 step = cache.get((tail, mix_key)) if cache is not None else None
-                if step is None:
-                    step = self._greedy_step(tail, txn, dbs, params)
+                if step is None or (min_prob and step[2] != step[2]):  # missing, or NaN q
+                    step = self._greedy_step(tail, txn, dbs, params, with_prob=min_prob > 0)
                     if cache is not None:
                         self._remember((tail, mix_key), step)
-                token, order = step
+                token, order, prob = step
                 if order == 0:
                     break  # dead end: a partial (possibly empty) draft
                 dist = SparseDistribution.point_mass(token)
             else:
-                orders, values = _match(tail, txn, dbs, mix)
+                orders, values = _match(tail, txn, dbs, every_order)
                 if not orders:
                     break
                 ids, q = self._mixer.mix(orders, *_decode(values), params)
-                token, dist = _sample(ids, q, rng)
+                token, dist, prob = _sample(ids, q, rng)
                 order = orders[0]
+            running *= prob
+            if running < min_prob and proposal.token_ids:
+                break  # adaptive length: d_i is too unlikely to survive verification
             proposal.token_ids.append(token)
             proposal.distributions.append(dist)
             proposal.matched_orders.append(order)
@@ -115,18 +126,40 @@ class Drafter:
         return proposal
 
     def _greedy_step(
-        self, tail: bytes, txn: lmdb.Transaction, dbs: list, params: DraftParams
-    ) -> tuple[int, int]:
-        """(argmax q, matched order) after tail; (-1, 0) at a dead end."""
-        orders, values = _match(tail, txn, dbs, params.attentive_mix)
-        if not orders:
-            return _DEAD_END
-        return self._mixer.argmax(orders, *_decode(values), params), orders[0]
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        *,
+        with_prob: bool,
+    ) -> tuple[int, int, float]:
+        """(argmax q, matched order, q(argmax)) after tail; (-1, 0, 0.0) at a dead end.
 
-    def _remember(self, key: tuple, step: tuple[int, int]) -> None:
+        with_prob=False may leave q(argmax) NaN (not needed without min_draft_prob: saves a
+        numpy sum per backoff step); such a cached step is recomputed when it is needed.
+        """
+        mode = params.effective_mixing
+        if mode == "witten-bell" and not with_prob:  # look at the highest order first
+            orders, values = _match(tail, txn, dbs, every_order=False)
+            if not orders:
+                return _DEAD_END
+            if _witten_bell_decided(values[0], params.escape_weight):
+                return int(np.frombuffer(values[0], dtype=_U32, count=1)[0]), orders[0], math.nan
+            lower_orders, lower_values = _match(tail, txn, dbs, True, top=orders[0] - 1)
+            orders += lower_orders
+            values += lower_values
+        else:
+            orders, values = _match(tail, txn, dbs, every_order=mode != "backoff")
+            if not orders:
+                return _DEAD_END
+        token, prob = self._mixer.argmax(orders, *_decode(values), params, with_prob)
+        return token, orders[0], prob
+
+    def _remember(self, key: tuple, step: tuple[int, int, float]) -> None:
         """Insert into the greedy cache, evicting the oldest entry beyond cache_size."""
         cache = self._greedy_cache
-        if len(cache) >= self.cache_size:
+        if key not in cache and len(cache) >= self.cache_size:
             # Concurrent evictions may race; losing one is harmless (the bound is approximate).
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 del cache[next(iter(cache))]
@@ -144,7 +177,10 @@ class Drafter:
         tail_ids = [int(t) for t in list(context_ids)[-self.max_order :]]
         txn, dbs = self.graph.raw_lookup()
         orders, values = _match(
-            struct.pack(f">{len(tail_ids)}I", *tail_ids), txn, dbs, params.attentive_mix
+            struct.pack(f">{len(tail_ids)}I", *tail_ids),
+            txn,
+            dbs,
+            params.effective_mixing != "backoff",
         )
         if not orders:
             return None
@@ -154,24 +190,28 @@ class Drafter:
 
 def _mix_key(params: DraftParams) -> tuple:
     """The parameters a greedy step depends on (besides the context tail)."""
-    if not params.attentive_mix:
-        return (False,)
+    mode = params.effective_mixing
+    if mode == "backoff":
+        return (mode,)
     p = params
-    return (True, p.order_bias, p.reliability_weight, p.entropy_penalty, p.mix_temperature)
+    if mode == "witten-bell":
+        return (mode, p.escape_weight)
+    return (mode, p.order_bias, p.reliability_weight, p.entropy_penalty, p.mix_temperature)
 
 
 def _match(
-    tail: bytes, txn: lmdb.Transaction, dbs: list, every_order: bool
+    tail: bytes, txn: lmdb.Transaction, dbs: list, every_order: bool, top: int | None = None
 ) -> tuple[list[int], list[memoryview]]:
     """Backoff lookup: (matching orders, their LMDB values), highest order first.
 
     tail holds the last <= max_order context ids as big-endian uint32 (an order-o key is its
-    last 4*o bytes); every_order=False stops at the highest match.
+    last 4*o bytes); every_order=False stops at the highest match; top (default: the tail's
+    length) is the highest order looked up.
     """
     orders: list[int] = []
     values: list[memoryview] = []
     get = txn.get
-    for order in range(len(tail) >> 2, 0, -1):
+    for order in range(len(tail) >> 2 if top is None else top, 0, -1):
         value = get(tail[-4 * order :], db=dbs[order])
         if value is not None:
             orders.append(order)
@@ -179,6 +219,20 @@ def _match(
             if not every_order:
                 break
     return orders, values
+
+
+def _witten_bell_decided(value: memoryview, escape_weight: float) -> bool:
+    """Whether the highest matching order alone fixes the Witten-Bell argmax.
+
+    With that order's counts a_1 >= a_2 >= ... (C in all, T distinct), b = escape_weight and
+    lambda = C / (C + b T), q(x) = lambda * a_x / C + (1 - lambda) * Q(x) for some distribution Q
+    of the lower orders, so q(top) - q(y) >= (a_1 - a_2 - b T) / (C + b T) > 0 for every other y
+    when a_1 - a_2 > b T: the top successor is the strict argmax whatever the lower orders say.
+    """
+    flat = np.frombuffer(value, dtype=_U32)  # [2T]: T ids, then T counts
+    types = flat.size >> 1
+    second = int(flat[types + 1]) if types > 1 else 0
+    return int(flat[types]) - second > escape_weight * types
 
 
 def _decode(values: list[memoryview]) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -195,12 +249,12 @@ def _decode(values: list[memoryview]) -> tuple[list[np.ndarray], list[np.ndarray
 
 def _sample(
     ids: np.ndarray, q: np.ndarray, rng: np.random.Generator
-) -> tuple[int, SparseDistribution]:
-    """Draw one id from q by inverse CDF; return it and q (ids with q == 0 dropped)."""
+) -> tuple[int, SparseDistribution, float]:
+    """Draw one id from q by inverse CDF; return it, q (ids with q == 0 dropped) and q(id)."""
     if not q.all():  # an order whose softmax weight underflowed contributes nothing
         keep = q > 0
         ids, q = ids[keep], q[keep]
     cdf = np.cumsum(q)
     index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     index = min(index, q.size - 1)
-    return int(ids[index]), SparseDistribution(ids.astype(np.int64), q)
+    return int(ids[index]), SparseDistribution(ids.astype(np.int64), q), float(q[index])

@@ -33,7 +33,14 @@ _STRATEGIES = {
 }
 # How often the server unmaps the graph pages it touched (see NGramGraph.release_pages).
 RELEASE_INTERVAL_S = 0.5
-_OPTIONAL_FLOATS = ("order_bias", "mix_temperature", "reliability_weight", "entropy_penalty")
+_OPTIONAL_FLOATS = (
+    "order_bias",
+    "mix_temperature",
+    "reliability_weight",
+    "entropy_penalty",
+    "escape_weight",
+    "min_draft_prob",
+)
 
 
 def params_from_request(
@@ -51,6 +58,8 @@ def params_from_request(
         changes["strategy"] = _STRATEGIES[request.strategy]
     if request.HasField("attentive_mix"):
         changes["attentive_mix"] = request.attentive_mix
+    if request.HasField("mixing"):  # validated (by name) in DraftParams.validate
+        changes["mixing"] = request.mixing
     for name in _OPTIONAL_FLOATS:
         if request.HasField(name):
             value = getattr(request, name)

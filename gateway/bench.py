@@ -564,6 +564,7 @@ def summarize_variant(rows: list[dict], temperature: float) -> dict[str, Any]:
             ],
             drafted_by_position=drafted_by_pos,
             draft_failures=sum(r["draft_failures"] for r in rows),
+            wasted_draft_tokens=drafted - sum(r["accepted_tokens"] for r in rows),
         )
         for part in ("total", "draft", "verify", "other", "client_overhead"):
             values = [r[f"{part}_seconds"] for r in rows]
@@ -757,7 +758,8 @@ def format_footer(result: dict[str, Any]) -> str:
         extra = ""
         if f.get("acceptance_by_position"):
             by_pos = " ".join(_fmt(a, ".2f") for a in f["acceptance_by_position"])
-            extra = f"; acceptance by position {by_pos}"
+            wasted = f.get("wasted_draft_tokens", "-")  # drafted - accepted
+            extra = f"; wasted draft tokens {wasted}; acceptance by position {by_pos}"
         lines.append(
             f"{name}: total {_fmt(f['tokens_per_second_total'], '.0f')} tok/s, "
             f"speedup {_fmt(f.get('speedup_total'), '.2f')}x, tau {_fmt(f['tau_total'], '.2f')}"

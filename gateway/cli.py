@@ -21,6 +21,26 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="draft from the highest matching order only (plain backoff)",
     )
+    parser.add_argument(
+        "--mixing",
+        choices=["seed", "backoff", "witten-bell"],
+        default="seed",
+        help="how the matching orders are mixed into q (--no-attentive-mix forces backoff)",
+    )
+    parser.add_argument(
+        "--escape-weight",
+        type=float,
+        default=1.0,
+        help="witten-bell: weight of an order's distinct successors in the mass it lends to the "
+        "lower orders (1 = classic)",
+    )
+    parser.add_argument(
+        "--min-draft-prob",
+        type=float,
+        default=0.0,
+        help="adaptive draft length: stop where the draft's running probability falls below "
+        "this (0 = off)",
+    )
 
 
 def register(
@@ -40,6 +60,12 @@ def register(
         "--tokenizer", default=None, help="tokenizer for prompts (default: the verifier's)"
     )
     serve.add_argument("--draft-timeout", type=float, default=0.25, help="seconds per Propose")
+    serve.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=64,
+        help="generations in flight at once; more are refused with RESOURCE_EXHAUSTED",
+    )
     serve.set_defaults(handler=run_serve_gateway)
 
     generate = subparsers.add_parser(
@@ -80,6 +106,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             port=args.port,
             tokenizer_name=args.tokenizer,
             draft_timeout_s=args.draft_timeout,
+            max_concurrent=args.max_concurrent,
         )
     except (SpeculantError, OSError) as exc:
         return _fail(str(exc), 2)
@@ -124,7 +151,14 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     from speculant.errors import InvalidArgumentError
 
     try:
-        draft = DraftConfig(k=args.k, strategy=args.strategy, attentive_mix=args.attentive_mix)
+        draft = DraftConfig(
+            k=args.k,
+            strategy=args.strategy,
+            attentive_mix=args.attentive_mix,
+            mixing=args.mixing,
+            escape_weight=args.escape_weight,
+            min_draft_prob=args.min_draft_prob,
+        )
         generation = GenerationConfig(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -166,6 +200,9 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             if args.strategy == "sampling"
             else common_pb2.DRAFT_STRATEGY_GREEDY,
             attentive_mix=args.attentive_mix,
+            mixing=args.mixing,
+            escape_weight=args.escape_weight,
+            min_draft_prob=args.min_draft_prob,
         ),
     )
     with grpc.insecure_channel(args.gateway) as channel:

@@ -11,7 +11,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import grpc
 import numpy as np
@@ -44,6 +46,33 @@ RECONNECT_OPTIONS = [
 ]
 
 
+# The deadline (time.monotonic()) of the client request being served, if it has one: every
+# backend call made for it carries the remaining time, so a request past its deadline stops
+# its backends' work too. Set by the gateway around each request (see `request_deadline`).
+REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("request_deadline", default=None)
+
+
+@contextmanager
+def request_deadline(remaining_s: float | None) -> Iterator[None]:
+    """Within this block, backend calls carry at most `remaining_s` (None: no deadline)."""
+    token = REQUEST_DEADLINE.set(
+        None if remaining_s is None else time.monotonic() + max(0.0, remaining_s)
+    )
+    try:
+        yield
+    finally:
+        REQUEST_DEADLINE.reset(token)
+
+
+def remaining_time(default_s: float | None) -> float | None:
+    """The smaller of default_s and the time left before the request's deadline."""
+    deadline = REQUEST_DEADLINE.get()
+    if deadline is None:
+        return default_s
+    left = max(0.001, deadline - time.monotonic())
+    return left if default_s is None else min(default_s, left)
+
+
 def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=GRPC_OPTIONS + RECONNECT_OPTIONS)
 
@@ -62,6 +91,9 @@ def propose_request(
         reliability_weight=params.reliability_weight,
         entropy_penalty=params.entropy_penalty,
         seed=seed,
+        mixing=params.mixing,
+        escape_weight=params.escape_weight,
+        min_draft_prob=params.min_draft_prob,
     )
 
 
@@ -127,7 +159,7 @@ class GrpcDraftClient:
             exchange = idle.pop() if idle else None
         if exchange is None:
             exchange = StreamExchange(self._stubs[index].ProposeStream, timeout_s=None)
-        ticket = self._watchdog.watch(exchange, self.timeout_s)
+        ticket = self._watchdog.watch(exchange, remaining_time(self.timeout_s))
         try:
             response = exchange.call(request, f"draft service {self.addresses[index]}")
         finally:
@@ -190,7 +222,9 @@ class GrpcVerifierClient:
 
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         try:
-            return getattr(self._stub, method)(request, timeout=timeout or self.timeout_s)
+            return getattr(self._stub, method)(
+                request, timeout=remaining_time(timeout or self.timeout_s)
+            )
         except grpc.RpcError as exc:
             raise RemoteError.from_rpc_error(exc, f"verifier {method}") from exc
 
@@ -221,7 +255,9 @@ class GrpcVerifierClient:
         temperature: float = 1.0,
         seed: int | None = None,
     ) -> int:
-        stream = StreamExchange(self._stub.Session, timeout_s=self.session_timeout_s)
+        stream = StreamExchange(
+            self._stub.Session, timeout_s=remaining_time(self.session_timeout_s)
+        )
         with self._lock:
             self._sessions[session_id] = stream
         request = verifier_pb2.SessionRequest(

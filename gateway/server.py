@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from gateway.alignment import check_tokenizer_alignment
-from gateway.clients import GrpcDraftClient, GrpcVerifierClient
+from gateway.clients import GrpcDraftClient, GrpcVerifierClient, request_deadline
 from gateway.coordinator import (
     Coordinator,
     GenerationRequest,
@@ -25,7 +25,12 @@ from gateway.coordinator import (
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
 from speculant.config import DraftConfig, GenerationConfig
-from speculant.errors import FailedPreconditionError, InvalidArgumentError, RemoteError
+from speculant.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    RemoteError,
+    ResourceExhaustedError,
+)
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams
@@ -65,6 +70,9 @@ def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftCon
         "mix_temperature",
         "reliability_weight",
         "entropy_penalty",
+        "mixing",
+        "escape_weight",
+        "min_draft_prob",
     ):
         if options.HasField(name):
             values[name] = getattr(options, name)
@@ -83,7 +91,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         tokenizer_name: str | None = None,
         draft_defaults: DraftConfig | None = None,
         generation_defaults: GenerationConfig | None = None,
+        max_concurrent: int = 64,
     ) -> None:
+        """max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED."""
+        self.max_concurrent = max_concurrent
+        self._slots = threading.BoundedSemaphore(max_concurrent)
         self.drafter = drafter
         self.verifier = verifier
         self.tokenizer_name = tokenizer_name
@@ -146,14 +158,24 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def _stream(
         self, request: gateway_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[StreamChunk | GenerationResult]:
-        coordinator = self.coordinator()
-        gen_request = self._to_request(request, coordinator)
+        if not self._slots.acquire(blocking=False):
+            raise ResourceExhaustedError(
+                f"the gateway is running its limit of {self.max_concurrent} generations; "
+                "retry later"
+            )
         try:
-            yield from coordinator.stream(gen_request, cancelled=lambda: not context.is_active())
+            with request_deadline(context.time_remaining()):
+                coordinator = self.coordinator()
+                gen_request = self._to_request(request, coordinator)
+                yield from coordinator.stream(
+                    gen_request, cancelled=lambda: not context.is_active()
+                )
         except RemoteError as exc:
             if exc.code == grpc.StatusCode.UNAVAILABLE:
                 self._forget_backends()
             raise
+        finally:
+            self._slots.release()
 
     def _forget_backends(self) -> None:
         """The verifier went away: check the tokenizers again when it is back (it may have
@@ -201,12 +223,14 @@ def start_gateway(
     tokenizer_name: str | None = None,
     draft_timeout_s: float = 0.25,
     check_backends: bool = True,
+    max_concurrent: int = 64,
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch."""
     servicer = GatewayServicer(
         GrpcDraftClient(draft_addresses, timeout_s=draft_timeout_s),
         GrpcVerifierClient(verifier_address),
         tokenizer_name=tokenizer_name,
+        max_concurrent=max_concurrent,
     )
     if check_backends:
         try:
@@ -215,7 +239,9 @@ def start_gateway(
             raise
         except Exception as exc:  # a backend not up yet: check again on the first request
             log.warning("backends not ready yet (%s); will check on the first request", exc)
-    server = ServiceServer(host, port, [SERVICE_NAME], max_workers=32)
+    # Enough worker threads that requests over the limit are answered RESOURCE_EXHAUSTED at
+    # once instead of queueing for a thread.
+    server = ServiceServer(host, port, [SERVICE_NAME], max_workers=max_concurrent + 8)
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
     server.set_serving()

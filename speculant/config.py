@@ -13,6 +13,11 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DraftStrategyName = Literal["greedy", "sampling"]
+# How the successor distributions of the matching orders become one q (draft_service.mixing):
+# "seed" = the seed's attentive score softmax, "backoff" = the highest matching order alone,
+# "witten-bell" = interpolated Witten-Bell over the matching orders.
+MixingName = Literal["seed", "backoff", "witten-bell"]
+MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
 MAX_DRAFT_K = 64
 
 
@@ -34,6 +39,14 @@ class DraftConfig(BaseSettings):
     distribution P_o, entropy H_o in nats) as
     ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o``
     and mixes q = sum_o softmax(score/mix_temperature)_o * P_o.
+
+    ``mixing`` picks the formula when ``attentive_mix`` is true: "seed" (the score above),
+    "backoff" (the highest matching order alone) or "witten-bell" (interpolated Witten-Bell: an
+    order o keeps C_o / (C_o + escape_weight * T_o) of the mass, T_o its distinct successors;
+    escape_weight 1 is the classic rule); ``attentive_mix=False`` forces "backoff" whatever
+    ``mixing`` says.
+    ``min_draft_prob`` (0 = off) ends a draft before the first token whose running probability
+    q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
@@ -45,6 +58,9 @@ class DraftConfig(BaseSettings):
     mix_temperature: float = Field(1.0, gt=0.0)
     reliability_weight: float = Field(1.0, ge=0.0)
     entropy_penalty: float = Field(0.5, ge=0.0)
+    mixing: MixingName = "witten-bell"
+    escape_weight: float = Field(8.0, gt=0.0, allow_inf_nan=False)
+    min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
 
 
 class VerifierConfig(BaseSettings):

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from speculant.errors import SpeculantError
+from speculant.errors import InvalidArgumentError, SpeculantError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,27 @@ GRPC_OPTIONS = [
 ]
 
 
+# Status details travel in a trailer, and gRPC clients refuse trailers over 16 KiB (the call
+# then fails RESOURCE_EXHAUSTED and the message is lost): an error message that quotes a huge
+# request field is clipped (1,000 characters: at most 12 KB even as percent-encoded 4-byte
+# UTF-8).
+MAX_DETAILS_CHARS = 1000
+
+
+def status_details(exc: BaseException | str) -> str:
+    """The exception's message as status details, clipped to MAX_DETAILS_CHARS."""
+    text = str(exc)
+    if len(text) <= MAX_DETAILS_CHARS:
+        return text
+    return f"{text[: MAX_DETAILS_CHARS - 40]}... ({len(text)} characters, clipped)"
+
+
+def _aborted(context: grpc.ServicerContext) -> bool:
+    """Whether the handler already called context.abort (its exception must pass through)."""
+    code = context.code()
+    return code is not None and code != grpc.StatusCode.OK
+
+
 def map_errors(handler: HandlerT) -> HandlerT:
     """Decorate a unary servicer method: SpeculantError -> its status code; other -> INTERNAL."""
 
@@ -42,8 +63,10 @@ def map_errors(handler: HandlerT) -> HandlerT:
         try:
             return handler(self, request, context)
         except SpeculantError as exc:
-            context.abort(exc.code, str(exc))
+            context.abort(exc.code, status_details(exc))
         except Exception:
+            if _aborted(context):
+                raise
             log.exception("unexpected error in %s", handler.__qualname__)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 
@@ -58,12 +81,110 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
         try:
             yield from handler(self, request, context)
         except SpeculantError as exc:
-            context.abort(exc.code, str(exc))
+            context.abort(exc.code, status_details(exc))
         except Exception:
+            if _aborted(context):
+                raise
             log.exception("unexpected error in %s", handler.__qualname__)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Undecodable:
+    """What the tolerant deserializer returns for a payload that is not a valid message."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+class MalformedRequestError(InvalidArgumentError):
+    """A request message on a stream could not be decoded."""
+
+    def __init__(self, method: str, error: str) -> None:
+        super().__init__("request", f"malformed {method} message: {error}")
+
+
+class MalformedRequestInterceptor(grpc.ServerInterceptor):
+    """Answer INVALID_ARGUMENT, not gRPC's INTERNAL, to request bytes that do not decode.
+
+    gRPC's Python server aborts with INTERNAL ("Exception deserializing request!") when a
+    request deserializer raises, as if the server were at fault. This wraps each method's
+    deserializer so that a failure yields a marker instead, and the method's behaviour so that
+    the marker ends the call with INVALID_ARGUMENT: at once for a unary request, and for a
+    request stream when the handler reaches the bad message (as MalformedRequestError, which
+    map_stream_errors maps like any InvalidArgumentError).
+    """
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        if not hasattr(handler, "_replace"):  # not grpc's own namedtuple handler: leave it
+            return handler
+        method = handler_call_details.method
+        deserialize = handler.request_deserializer
+
+        def tolerant(data: bytes) -> Any:
+            try:
+                return deserialize(data)
+            except Exception as exc:
+                return _Undecodable(str(exc) or type(exc).__name__)
+
+        def check(request: Any, context: grpc.ServicerContext) -> Any:
+            if isinstance(request, _Undecodable):
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    status_details(f"request: malformed {method} message: {request.error}"),
+                )
+            return request
+
+        def checked_stream(requests: Iterator[Any]) -> Iterator[Any]:
+            for request in requests:
+                if isinstance(request, _Undecodable):
+                    raise MalformedRequestError(method, request.error)
+                yield request
+
+        changes: dict[str, Any] = {"request_deserializer": tolerant}
+        if handler.unary_unary is not None:
+            inner_uu = handler.unary_unary
+            changes["unary_unary"] = lambda request, context: inner_uu(
+                check(request, context), context
+            )
+        if handler.unary_stream is not None:
+            inner_us = handler.unary_stream
+            changes["unary_stream"] = lambda request, context: inner_us(
+                check(request, context), context
+            )
+        if handler.stream_unary is not None:
+            inner_su = handler.stream_unary
+
+            def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+                try:
+                    return inner_su(checked_stream(requests), context)
+                except MalformedRequestError as exc:
+                    context.abort(exc.code, status_details(exc))
+
+            changes["stream_unary"] = stream_unary
+        if handler.stream_stream is not None:
+            inner_ss = handler.stream_stream
+
+            def stream_stream(
+                requests: Iterator[Any], context: grpc.ServicerContext
+            ) -> Iterator[Any]:
+                try:
+                    yield from inner_ss(checked_stream(requests), context)
+                except MalformedRequestError as exc:
+                    context.abort(exc.code, status_details(exc))
+
+            changes["stream_stream"] = stream_stream
+        return handler._replace(**changes)
 
 
 class ServiceServer:
@@ -91,6 +212,7 @@ class ServiceServer:
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
             options=GRPC_OPTIONS,
+            interceptors=[MalformedRequestInterceptor()],
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)

@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from speculant.config import MAX_DRAFT_K, DraftConfig
+from speculant.config import MAX_DRAFT_K, MIXING_MODES, DraftConfig, MixingName
 from speculant.errors import InvalidArgumentError
 
 DraftStrategyName = Literal["greedy", "sampling"]
@@ -26,7 +26,14 @@ DraftStrategyName = Literal["greedy", "sampling"]
 
 @dataclass(frozen=True)
 class DraftParams:
-    """Per-request drafting parameters (see :class:`speculant.config.DraftConfig`)."""
+    """Per-request drafting parameters (see :class:`speculant.config.DraftConfig`).
+
+    ``mixing`` ("seed", "backoff", "witten-bell") picks how the matching orders are combined into
+    q; ``attentive_mix=False`` forces "backoff" (see :attr:`effective_mixing`). ``escape_weight``
+    (> 0, 1 = classic) scales the mass each order lends to the lower ones under "witten-bell".
+    ``min_draft_prob`` in [0, 1] (0 = off) stops a draft before the first token d_i whose running
+    probability q(d_1)*...*q(d_i) is below it (the first token is always drafted).
+    """
 
     k: int = 5
     strategy: DraftStrategyName = "greedy"
@@ -35,6 +42,14 @@ class DraftParams:
     mix_temperature: float = 1.0
     reliability_weight: float = 1.0
     entropy_penalty: float = 0.5
+    mixing: MixingName = "witten-bell"
+    escape_weight: float = 8.0
+    min_draft_prob: float = 0.0
+
+    @property
+    def effective_mixing(self) -> str:
+        """The mixing actually used: "backoff" when attentive_mix is off, else ``mixing``."""
+        return self.mixing if self.attentive_mix else "backoff"
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> DraftParams:
@@ -55,6 +70,18 @@ class DraftParams:
         if not (self.mix_temperature > 0 and np.isfinite(self.mix_temperature)):
             raise InvalidArgumentError(
                 "mix_temperature", f"must be a finite number > 0, got {self.mix_temperature}"
+            )
+        if not (self.escape_weight > 0 and np.isfinite(self.escape_weight)):
+            raise InvalidArgumentError(
+                "escape_weight", f"must be a finite number > 0, got {self.escape_weight}"
+            )
+        if self.mixing not in MIXING_MODES:
+            raise InvalidArgumentError(
+                "mixing", f"must be one of {', '.join(MIXING_MODES)}, got {self.mixing!r}"
+            )
+        if not 0.0 <= self.min_draft_prob <= 1.0:  # NaN fails too
+            raise InvalidArgumentError(
+                "min_draft_prob", f"must be a number in [0, 1], got {self.min_draft_prob}"
             )
         return self
 

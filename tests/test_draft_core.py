@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import lmdb
@@ -41,6 +42,10 @@ CHAINS = {
         (1, 2, 3): {9: 1},
     },
 }
+
+# These tests pin the seed's attentive formula ("seed" mixing), which the DESIGN's formula and
+# parameters describe; the default mixing is Witten-Bell (tests/test_mixing.py).
+SeedParams = partial(DraftParams, mixing="seed")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +107,7 @@ def plain(proposal) -> tuple:
 
 
 def test_backoff_picks_the_highest_matching_order_and_rematches(drafter: Drafter) -> None:
-    params = DraftParams(k=8, attentive_mix=False)
+    params = SeedParams(k=8, attentive_mix=False)
     proposal = drafter.propose([7, 1], params)
     # (7, 1) unknown -> order 1 (1,) -> 2; (7, 1, 2) unknown -> order 2 (1, 2) -> 3;
     # (1, 2, 3) -> order 3 -> 9; then nothing follows 9: a partial draft.
@@ -112,13 +117,13 @@ def test_backoff_picks_the_highest_matching_order_and_rematches(drafter: Drafter
 
 
 def test_short_context_works(drafter: Drafter) -> None:
-    proposal = drafter.propose([1], DraftParams(k=8, attentive_mix=False))
+    proposal = drafter.propose([1], SeedParams(k=8, attentive_mix=False))
     assert proposal.token_ids == [2, 3, 9]
     assert proposal.matched_orders == [1, 2, 3]
 
 
 def test_k_limits_the_draft(drafter: Drafter) -> None:
-    proposal = drafter.propose([7, 1], DraftParams(k=2, attentive_mix=False))
+    proposal = drafter.propose([7, 1], SeedParams(k=2, attentive_mix=False))
     assert proposal.token_ids == [2, 3]
     assert len(proposal.distributions) == len(proposal.matched_orders) == 2
 
@@ -126,20 +131,20 @@ def test_k_limits_the_draft(drafter: Drafter) -> None:
 @pytest.mark.parametrize("context", [[], [50], [9], [1, 2, 3, 9]])
 @pytest.mark.parametrize("strategy", ["greedy", "sampling"])
 def test_dead_end_gives_an_empty_draft(drafter: Drafter, context, strategy) -> None:
-    proposal = drafter.propose(context, DraftParams(k=5, strategy=strategy), seed=1)
+    proposal = drafter.propose(context, SeedParams(k=5, strategy=strategy), seed=1)
     assert proposal.token_ids == []
     assert proposal.distributions == []
     assert proposal.matched_orders == []
 
 
 def test_dead_end_after_some_tokens_gives_a_partial_draft(drafter: Drafter) -> None:
-    proposal = drafter.propose([3], DraftParams(k=8))  # 3 -> 4 -> 5 -> nothing
+    proposal = drafter.propose([3], SeedParams(k=8))  # 3 -> 4 -> 5 -> nothing
     assert proposal.token_ids == [4, 5]
     assert proposal.matched_orders == [1, 1]
 
 
 def test_only_the_last_max_order_tokens_matter(drafter: Drafter) -> None:
-    params = DraftParams(k=4)
+    params = SeedParams(k=4)
     long = [0, 5, 6, 7, 8] * 20 + [1, 2, 3]
     assert plain(drafter.propose(long, params)) == plain(drafter.propose([1, 2, 3], params))
 
@@ -152,12 +157,12 @@ def test_mixing_weights_by_hand() -> None:
     s2 = 1.0 * math.log(2) + 1.0 * math.log(3) - 0.5 * 0.0
     s1 = 1.0 * math.log(1) + 1.0 * math.log(5) - 0.5 * math.log(2)
     w2 = math.exp(s2) / (math.exp(s2) + math.exp(s1))
-    got = order_weights([2, 1], [2.0, 4.0], [0.0, math.log(2)], DraftParams())
+    got = order_weights([2, 1], [2.0, 4.0], [0.0, math.log(2)], SeedParams())
     assert got == pytest.approx([w2, 1 - w2], rel=1e-12)
 
 
 def test_mixed_q_equals_the_formula(drafter: Drafter) -> None:
-    params = DraftParams(k=1, strategy="sampling")
+    params = SeedParams(k=1, strategy="sampling")
     # Context (1, 2): q(3) = w2 + w1/2, q(4) = w1/2.
     s2 = math.log(2) + math.log(3)
     s1 = math.log(5) - 0.5 * math.log(2)
@@ -175,11 +180,11 @@ def test_mixed_q_equals_the_formula(drafter: Drafter) -> None:
 @pytest.mark.parametrize(
     "params",
     [
-        DraftParams(),
-        DraftParams(order_bias=3.0, reliability_weight=0.2, entropy_penalty=2.0),
-        DraftParams(mix_temperature=0.05),
-        DraftParams(mix_temperature=50.0, entropy_penalty=0.0),
-        DraftParams(attentive_mix=False),
+        SeedParams(),
+        SeedParams(order_bias=3.0, reliability_weight=0.2, entropy_penalty=2.0),
+        SeedParams(mix_temperature=0.05),
+        SeedParams(mix_temperature=50.0, entropy_penalty=0.0),
+        SeedParams(attentive_mix=False),
     ],
 )
 @pytest.mark.parametrize("context", [[1, 2, 3], [1, 2], [20, 20], [10, 10], [3], [2]])
@@ -192,21 +197,21 @@ def test_q_matches_reference_for_several_parameters(drafter: Drafter, params, co
 
 def test_greedy_is_argmax_of_the_mixed_q(drafter: Drafter) -> None:
     # After (1, 2, 3): backoff alone drafts 9 (order 3); the mix favours 4 (orders 2 and 1).
-    q, _ = hand_q([1, 2, 3], DraftParams())
+    q, _ = hand_q([1, 2, 3], SeedParams())
     assert max(q, key=q.get) == 4
-    mixed = drafter.propose([1, 2, 3], DraftParams(k=1))
+    mixed = drafter.propose([1, 2, 3], SeedParams(k=1))
     assert mixed.token_ids == [4]
     assert mixed.matched_orders == [3]
     assert as_dict(mixed.distributions[0]) == {4: 1.0}  # greedy: q is the point mass
-    backoff = drafter.propose([1, 2, 3], DraftParams(k=1, attentive_mix=False))
+    backoff = drafter.propose([1, 2, 3], SeedParams(k=1, attentive_mix=False))
     assert backoff.token_ids == [9]
 
 
 def test_greedy_ties_go_to_the_lowest_token_id(drafter: Drafter) -> None:
     # (2,) has {3: 2, 4: 2}. (10, 10) has {12: 2, 11: 1} and (10,) {11: 2, 12: 1}: with equal
     # order weights (order_bias 0), q(11) == q(12) exactly, and 12 comes first in the data.
-    assert drafter.propose([2], DraftParams(k=1)).token_ids == [3]
-    params = DraftParams(k=1, order_bias=0.0, entropy_penalty=0.0, reliability_weight=0.0)
+    assert drafter.propose([2], SeedParams(k=1)).token_ids == [3]
+    params = SeedParams(k=1, order_bias=0.0, entropy_penalty=0.0, reliability_weight=0.0)
     q, _ = hand_q([10, 10], params)
     assert q[11] == q[12]
     assert drafter.propose([10, 10], params).token_ids == [11]
@@ -216,7 +221,7 @@ def test_greedy_ties_go_to_the_lowest_token_id(drafter: Drafter) -> None:
 
 
 def test_sampling_is_reproducible_with_a_seed(drafter: Drafter) -> None:
-    params = DraftParams(k=6, strategy="sampling")
+    params = SeedParams(k=6, strategy="sampling")
     runs = [drafter.propose([20, 20], params, seed=s) for s in range(30)]
     again = [drafter.propose([20, 20], params, seed=s) for s in range(30)]
     for a, b in zip(runs, again, strict=True):
@@ -226,14 +231,14 @@ def test_sampling_is_reproducible_with_a_seed(drafter: Drafter) -> None:
 
 
 def test_sampling_without_seed_is_nondeterministic(drafter: Drafter) -> None:
-    params = DraftParams(k=1, strategy="sampling")
+    params = SeedParams(k=1, strategy="sampling")
     firsts = {drafter.propose([20, 20], params).token_ids[0] for _ in range(200)}
     assert len(firsts) > 1
 
 
 def test_sampling_follows_q(drafter: Drafter) -> None:
     """Chi-square: the drawn tokens follow the reported q, and not the order-2 P alone."""
-    params = DraftParams(k=1, strategy="sampling", order_bias=0.3)
+    params = SeedParams(k=1, strategy="sampling", order_bias=0.3)
     expected, _ = hand_q([20, 20], params)
     ids = sorted(expected)
     n = 20_000
@@ -247,13 +252,13 @@ def test_sampling_follows_q(drafter: Drafter) -> None:
     probs = np.array([expected[i] for i in ids])
     assert stats.chisquare(observed, probs * n).pvalue > 1e-4
     # A wrong q (order 2's P alone, zero-padded with a little mass) is clearly rejected.
-    wrong_p, _ = hand_q([20, 20], DraftParams(attentive_mix=False))
+    wrong_p, _ = hand_q([20, 20], SeedParams(attentive_mix=False))
     wrong = np.array([wrong_p.get(i, 0.0) + 1e-3 for i in ids])
     assert stats.chisquare(observed, wrong / wrong.sum() * n).pvalue < 1e-9
 
 
 def test_sampling_draws_only_tokens_with_positive_q(drafter: Drafter) -> None:
-    params = DraftParams(k=1, strategy="sampling", mix_temperature=1e-3, order_bias=100.0)
+    params = SeedParams(k=1, strategy="sampling", mix_temperature=1e-3, order_bias=100.0)
     for seed in range(300):
         proposal = drafter.propose([1, 2, 3], params, seed=seed)
         dist = as_dict(proposal.distributions[0])
@@ -271,7 +276,7 @@ def test_greedy_cache_is_transparent_and_bounded(graph: NGramGraph) -> None:
     pool = [1, 2, 3, 4, 10, 20, 9]
     for _ in range(300):
         context = rng.choice(pool, size=int(rng.integers(0, 6))).tolist()
-        params = DraftParams(
+        params = SeedParams(
             k=int(rng.integers(1, 6)),
             attentive_mix=bool(rng.integers(2)),
             order_bias=float(rng.choice([0.0, 1.0])),
@@ -300,7 +305,7 @@ def test_greedy_cache_is_transparent_and_bounded(graph: NGramGraph) -> None:
 )
 def test_bad_params_name_the_field(drafter: Drafter, kwargs, field) -> None:
     with pytest.raises(InvalidArgumentError) as info:
-        drafter.propose([1, 2], DraftParams(**kwargs))
+        drafter.propose([1, 2], SeedParams(**kwargs))
     assert info.value.field == field
     assert field in str(info.value)
 
@@ -308,12 +313,12 @@ def test_bad_params_name_the_field(drafter: Drafter, kwargs, field) -> None:
 @pytest.mark.parametrize("context", [[1, VOCAB], [-1, 2], [1, 2, 10**9], np.array([1, 100])])
 def test_token_ids_outside_the_vocabulary_are_rejected(drafter: Drafter, context) -> None:
     with pytest.raises(InvalidArgumentError) as info:
-        drafter.propose(context, DraftParams())
+        drafter.propose(context, SeedParams())
     assert info.value.field == "context_token_ids"
 
 
 def test_numpy_contexts_work(drafter: Drafter) -> None:
-    params = DraftParams(k=8, attentive_mix=False)
+    params = SeedParams(k=8, attentive_mix=False)
     for dtype in (np.int32, np.int64, np.uint32):
         assert drafter.propose(np.array([7, 1], dtype=dtype), params).token_ids == [2, 3, 9]
 
@@ -386,7 +391,7 @@ def test_closed_graph_refuses_lookups(tmp_path: Path) -> None:
     graph.close()
     graph.close()  # idempotent
     with pytest.raises(GraphFormatError, match="closed"):
-        Drafter(graph).propose([1], DraftParams())
+        Drafter(graph).propose([1], SeedParams())
 
 
 def test_random_graph_matches_reference(tmp_path: Path) -> None:
@@ -405,7 +410,7 @@ def test_random_graph_matches_reference(tmp_path: Path) -> None:
         checked = 0
         for _ in range(400):
             context = rng.integers(0, vocab, size=int(rng.integers(1, 7))).tolist()
-            params = DraftParams(
+            params = SeedParams(
                 k=1,
                 strategy="sampling",
                 attentive_mix=bool(rng.random() < 0.8),
@@ -434,7 +439,7 @@ def test_random_graph_matches_reference(tmp_path: Path) -> None:
 
 
 def test_release_pages_keeps_lookups_working(graph: NGramGraph, drafter: Drafter) -> None:
-    params = DraftParams(k=8, attentive_mix=False)
+    params = SeedParams(k=8, attentive_mix=False)
     before = drafter.propose([7, 1], params).token_ids
     released = graph.release_pages()
     if sys.platform.startswith("linux"):

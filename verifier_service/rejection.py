@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
+
 
 @dataclass(frozen=True)
 class RejectionOutput:
@@ -36,8 +38,16 @@ class RejectionOutput:
 
 
 def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """p = softmax(logits / temperature) in float32. logits: [..., V] -> [..., V]."""
-    return torch.softmax(logits.float() / temperature, dim=-1)
+    """p = softmax(logits / temperature) in float32. logits: [..., V] -> [..., V].
+
+    The max logit is subtracted before dividing (softmax is shift-invariant), so a tiny
+    temperature (say 1e-40, where logits / temperature overflows to +-inf and softmax gives NaN)
+    yields the point mass at the argmax that it tends to, not NaN; a temperature below float32's
+    smallest normal number (which would round to 0) is raised to it, with the same result.
+    """
+    z = logits.float()
+    z = z - z.max(dim=-1, keepdim=True).values
+    return torch.softmax(z / max(temperature, _FLOAT32_TINY), dim=-1)
 
 
 def sample_index(weights: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -25,7 +25,7 @@ class SparseDistribution(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class DraftOptions(_message.Message):
-    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty")
+    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "mixing", "min_draft_prob", "escape_weight")
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ATTENTIVE_MIX_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,9 @@ class DraftOptions(_message.Message):
     MIX_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     RELIABILITY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MIXING_FIELD_NUMBER: _ClassVar[int]
+    MIN_DRAFT_PROB_FIELD_NUMBER: _ClassVar[int]
+    ESCAPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     k: int
     strategy: DraftStrategy
     attentive_mix: bool
@@ -40,4 +43,7 @@ class DraftOptions(_message.Message):
     mix_temperature: float
     reliability_weight: float
     entropy_penalty: float
-    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ...) -> None: ...
+    mixing: str
+    min_draft_prob: float
+    escape_weight: float
+    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ...) -> None: ...

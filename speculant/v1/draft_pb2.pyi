@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed")
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight")
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,9 @@ class ProposeRequest(_message.Message):
     RELIABILITY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    MIXING_FIELD_NUMBER: _ClassVar[int]
+    MIN_DRAFT_PROB_FIELD_NUMBER: _ClassVar[int]
+    ESCAPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     context_token_ids: _containers.RepeatedScalarFieldContainer[int]
     k: int
     strategy: _common_pb2.DraftStrategy
@@ -27,7 +30,10 @@ class ProposeRequest(_message.Message):
     reliability_weight: float
     entropy_penalty: float
     seed: int
-    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    mixing: str
+    min_draft_prob: float
+    escape_weight: float
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("draft_token_ids", "distributions", "matched_orders")

@@ -1,0 +1,215 @@
+"""Measure mixing modes and adaptive draft lengths end to end (embedded, against HF generate).
+
+    python -m draft_service.mixing_bench --graph G --model M [--k 8]
+        [--mixing seed,backoff,witten-bell] [--escape-weight 1,8] [--min-draft-prob 0,0.1]
+        [--limit N] [--json OUT]
+
+Every prompt runs through Hugging Face ``generate`` (the baseline) and through one embedded
+coordinator per variant (mixing x escape_weight (witten-bell only) x min_draft_prob, each with
+its own Drafter so that step caches are not shared), in an order rotated prompt by prompt, after
+a warm-up prompt. The figures are
+those of ``speculant bench generate`` (:mod:`gateway.bench`, whose helpers this reuses):
+
+- tau = generated tokens / verifier forwards (prefill included); ``tau`` is the total ratio;
+- speedup = tokens/s over HF's on the same prompt (median over prompts) and of the totals;
+- drafted = draft tokens sent to the verifier, wasted = drafted - accepted (the verifier paid for
+  them and threw them away), mean draft length = drafted / draft rounds;
+- mismatches = prompts whose output differs from HF's (must be 0 at temperature 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.bench import (
+    BenchSettings,
+    InProcessSystems,
+    RunRecord,
+    Variant,
+    default_prompts_path,
+    load_prompts,
+    per_prompt_values,
+    rotated,
+    summarize_variant,
+)
+from speculant.config import MIXING_MODES
+from speculant.types import DraftParams
+
+
+@dataclass(frozen=True)
+class MixVariant:
+    """One embedded row: k, mixing mode, escape weight and adaptive-length threshold."""
+
+    k: int
+    mixing: str
+    min_draft_prob: float
+    escape_weight: float = 1.0
+
+    @property
+    def name(self) -> str:
+        mode = self.mixing
+        if mode == "witten-bell":
+            mode = f"wb b={self.escape_weight:g}"
+        return f"k={self.k} {mode} p>={self.min_draft_prob:g}"
+
+    def params(self) -> DraftParams:
+        return DraftParams(
+            k=self.k,
+            mixing=self.mixing,
+            escape_weight=self.escape_weight,
+            min_draft_prob=self.min_draft_prob,
+        ).validate()
+
+
+def _run_variant(
+    systems: InProcessSystems, coordinators: dict, variant: MixVariant, ids: list[int], seed: int
+) -> RunRecord:
+    """One embedded generation of variant on a tokenized prompt."""
+    from gateway.coordinator import Coordinator, GenerationRequest
+
+    if variant not in coordinators:
+        from draft_service.drafting import Drafter
+
+        shared = systems.decoder.coordinator
+        coordinators[variant] = Coordinator(
+            Drafter(systems.decoder.graph),
+            shared.verifier,
+            shared.tokenizer,
+            draft_context_window=shared.draft_context_window,
+        )
+    request = GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=systems.settings.max_tokens,
+        temperature=systems.settings.temperature,
+        seed=seed,
+        draft=variant.params(),
+    )
+    started = time.perf_counter()
+    result = coordinators[variant].generate(request)
+    wall = time.perf_counter() - started
+    return RunRecord(list(result.token_ids), wall, result.stats.rounds, result.stats.as_dict())
+
+
+def run(settings: BenchSettings, variants: list[MixVariant]) -> dict[str, Any]:
+    """Every variant and HF on every prompt, interleaved; the summary per variant."""
+    import torch
+
+    torch.set_num_threads(settings.torch_threads)
+    prompts = load_prompts(settings.prompts, settings.limit)
+    systems = InProcessSystems(settings)
+    prompt_ids = [systems.encode(p) for p in prompts]
+    coordinators: dict[MixVariant, Any] = {}
+    hf = Variant("hf")
+    rows: list[Any] = [hf, *variants]
+
+    def call(row: Any, ids: list[int], seed: int) -> RunRecord:
+        if row == hf:
+            return systems.run_hf(hf, ids, seed)
+        return _run_variant(systems, coordinators, row, ids, seed)
+
+    for row in rows:  # warm-up
+        call(row, prompt_ids[0], settings.seed)
+    records: dict[Any, list[list[RunRecord]]] = {row: [] for row in rows}
+    for i, ids in enumerate(prompt_ids):
+        for row in rotated(rows, i):
+            records[row].append([call(row, ids, settings.seed + i)])
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    systems.close()
+    summary: dict[str, dict] = {}
+    for row in rows:
+        per_prompt = [
+            per_prompt_values(recs, records[hf][i] if row != hf else None)
+            for i, recs in enumerate(records[row])
+        ]
+        figures = summarize_variant(per_prompt, settings.temperature)
+        if row != hf:
+            figures |= _draft_figures(per_prompt)
+        summary["hf" if row == hf else row.name] = figures
+    base = summary["hf"]["tokens_per_second_total"]
+    for figures in summary.values():
+        figures["speedup_total"] = figures["tokens_per_second_total"] / base
+    return {"settings": asdict(settings), "summary": summary}
+
+
+def _draft_figures(per_prompt: list[dict]) -> dict[str, Any]:
+    """drafted, wasted (= drafted - accepted) and the mean draft length per draft round."""
+    drafted = sum(r["draft_tokens"] for r in per_prompt)
+    accepted = sum(r["accepted_tokens"] for r in per_prompt)
+    draft_rounds = sum(r["rounds"] for r in per_prompt) - len(per_prompt)  # minus the prefills
+    return {
+        "drafted_total": drafted,
+        "wasted_total": drafted - accepted,
+        "mean_draft_length": drafted / draft_rounds if draft_rounds else None,
+    }
+
+
+def format_table(summary: dict[str, dict]) -> str:
+    """One line per variant."""
+    header = (
+        f"{'variant':28} {'tau':>5} {'speedup':>7} {'sp.tot':>6} {'tok/s':>6} {'accept':>6} "
+        f"{'len':>5} {'drafted':>7} {'wasted':>7} {'mism':>4}  acceptance by position"
+    )
+    lines = [header, "-" * len(header)]
+    for name, f in summary.items():
+        by_pos = " ".join(f"{a:.2f}" for a in f.get("acceptance_by_position") or [])
+        lines.append(
+            f"{name:28} {f['tau_total']:5.2f} {f['speedup_median'] or 1.0:7.2f} "
+            f"{f['speedup_total']:6.2f} {f['tokens_per_second_total']:6.0f} "
+            f"{f.get('acceptance_rate_total') or 0:6.1%} {f.get('mean_draft_length') or 0:5.2f} "
+            f"{f.get('drafted_total', 0):7d} {f.get('wasted_total', 0):7d} "
+            f"{f.get('exact_mismatches') or 0:4d}  {by_pos}"
+        )
+    return "\n".join(lines)
+
+
+def _csv(kind: type) -> Any:
+    return lambda text: [kind(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--graph", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompts", default=str(default_prompts_path()))
+    p.add_argument("--k", type=_csv(int), default=[8])
+    p.add_argument("--mixing", type=_csv(str), default=list(MIXING_MODES))
+    p.add_argument("--min-draft-prob", type=_csv(float), default=[0.0])
+    p.add_argument("--escape-weight", type=_csv(float), default=[1.0], help="witten-bell only")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    settings = BenchSettings(
+        graph=args.graph,
+        model=args.model,
+        prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        limit=args.limit,
+        systems=("hf", "embedded"),
+    )
+    variants = [
+        MixVariant(k, mixing, threshold, weight)
+        for k in args.k
+        for mixing in args.mixing
+        for weight in (args.escape_weight if mixing == "witten-bell" else [1.0])
+        for threshold in args.min_draft_prob
+    ]
+    for variant in variants:
+        variant.params()  # fail fast on a bad mode or threshold
+    result = run(settings, variants)
+    print(format_table(result["summary"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

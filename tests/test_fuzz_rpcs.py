@@ -1,0 +1,524 @@
+"""Bad input at every RPC: property-based fuzzing of the three services over real localhost ports.
+
+Requests are drawn from the message descriptors (tests/proto_strategies.py): random field values
+over each type's whole range, plus raw payloads that do not decode at all (garbage, truncated,
+flipped bytes, invalid UTF-8), sent with generic byte-level calls. Every call must end OK or with
+one of the codes a caller's mistake deserves:
+
+- INVALID_ARGUMENT, FAILED_PRECONDITION, OUT_OF_RANGE, RESOURCE_EXHAUSTED everywhere;
+- NOT_FOUND from the verifier only: a Verify (unary or on a Session stream) naming an unknown
+  session id (never created, released or expired) is answered NOT_FOUND, the right code for it;
+- DEADLINE_EXCEEDED only on the calls sent on purpose with a short client deadline (gateway
+  generations of up to 2^20 tokens): that is the client's own deadline, not a server fault.
+
+Never INTERNAL or UNKNOWN (a bug escaping a handler), never a hang (every other call carries a
+10 s deadline), and each service answers health SERVING afterwards.
+
+Undecodable payloads: gRPC's Python server answers INTERNAL ("Exception deserializing
+request!") when the request deserializer raises. Every Speculant server installs
+:class:`speculant.grpc_server.MalformedRequestInterceptor`, which turns that into
+INVALID_ARGUMENT, so the property covers malformed bytes too, with no exception.
+
+The default run sends about 1,000 requests per service; ``pytest -m slow`` runs the 10,000-per-
+service variant.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from speculant.health import health_status
+from speculant.v1 import common_pb2, draft_pb2, gateway_pb2, verifier_pb2
+from tests.e2e_fixtures import services  # noqa: F401
+from tests.proto_strategies import doubles, malformed_payloads, messages, scalar
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PER_SERVICE = 1_000
+SLOW_PER_SERVICE = 10_000
+CALL_DEADLINE_S = 10.0  # a call that takes longer than this is a hang
+SHORT_DEADLINE_S = 0.2  # for huge generations: DEADLINE_EXCEEDED is then the expected outcome
+VOCAB = 512  # stories260K
+LIVE_SESSIONS = tuple(f"fuzz-live-{i}" for i in range(4))
+
+Code = grpc.StatusCode
+ALLOWED = frozenset(
+    {
+        Code.OK,
+        Code.INVALID_ARGUMENT,
+        Code.FAILED_PRECONDITION,
+        Code.OUT_OF_RANGE,
+        Code.RESOURCE_EXHAUSTED,
+    }
+)
+# An unknown verifier session id (never created, released or expired) is NOT_FOUND.
+ALLOWED_VERIFIER = ALLOWED | {Code.NOT_FOUND}
+
+
+@dataclass
+class Call:
+    """One RPC to send: method path, its shape, and the raw request payload(s)."""
+
+    method: str
+    kind: str  # "unary", "server_stream" or "bidi"
+    payloads: list[bytes]
+    deadline_s: float = CALL_DEADLINE_S
+    malformed: bool = False
+
+    @property
+    def deadline_ok(self) -> bool:
+        return self.deadline_s < CALL_DEADLINE_S
+
+
+@dataclass
+class Outcome:
+    code: grpc.StatusCode
+    details: str
+    responses: list[bytes] = field(default_factory=list)
+
+
+def send(channel: grpc.Channel, call: Call) -> Outcome:
+    """Send the call with generic (bytes in, bytes out) multicallables."""
+    responses: list[bytes] = []
+    try:
+        if call.kind == "unary":
+            rpc = channel.unary_unary(call.method)
+            responses.append(rpc(call.payloads[0], timeout=call.deadline_s))
+        elif call.kind == "server_stream":
+            rpc = channel.unary_stream(call.method)
+            responses.extend(rpc(call.payloads[0], timeout=call.deadline_s))
+        else:
+            rpc = channel.stream_stream(call.method)
+            responses.extend(rpc(iter(call.payloads), timeout=call.deadline_s))
+    except grpc.RpcError as exc:
+        return Outcome(exc.code(), exc.details() or "", responses)
+    return Outcome(Code.OK, "", responses)
+
+
+@dataclass
+class Tally:
+    """Requests sent per service: by status code and by method."""
+
+    codes: Counter = field(default_factory=Counter)
+    methods: Counter = field(default_factory=Counter)
+    details: Counter = field(default_factory=Counter)
+    malformed: int = 0
+    messages: int = 0
+
+    @property
+    def requests(self) -> int:
+        return sum(self.codes.values())
+
+    def summary(self) -> str:
+        codes = ", ".join(f"{c.name} {n}" for c, n in self.codes.most_common())
+        methods = ", ".join(f"{m.rsplit('/', 1)[1]} {n}" for m, n in sorted(self.methods.items()))
+        return (
+            f"{self.requests} requests ({self.messages} messages, {self.malformed} malformed); "
+            f"codes: {codes}; methods: {methods}"
+        )
+
+
+def check(outcome: Outcome, call: Call, allowed: frozenset) -> None:
+    ok = outcome.code in allowed or (call.deadline_ok and outcome.code == Code.DEADLINE_EXCEEDED)
+    # A status message too big for the client's trailer limit turns any error into
+    # RESOURCE_EXHAUSTED and loses it: error messages quoting request fields must be clipped.
+    ok = ok and "metadata size exceeds" not in outcome.details
+    assert ok, (
+        f"{call.method} answered {outcome.code.name}: {outcome.details!r}\n"
+        f"request payloads (first 300 bytes each): {[p[:300] for p in call.payloads]}"
+    )
+
+
+def run_fuzz(strategy: st.SearchStrategy, n: int, execute) -> None:
+    """Run `execute` on n examples drawn from `strategy` (no example database, no deadline)."""
+
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
+    @given(strategy)
+    def fuzz(call: Call) -> None:
+        execute(call)
+
+    fuzz()
+
+
+def either(message: st.SearchStrategy, descriptor) -> st.SearchStrategy[tuple[bytes, bool]]:
+    """(payload, malformed): mostly a serialized random message, sometimes undecodable bytes."""
+    return st.one_of(
+        message.map(lambda m: (m.SerializeToString(), False)),
+        message.map(lambda m: (m.SerializeToString(), False)),
+        message.map(lambda m: (m.SerializeToString(), False)),
+        malformed_payloads(descriptor).map(lambda b: (b, True)),
+    )
+
+
+def unary(method: str, message: st.SearchStrategy, descriptor, kind: str = "unary"):
+    return either(message, descriptor).map(lambda pm: Call(method, kind, [pm[0]], malformed=pm[1]))
+
+
+def bidi(method: str, message: st.SearchStrategy, descriptor, max_messages: int = 4):
+    return st.lists(either(message, descriptor), min_size=0, max_size=max_messages).map(
+        lambda items: Call(
+            method, "bidi", [p for p, _ in items], malformed=any(m for _, m in items)
+        )
+    )
+
+
+# -- plausible requests: random, but valid often enough to reach the deep code paths ---------
+
+
+def token_ids(max_size: int = 12) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=max_size)
+
+
+@st.composite
+def plausible_distribution(draw, draft: int) -> common_pb2.SparseDistribution:
+    others = draw(st.lists(st.integers(0, VOCAB + 2), max_size=4))
+    ids = [draft, *others]
+    weights = draw(st.lists(st.floats(0.0, 1.0), min_size=len(ids), max_size=len(ids)))
+    total = sum(weights)
+    probs = [w / total for w in weights] if total > 0 else [1.0] + [0.0] * len(others)
+    if draw(st.integers(0, 9)) == 0:  # now and then: break it
+        probs[draw(st.integers(0, len(probs) - 1))] = draw(
+            st.sampled_from([float("nan"), -0.5, 2.0, 1e308, float("inf")])
+        )
+    return common_pb2.SparseDistribution(token_ids=ids, probs=probs)
+
+
+@st.composite
+def plausible_verify(draw) -> verifier_pb2.VerifyRequest:
+    drafts = draw(st.lists(st.integers(0, VOCAB - 1), max_size=8))
+    request = verifier_pb2.VerifyRequest(
+        session_id=draw(st.sampled_from([*LIVE_SESSIONS, "no-such-session", ""])),
+        draft_token_ids=drafts,
+    )
+    if draw(st.booleans()):
+        for d in drafts:
+            request.draft_distributions.append(draw(plausible_distribution(d)))
+    return request
+
+
+@st.composite
+def plausible_prefill(draw) -> verifier_pb2.PrefillRequest:
+    request = verifier_pb2.PrefillRequest(
+        session_id=draw(st.sampled_from(["", *LIVE_SESSIONS, "fuzz-x"])),
+        prompt_token_ids=draw(token_ids()),
+        temperature=draw(st.one_of(st.floats(0.0, 2.0), st.just(0.0))),
+    )
+    if draw(st.booleans()):
+        request.seed = draw(st.integers(0, 2**64 - 1))
+    return request
+
+
+def mostly(valid: st.SearchStrategy, anything: st.SearchStrategy) -> st.SearchStrategy:
+    """A valid value four times in five, else anything of the type."""
+    return st.one_of(valid, valid, valid, valid, anything)
+
+
+# Valid ranges of the drafting options (ProposeRequest and DraftOptions share the names).
+DRAFT_OPTIONS = {
+    "k": st.integers(1, 64),
+    "strategy": st.sampled_from([0, 1, 2]),
+    "attentive_mix": st.booleans(),
+    "order_bias": st.floats(0.0, 4.0),
+    "mix_temperature": st.floats(0.01, 4.0),
+    "reliability_weight": st.floats(0.0, 4.0),
+    "entropy_penalty": st.floats(0.0, 4.0),
+    "mixing": st.sampled_from(["seed", "backoff", "witten-bell"]),
+    "min_draft_prob": st.floats(0.0, 1.0),
+    "escape_weight": st.floats(0.01, 10.0),
+    "seed": st.integers(0, 2**64 - 1),
+}
+
+
+@st.composite
+def plausible_options(draw, message):
+    """Set each drafting option of `message` (present or not), mostly within its valid range."""
+    by_name = message.DESCRIPTOR.fields_by_name
+    for name, valid in DRAFT_OPTIONS.items():
+        if name not in by_name or not draw(st.booleans()):
+            continue
+        setattr(message, name, draw(mostly(valid, scalar(by_name[name]))))
+    return message
+
+
+# -- the draft service ------------------------------------------------------------------------
+
+DRAFT = "/speculant.v1.DraftService/"
+
+
+@st.composite
+def plausible_propose(draw) -> draft_pb2.ProposeRequest:
+    request = draft_pb2.ProposeRequest(context_token_ids=draw(token_ids(40)))
+    return draw(plausible_options(request))
+
+
+def draft_calls() -> list[tuple[st.SearchStrategy[Call], int]]:
+    propose = st.one_of(messages(draft_pb2.ProposeRequest.DESCRIPTOR), plausible_propose())
+    desc = draft_pb2.ProposeRequest.DESCRIPTOR
+    info = draft_pb2.GetGraphInfoRequest.DESCRIPTOR
+    return [
+        (unary(DRAFT + "Propose", propose, desc), 5),
+        (bidi(DRAFT + "ProposeStream", propose, desc), 4),
+        (unary(DRAFT + "GetGraphInfo", messages(info), info), 1),
+    ]
+
+
+# -- the verifier service ---------------------------------------------------------------------
+
+VERIFIER = "/speculant.v1.VerifierService/"
+
+
+def verifier_calls() -> list[tuple[st.SearchStrategy[Call], int]]:
+    prefill_d = verifier_pb2.PrefillRequest.DESCRIPTOR
+    verify_d = verifier_pb2.VerifyRequest.DESCRIPTOR
+    session_d = verifier_pb2.SessionRequest.DESCRIPTOR
+    prefill = st.one_of(messages(prefill_d), plausible_prefill())
+    verify = st.one_of(messages(verify_d), plausible_verify())
+    step = st.one_of(
+        messages(session_d),
+        plausible_prefill().map(lambda p: verifier_pb2.SessionRequest(prefill=p)),
+        plausible_verify().map(lambda v: verifier_pb2.SessionRequest(verify=v)),
+    )
+    release = st.one_of(
+        messages(verifier_pb2.ReleaseRequest.DESCRIPTOR),
+        st.sampled_from(LIVE_SESSIONS).map(lambda s: verifier_pb2.ReleaseRequest(session_id=s)),
+    )
+    model_info = verifier_pb2.GetModelInfoRequest.DESCRIPTOR
+    stats = verifier_pb2.GetStatsRequest.DESCRIPTOR
+    plausible_session = st.builds(
+        lambda first, rest: Call(
+            VERIFIER + "Session",
+            "bidi",
+            [verifier_pb2.SessionRequest(prefill=first).SerializeToString()]
+            + [verifier_pb2.SessionRequest(verify=v).SerializeToString() for v in rest],
+        ),
+        plausible_prefill(),
+        st.lists(plausible_verify(), max_size=5),
+    )
+    return [
+        (unary(VERIFIER + "Prefill", prefill, prefill_d), 2),
+        (unary(VERIFIER + "Verify", verify, verify_d), 3),
+        (unary(VERIFIER + "Release", release, verifier_pb2.ReleaseRequest.DESCRIPTOR), 1),
+        (bidi(VERIFIER + "Session", step, session_d), 2),
+        (plausible_session, 2),
+        (unary(VERIFIER + "GetModelInfo", messages(model_info), model_info), 1),
+        (unary(VERIFIER + "GetStats", messages(stats), stats), 1),
+    ]
+
+
+# -- the gateway ------------------------------------------------------------------------------
+
+GATEWAY = "/speculant.v1.GatewayService/"
+PROMPTS = ("Once upon a time", "The little dog", "Lily and Tom went to the park. They", " ")
+
+
+@st.composite
+def plausible_generate(draw) -> gateway_pb2.GenerateRequest:
+    request = gateway_pb2.GenerateRequest(
+        prompt=draw(mostly(st.sampled_from(PROMPTS), st.text(max_size=30))),
+        max_tokens=draw(st.integers(0, 8)),
+        stop=draw(st.lists(st.sampled_from([".", "the", "!", "", "\n"]), max_size=3)),
+    )
+    if draw(st.booleans()):
+        request.temperature = draw(mostly(st.floats(0.0, 2.0), doubles()))
+    if draw(st.booleans()):
+        request.seed = draw(st.integers(0, 2**64 - 1))
+    if draw(st.booleans()):
+        draw(plausible_options(request.draft))
+    return request
+
+
+@st.composite
+def gateway_call(draw, method: str, kind: str) -> Call:
+    desc = gateway_pb2.GenerateRequest.DESCRIPTOR
+    if draw(st.integers(0, 4)) == 0:
+        return Call(method, kind, [draw(malformed_payloads(desc))], malformed=True)
+    request = draw(st.one_of(plausible_generate(), messages(desc), plausible_generate()))
+    if not request.HasField("max_tokens") or request.max_tokens > 8:
+        request.max_tokens = draw(st.integers(-2, 8))
+    return Call(method, kind, [request.SerializeToString()])
+
+
+@st.composite
+def huge_gateway_call(draw) -> Call:
+    """Up to 2^20 tokens (or over the limit) with a short client deadline: DEADLINE_EXCEEDED
+    (the client's own) is then a fine outcome, as long as the gateway stops and frees all."""
+    method, kind = draw(
+        st.sampled_from(
+            [(GATEWAY + "Generate", "unary"), (GATEWAY + "GenerateStream", "server_stream")]
+        )
+    )
+    request = draw(
+        st.one_of(plausible_generate(), messages(gateway_pb2.GenerateRequest.DESCRIPTOR))
+    )
+    request.max_tokens = draw(st.sampled_from([1_000, 1 << 20, (1 << 20) + 1, 2**31 - 1]))
+    return Call(method, kind, [request.SerializeToString()], deadline_s=SHORT_DEADLINE_S)
+
+
+def gateway_calls() -> list[tuple[st.SearchStrategy[Call], int]]:
+    return [
+        (gateway_call(GATEWAY + "Generate", "unary"), 20),
+        (gateway_call(GATEWAY + "GenerateStream", "server_stream"), 19),
+        (huge_gateway_call(), 1),
+    ]
+
+
+# -- the runs ---------------------------------------------------------------------------------
+
+
+def fuzz_service(
+    address: str, calls: list[tuple[st.SearchStrategy[Call], int]], n: int, allowed: frozenset
+) -> Tally:
+    """Fuzz each method in turn, with n requests shared by weight (one property per method:
+    hypothesis then shrinks a failure to a minimal request of that method)."""
+    tally = Tally()
+    with grpc.insecure_channel(address) as channel:
+
+        def execute(call: Call) -> None:
+            outcome = send(channel, call)
+            tally.codes[outcome.code] += 1
+            tally.methods[call.method] += 1
+            tally.messages += len(call.payloads)
+            if outcome.code != Code.OK:
+                tally.details[(outcome.code.name, outcome.details[:120])] += 1
+            tally.malformed += call.malformed
+            check(outcome, call, allowed)
+            if call.method == VERIFIER + "Prefill" and outcome.code == Code.OK:
+                # Free the sessions the fuzzing creates (but the long-lived ones) so that the
+                # verifier's cap on live sessions is not what every later prefill runs into.
+                response = verifier_pb2.PrefillResponse.FromString(outcome.responses[0])
+                if response.session_id not in LIVE_SESSIONS:
+                    release = verifier_pb2.ReleaseRequest(session_id=response.session_id)
+                    channel.unary_unary(VERIFIER + "Release")(
+                        release.SerializeToString(), timeout=CALL_DEADLINE_S
+                    )
+
+        total_weight = sum(weight for _, weight in calls)
+        for strategy, weight in calls:
+            run_fuzz(strategy, math.ceil(n * weight / total_weight), execute)
+    return tally
+
+
+def assert_serving(address: str) -> None:
+    assert health_status(address, timeout_s=5.0) == "SERVING"
+
+
+def open_live_sessions(services) -> None:  # noqa: F811
+    for i, session_id in enumerate(LIVE_SESSIONS):
+        services.verifier.Prefill(
+            verifier_pb2.PrefillRequest(
+                session_id=session_id, prompt_token_ids=[1, 403, 407], temperature=i / 2
+            ),
+            timeout=CALL_DEADLINE_S,
+        )
+
+
+def release_live_sessions_and_check_no_leak(services) -> None:  # noqa: F811
+    for session_id in LIVE_SESSIONS:
+        services.verifier.Release(verifier_pb2.ReleaseRequest(session_id=session_id), timeout=5)
+    check_no_leak(services)
+
+
+def check_no_leak(services) -> None:  # noqa: F811
+    """No verifier session is left live (the gateway's included) once the calls are over."""
+    deadline = time.monotonic() + 3.0  # Session streams release as their handler finishes
+    while True:
+        live = services.verifier.GetStats(verifier_pb2.GetStatsRequest(), timeout=5).live_sessions
+        if live == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert live == 0, f"{live} verifier sessions left live after the fuzzing"
+
+
+def fuzz_all(services, n: int) -> dict[str, Tally]:  # noqa: F811
+    tallies: dict[str, Tally] = {}
+    for name, address, calls, allowed in (
+        ("draft", services.draft_address, draft_calls(), ALLOWED),
+        ("verifier", services.verifier_address, verifier_calls(), ALLOWED_VERIFIER),
+        ("gateway", services.gateway_address, gateway_calls(), ALLOWED),
+    ):
+        if name == "verifier":
+            open_live_sessions(services)
+        started = time.perf_counter()
+        tally = fuzz_service(address, calls, n, allowed)
+        seconds = time.perf_counter() - started
+        print(f"\n{name}: {tally.summary()}; {seconds:.1f} s")
+        for (code, details), count in tally.details.most_common(12) + [
+            (k, v) for k, v in tally.details.items() if k[0] == "RESOURCE_EXHAUSTED"
+        ]:
+            print(f"    {count:6d}  {code} {details}")
+        assert tally.requests >= n
+        assert_serving(address)
+        if name == "verifier":
+            release_live_sessions_and_check_no_leak(services)
+        if name == "gateway":
+            check_no_leak(services)
+        tallies[name] = tally
+    # The whole system still works after all of it.
+    response = services.gateway.Generate(
+        gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=8, temperature=0),
+        timeout=CALL_DEADLINE_S,
+    )
+    assert response.stats.generated_tokens > 0
+    return tallies
+
+
+def test_fuzz_every_rpc(services):  # noqa: F811
+    fuzz_all(services, DEFAULT_PER_SERVICE)
+
+
+@pytest.mark.slow
+def test_fuzz_every_rpc_10k(services):  # noqa: F811
+    fuzz_all(services, SLOW_PER_SERVICE)
+
+
+def test_undecodable_request_is_invalid_argument(services):  # noqa: F811
+    """A payload that is not a valid message gets INVALID_ARGUMENT (not gRPC's INTERNAL), on
+    unary and streaming methods alike, and the stream-level cases keep the service healthy."""
+    garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, length past the end
+    for address, method, kind in (
+        (services.draft_address, DRAFT + "Propose", "unary"),
+        (services.draft_address, DRAFT + "ProposeStream", "bidi"),
+        (services.verifier_address, VERIFIER + "Session", "bidi"),
+        (services.verifier_address, VERIFIER + "GetStats", "unary"),
+        (services.gateway_address, GATEWAY + "GenerateStream", "server_stream"),
+        (services.gateway_address, GATEWAY + "Generate", "unary"),
+    ):
+        with grpc.insecure_channel(address) as channel:
+            outcome = send(channel, Call(method, kind, [garbage]))
+        assert outcome.code == Code.INVALID_ARGUMENT, (method, outcome)
+        assert "malformed" in outcome.details
+        assert_serving(address)
+
+
+def test_tiny_temperature_is_greedy_not_nan(services):  # noqa: F811
+    """A positive temperature too small for float32 (logits / T overflows, or T rounds to 0)
+    samples the argmax, as its limit does, instead of a NaN distribution's last token."""
+    prompt = [1, 403, 407]
+    greedy = services.verifier.Prefill(
+        verifier_pb2.PrefillRequest(prompt_token_ids=prompt, temperature=0.0), timeout=10
+    )
+    for temperature in (5e-324, 1e-300, 1e-40):
+        tiny = services.verifier.Prefill(
+            verifier_pb2.PrefillRequest(prompt_token_ids=prompt, temperature=temperature, seed=1),
+            timeout=10,
+        )
+        assert tiny.token_id == greedy.token_id, temperature
+        for response in (greedy, tiny):
+            services.verifier.Release(
+                verifier_pb2.ReleaseRequest(session_id=response.session_id), timeout=10
+            )

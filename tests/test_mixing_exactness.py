@@ -1,0 +1,104 @@
+"""Exactness with the new drafting options: at temperature 0 the output is token-identical to
+Hugging Face greedy decoding for every mixing mode and with adaptive draft length, embedded and
+(one case, to prove the fields travel through the gateway and the draft service) over services.
+16 dev prompts keep it fast; tests/test_exactness.py covers all of them for the seed's modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.baseline import PlainDecoder
+from speculant.config import DraftConfig, GenerationConfig
+from speculant.v1 import common_pb2, gateway_pb2
+from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
+from tests.test_exactness import assert_parallel
+
+PROMPTS = 16
+MAX_TOKENS = 128
+K = 8
+CONFIGS = [
+    pytest.param("greedy", "witten-bell", 1.0, 0.0, id="greedy-wb"),
+    pytest.param("greedy", "witten-bell", 8.0, 0.0, id="greedy-wb8"),
+    pytest.param("greedy", "witten-bell", 8.0, 0.1, id="greedy-wb8-p0.1"),
+    pytest.param("greedy", "backoff", 1.0, 0.2, id="greedy-backoff-p0.2"),
+    pytest.param("sampling", "seed", 1.0, 0.05, id="sampling-seed-p0.05"),
+    pytest.param("sampling", "witten-bell", 8.0, 0.1, id="sampling-wb8-p0.1"),
+]
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    return load_dev_prompts()[:PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
+    """Plain greedy decoding with Hugging Face generate, per prompt."""
+    plain = PlainDecoder.load(str(STORIES_MODEL), embedded_decoder.verifier.info.eos_token_ids)
+    tokenizer = embedded_decoder.tokenizer
+    return [plain.generate(tokenizer(p).input_ids, MAX_TOKENS).token_ids for p in prompts]
+
+
+@pytest.mark.parametrize(("strategy", "mixing", "escape_weight", "min_draft_prob"), CONFIGS)
+def test_greedy_identical_embedded(
+    embedded_decoder,  # noqa: F811
+    prompts,
+    references,
+    strategy,
+    mixing,
+    escape_weight,
+    min_draft_prob,
+):
+    draft = DraftConfig(
+        k=K,
+        strategy=strategy,
+        mixing=mixing,
+        escape_weight=escape_weight,
+        min_draft_prob=min_draft_prob,
+    )
+    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
+    rounds = tokens = 0
+    mismatches = []
+    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
+        result = embedded_decoder.generate(
+            prompt=prompt, generation_config=generation, draft_config=draft
+        )
+        if result.token_ids != expected:
+            mismatches.append(i)
+        rounds += result.stats.rounds
+        tokens += len(result.token_ids)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_parallel(rounds, tokens, strategy)
+
+
+def test_greedy_identical_over_services_with_witten_bell_and_threshold(
+    services,  # noqa: F811
+    prompts,
+    references,
+):
+    rounds = tokens = drafted = 0
+    mismatches = []
+    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
+        response = services.gateway.Generate(
+            gateway_pb2.GenerateRequest(
+                prompt=prompt,
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                seed=0,
+                draft=common_pb2.DraftOptions(
+                    k=K, mixing="witten-bell", escape_weight=8.0, min_draft_prob=0.2
+                ),
+            ),
+            timeout=60,
+        )
+        if list(response.token_ids) != expected:
+            mismatches.append(i)
+        assert response.stats.draft_failures == 0
+        rounds += response.stats.rounds
+        tokens += len(response.token_ids)
+        drafted += response.stats.draft_tokens
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_parallel(rounds, tokens, "greedy")
+    # the threshold reached the draft service: drafts are well under k tokens per round
+    assert drafted < 0.75 * K * (rounds - PROMPTS)
