@@ -58,7 +58,7 @@ class BenchOptions:
     concurrency: list[int] = field(default_factory=lambda: [1, 4])
     strategy: str = "greedy"
     attentive_mix: bool = True
-    mixing: str = "seed"
+    mixing: str = "witten-bell"
     min_draft_prob: float = 0.0
     context_len: int = 32
     workers: int = 8

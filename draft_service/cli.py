@@ -14,6 +14,8 @@ import argparse
 import logging
 import sys
 
+from speculant.config import MIXING_MODES, DraftConfig
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +44,10 @@ def register(
     bench.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
     bench.add_argument("--no-mix", action="store_true", help="attentive_mix=false")
     bench.add_argument(
-        "--mixing", choices=["seed", "backoff", "witten-bell"], default="seed", help="mixing mode"
+        "--mixing",
+        choices=list(MIXING_MODES),
+        default=DraftConfig.model_fields["mixing"].default,
+        help="mixing mode",
     )
     bench.add_argument(
         "--min-draft-prob", type=float, default=0.0, help="adaptive draft length (0 = off)"

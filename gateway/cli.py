@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 
+from speculant.config import MIXING_MODES, DraftConfig
+
+_DRAFT_DEFAULTS = DraftConfig.model_fields
+
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     """Generation and drafting flags shared by `generate` and `demo`."""
@@ -23,14 +27,14 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mixing",
-        choices=["seed", "backoff", "witten-bell"],
-        default="seed",
+        choices=list(MIXING_MODES),
+        default=_DRAFT_DEFAULTS["mixing"].default,
         help="how the matching orders are mixed into q (--no-attentive-mix forces backoff)",
     )
     parser.add_argument(
         "--escape-weight",
         type=float,
-        default=1.0,
+        default=_DRAFT_DEFAULTS["escape_weight"].default,
         help="witten-bell: weight of an order's distinct successors in the mass it lends to the "
         "lower orders (1 = classic)",
     )
