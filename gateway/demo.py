@@ -27,6 +27,12 @@ def register_demo(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--max-tokens", type=int, default=128)
     demo.add_argument("--k", type=int, default=8)
     demo.add_argument("--no-attentive-mix", dest="attentive_mix", action="store_false")
+    demo.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads for both decoders (the demo model is tiny: 1 is fastest)",
+    )
     demo.set_defaults(handler=run_demo)
 
 
@@ -36,10 +42,13 @@ def _load_prompts(path: str) -> list[str]:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    import torch
+
     from builder import GraphBuilder
     from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder, VerifierConfig
     from gateway.baseline import PlainDecoder
 
+    torch.set_num_threads(args.torch_threads)
     graph = Path(args.graph)
     if args.rebuild or not graph.exists():
         print(f"1. building the n-gram graph of {args.corpus} -> {graph}", file=sys.stderr)
