@@ -92,3 +92,24 @@ def test_propose_stream_answers_each_request_like_propose(services):  # noqa: F8
         with pytest.raises(grpc.RpcError) as info:
             list(stub.ProposeStream(iter([draft_pb2.ProposeRequest(k=0)]), timeout=10))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_session_stream_cannot_take_over_another_session(services):  # noqa: F811
+    services.verifier.Prefill(
+        verifier_pb2.PrefillRequest(session_id="theirs", prompt_token_ids=PROMPT_IDS), timeout=10
+    )
+    requests, end, responses = open_session(services)
+    requests.put(
+        verifier_pb2.SessionRequest(
+            prefill=verifier_pb2.PrefillRequest(session_id="theirs", prompt_token_ids=[1])
+        )
+    )
+    assert next(responses).prefill.session_id != "theirs"
+    requests.put(end)
+    list(responses)
+    # "theirs" is still there, untouched by the stream's end.
+    verified = services.verifier.Verify(
+        verifier_pb2.VerifyRequest(session_id="theirs", draft_token_ids=[]), timeout=10
+    )
+    assert len(verified.token_ids) == 1
+    services.verifier.Release(verifier_pb2.ReleaseRequest(session_id="theirs"), timeout=10)

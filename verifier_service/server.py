@@ -87,7 +87,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                     if session_id:
                         raise InvalidArgumentError("prefill", "only the first message may prefill")
                     prefill = request.prefill
-                    prefill.session_id = prefill.session_id or new_session_id()
+                    # The stream owns its session: a fresh id, never one the client names
+                    # (which could be another client's live session).
+                    prefill.session_id = new_session_id()
                     response = self._prefill(prefill)
                     session_id = response.session_id
                     yield verifier_pb2.SessionResponse(prefill=response)
