@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 import lmdb
 import numpy as np
 
+from speculant.errors import FailedPreconditionError
+
 FORMAT_VERSION = 1
 MAX_SUPPORTED_ORDER = 10
 META_DB = b"meta"
@@ -40,7 +42,7 @@ KEY_DTYPE = np.dtype(">u4")  # context ids in keys: big-endian so byte order == 
 VALUE_DTYPE = np.dtype("<u4")  # successor ids and counts in values
 
 
-class GraphFormatError(Exception):
+class GraphFormatError(FailedPreconditionError):
     """The graph directory is missing, unfinished, corrupt or of an unknown format version."""
 
 

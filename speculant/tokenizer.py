@@ -15,8 +15,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from speculant.errors import FailedPreconditionError
 
-class TokenizerLoadError(Exception):
+
+class TokenizerLoadError(FailedPreconditionError):
     """The tokenizer could not be loaded (unknown name, no network, missing files)."""
 
 

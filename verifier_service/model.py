@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from speculant.config import VerifierConfig
+from speculant.errors import FailedPreconditionError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ DEFAULT_MAX_CONTEXT = 2048  # when neither the model config nor the tokenizer st
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelLoadError(Exception):
+class ModelLoadError(FailedPreconditionError):
     """The model or its tokenizer could not be loaded; the message says why, in one line."""
 
 
