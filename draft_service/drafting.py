@@ -16,6 +16,11 @@ Terms:
   (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
   estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
   before the first d_i (i >= 2) whose running probability is below it (*adaptive length*).
+- *overlay*: with ``overlay_weight`` > 0 the whole context_ids (prompt + generated tokens) is a
+  second source of n-grams; wherever it has successors for the tail, q is mixed from the combined
+  counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
+  graph alone as above. Each draft token's *source* ("graph", "overlay" or "both") says which
+  sources listed it as a successor at the orders q was mixed from.
 """
 
 from __future__ import annotations
@@ -30,10 +35,12 @@ import numpy as np
 
 from draft_service.graph import NGramGraph
 from draft_service.mixing import Mixer
+from draft_service.overlay import Combined, ContextOverlay, combine
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams, DraftProposal, SparseDistribution
 
 _U32 = np.dtype("<u4")
+_BE32 = np.dtype(">u4")
 _PACK_ONE = struct.Struct(">I").pack
 _DEAD_END = (-1, 0, 0.0)
 DEFAULT_CACHE_SIZE = 32768  # greedy steps kept (a few MB at most)
@@ -49,7 +56,9 @@ class Drafter:
         self._mixer = Mixer(graph.vocab_size)
         # Greedy steps depend only on the last max_order tokens and the mixing parameters, and
         # consecutive rounds of one generation revisit them: a bounded cache (FIFO eviction) of
-        # (tail, mixing parameters) -> (token, matched order, q(token) or NaN), or _DEAD_END.
+        # (tail, mixing parameters) -> (token, matched order, q(token) or NaN), or _DEAD_END;
+        # with the overlay, (tail, mixing parameters, overlay weight, the context's successor
+        # counts for the tail) -> (token, matched order, q(token), source).
         self.cache_size = cache_size
         self._greedy_cache: dict[tuple, tuple[int, int, float]] = {}
 
@@ -97,9 +106,38 @@ class Drafter:
         cache = self._greedy_cache if greedy and self.cache_size > 0 else None
         mix_key = _mix_key(params)
         min_prob = params.min_draft_prob
+        overlay = None
+        if params.overlay_weight > 0 and len(context_ids) > 1:
+            overlay = ContextOverlay(np.asarray(context_ids, dtype=np.int64), max_order)
         running = 1.0  # q(d_1) * ... * q(d_i) so far
         for _ in range(params.k):
-            if greedy:
+            source = "graph"
+            found = overlay.successors(np.frombuffer(tail, _BE32)) if overlay is not None else ()
+            if found:  # the context has successors for this tail: mix the combined counts
+                key = (tail, mix_key, params.overlay_weight, found) if greedy else None
+                step = cache.get(key) if cache is not None else None
+                if step is None:
+                    combined = combine(
+                        *_match_decoded(tail, txn, dbs, every_order),
+                        found,
+                        params.overlay_weight,
+                        every_order,
+                    )
+                    if greedy:
+                        token, prob = self._argmax_combined(combined, params)
+                        dist = SparseDistribution.point_mass(token)
+                    else:
+                        ids, q = self._mixer.mix(
+                            combined.orders, combined.ids, combined.counts, params
+                        )
+                        token, dist, prob = _sample(ids, q, rng)
+                    order, source = combined.orders[0], combined.source_of(token)
+                    if cache is not None:
+                        self._remember(key, (token, order, prob, source))
+                else:
+                    token, order, prob, source = step
+                    dist = SparseDistribution.point_mass(token)
+            elif greedy:
                 step = cache.get((tail, mix_key)) if cache is not None else None
                 if step is None or (min_prob and step[2] != step[2]):  # missing, or NaN q
                     step = self._greedy_step(tail, txn, dbs, params, with_prob=min_prob > 0)
@@ -122,6 +160,7 @@ class Drafter:
             proposal.token_ids.append(token)
             proposal.distributions.append(dist)
             proposal.matched_orders.append(order)
+            proposal.sources.append(source)
             tail = (tail + _PACK_ONE(token))[-4 * max_order :]
         return proposal
 
@@ -155,6 +194,14 @@ class Drafter:
                 return _DEAD_END
         token, prob = self._mixer.argmax(orders, *_decode(values), params, with_prob)
         return token, orders[0], prob
+
+    def _argmax_combined(self, combined: Combined, params: DraftParams) -> tuple[int, float]:
+        """(argmax q, q(argmax)) over combined counts (ties: lowest id)."""
+        if len(combined.orders) == 1:  # combined counts are not sorted: no shortcut
+            counts = combined.counts[0]
+            top = counts.max()
+            return int(combined.ids[0][counts == top].min()), float(top / counts.sum())
+        return self._mixer.argmax(combined.orders, combined.ids, combined.counts, params)
 
     def _remember(self, key: tuple, step: tuple[int, int, float]) -> None:
         """Insert into the greedy cache, evicting the oldest entry beyond cache_size."""
@@ -219,6 +266,14 @@ def _match(
             if not every_order:
                 break
     return orders, values
+
+
+def _match_decoded(
+    tail: bytes, txn: lmdb.Transaction, dbs: list, every_order: bool
+) -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
+    """(matching orders, successor ids, counts) of the graph, highest order first."""
+    orders, values = _match(tail, txn, dbs, every_order)
+    return orders, *_decode(values)
 
 
 def _witten_bell_decided(value: memoryview, escape_weight: float) -> bool:

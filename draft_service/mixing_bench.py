@@ -2,10 +2,12 @@
 
     python -m draft_service.mixing_bench --graph G --model M [--k 8]
         [--mixing seed,backoff,witten-bell] [--escape-weight 1,8] [--min-draft-prob 0,0.1]
+        [--overlay-weight 0,1,4]
         [--limit N] [--json OUT]
 
 Every prompt runs through Hugging Face ``generate`` (the baseline) and through one embedded
-coordinator per variant (mixing x escape_weight (witten-bell only) x min_draft_prob, each with
+coordinator per variant (mixing x escape_weight (witten-bell only) x min_draft_prob x
+overlay_weight, each with
 its own Drafter so that step caches are not shared), in an order rotated prompt by prompt, after
 a warm-up prompt. The figures are
 those of ``speculant bench generate`` (:mod:`gateway.bench`, whose helpers this reuses):
@@ -50,13 +52,15 @@ class MixVariant:
     mixing: str
     min_draft_prob: float
     escape_weight: float = 1.0
+    overlay_weight: float = 0.0
 
     @property
     def name(self) -> str:
         mode = self.mixing
         if mode == "witten-bell":
             mode = f"wb b={self.escape_weight:g}"
-        return f"k={self.k} {mode} p>={self.min_draft_prob:g}"
+        overlay = f" ov={self.overlay_weight:g}" if self.overlay_weight else ""
+        return f"k={self.k} {mode} p>={self.min_draft_prob:g}{overlay}"
 
     def params(self) -> DraftParams:
         return DraftParams(
@@ -64,6 +68,7 @@ class MixVariant:
             mixing=self.mixing,
             escape_weight=self.escape_weight,
             min_draft_prob=self.min_draft_prob,
+            overlay_weight=self.overlay_weight,
         ).validate()
 
 
@@ -142,7 +147,12 @@ def _draft_figures(per_prompt: list[dict]) -> dict[str, Any]:
     drafted = sum(r["draft_tokens"] for r in per_prompt)
     accepted = sum(r["accepted_tokens"] for r in per_prompt)
     draft_rounds = sum(r["rounds"] for r in per_prompt) - len(per_prompt)  # minus the prefills
+    by_source = {
+        source: sum(r.get(f"accepted_from_{source}", 0) for r in per_prompt)
+        for source in ("graph", "overlay", "both")
+    }
     return {
+        "accepted_by_source": by_source,
         "drafted_total": drafted,
         "wasted_total": drafted - accepted,
         "mean_draft_length": drafted / draft_rounds if draft_rounds else None,
@@ -181,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mixing", type=_csv(str), default=list(MIXING_MODES))
     p.add_argument("--min-draft-prob", type=_csv(float), default=[0.0])
     p.add_argument("--escape-weight", type=_csv(float), default=[1.0], help="witten-bell only")
+    p.add_argument(
+        "--overlay-weight", type=_csv(float), default=[0.0], help="context overlay (0 = off)"
+    )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, default=None)
@@ -196,11 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         systems=("hf", "embedded"),
     )
     variants = [
-        MixVariant(k, mixing, threshold, weight)
+        MixVariant(k, mixing, threshold, weight, overlay)
         for k in args.k
         for mixing in args.mixing
         for weight in (args.escape_weight if mixing == "witten-bell" else [1.0])
         for threshold in args.min_draft_prob
+        for overlay in args.overlay_weight
     ]
     for variant in variants:
         variant.params()  # fail fast on a bad mode or threshold

@@ -40,6 +40,7 @@ _OPTIONAL_FLOATS = (
     "entropy_penalty",
     "escape_weight",
     "min_draft_prob",
+    "overlay_weight",
 )
 
 
@@ -74,7 +75,9 @@ def params_from_request(
 def proposal_to_response(proposal: DraftProposal) -> draft_pb2.ProposeResponse:
     """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders)."""
     response = draft_pb2.ProposeResponse(
-        draft_token_ids=proposal.token_ids, matched_orders=proposal.matched_orders
+        draft_token_ids=proposal.token_ids,
+        matched_orders=proposal.matched_orders,
+        draft_sources=proposal.sources,
     )
     for dist in proposal.distributions:
         response.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())

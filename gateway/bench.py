@@ -528,6 +528,9 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             draft_failures=sum(int(s["draft_failures"]) for s in stats),
             prompt_tokens=int(stats[0]["prompt_tokens"]),
         )
+        for key in ("accepted_from_graph", "accepted_from_overlay", "accepted_from_both"):
+            if key in stats[0]:
+                row[key] = int(stats[0][key])
     return row
 
 

@@ -45,6 +45,13 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         help="adaptive draft length: stop where the draft's running probability falls below "
         "this (0 = off)",
     )
+    parser.add_argument(
+        "--overlay-weight",
+        type=float,
+        default=_DRAFT_DEFAULTS["overlay_weight"].default,
+        help="context overlay: per order, counts = graph + this * the request's own context "
+        "(0 = off)",
+    )
 
 
 def register(
@@ -151,6 +158,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _generate_embedded(args: argparse.Namespace) -> dict:
+    from pydantic import ValidationError
+
     from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder, VerifierConfig
     from speculant.errors import InvalidArgumentError
 
@@ -162,6 +171,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             mixing=args.mixing,
             escape_weight=args.escape_weight,
             min_draft_prob=args.min_draft_prob,
+            overlay_weight=args.overlay_weight,
         )
         generation = GenerationConfig(
             max_tokens=args.max_tokens,
@@ -169,8 +179,10 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             seed=args.seed,
             stop=args.stop,
         )
-    except ValueError as exc:  # pydantic validation
-        raise InvalidArgumentError("arguments", str(exc).splitlines()[0]) from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "arguments"
+        raise InvalidArgumentError(flag, first["msg"]) from exc
     decoder = SpeculativeDecoder(
         graph_path=args.graph,
         verifier_config=VerifierConfig(model_name=args.model),
@@ -207,6 +219,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             mixing=args.mixing,
             escape_weight=args.escape_weight,
             min_draft_prob=args.min_draft_prob,
+            overlay_weight=args.overlay_weight,
         ),
     )
     with grpc.insecure_channel(args.gateway) as channel:

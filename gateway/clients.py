@@ -94,6 +94,7 @@ def propose_request(
         mixing=params.mixing,
         escape_weight=params.escape_weight,
         min_draft_prob=params.min_draft_prob,
+        overlay_weight=params.overlay_weight,
     )
 
 
@@ -187,6 +188,7 @@ class GrpcDraftClient:
                     for d in response.distributions
                 ],
                 matched_orders=list(response.matched_orders),
+                sources=list(response.draft_sources),
             )
         assert last_error is not None
         raise last_error

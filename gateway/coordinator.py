@@ -214,7 +214,8 @@ class Coordinator:
         *,
         draft_context_window: int = 16,
     ) -> None:
-        """draft_context_window: how many trailing tokens the drafter sees (>= its max order)."""
+        """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
+        with a request's draft.overlay_weight > 0 it sees the whole context instead."""
         self.drafter = drafter
         self.verifier = verifier
         self.tokenizer = tokenizer
@@ -278,7 +279,7 @@ class Coordinator:
                     proposal.distributions if sampled and proposal.token_ids else None,
                 )
                 stats.verify_seconds += time.perf_counter() - t0
-                stats.record_round(len(proposal.token_ids), result.accepted_count)
+                stats.record_round(len(proposal.token_ids), result.accepted_count, proposal.sources)
                 before = len(output.token_ids)
                 output.add(result.token_ids)
                 context.extend(output.token_ids[before:])
@@ -304,8 +305,10 @@ class Coordinator:
         params = request.draft if k == request.draft.k else replace(request.draft, k=k)
         t0 = time.perf_counter()
         try:
+            # the overlay reads the whole context; otherwise the graph's orders need only a tail
+            window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
             return self.drafter.propose(
-                context[-self.draft_context_window :],
+                window,
                 params,
                 _draft_seed(request.seed, stats.rounds),
             )

@@ -73,6 +73,7 @@ def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftCon
         "mixing",
         "escape_weight",
         "min_draft_prob",
+        "overlay_weight",
     ):
         if options.HasField(name):
             values[name] = getattr(options, name)

@@ -24,6 +24,9 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     draft_failures: int = 0
+    accepted_from_graph: int = 0  # accepted drafts by source (DraftProposal.sources)
+    accepted_from_overlay: int = 0
+    accepted_from_both: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -41,8 +44,18 @@ class GenerationStats:
     def other_seconds(self) -> float:
         return max(0.0, self.total_seconds - self.draft_seconds - self.verify_seconds)
 
-    def record_round(self, drafted: int, accepted: int) -> None:
-        """Count one Verify round: `drafted` drafts, of which the first `accepted` were kept."""
+    def record_round(
+        self, drafted: int, accepted: int, sources: list[str] | tuple[str, ...] = ()
+    ) -> None:
+        """Count one Verify round: `drafted` drafts, of which the first `accepted` were kept;
+        sources (per draft, possibly empty) attributes the accepted ones."""
+        for source in sources[:accepted]:
+            if source == "overlay":
+                self.accepted_from_overlay += 1
+            elif source == "both":
+                self.accepted_from_both += 1
+            else:
+                self.accepted_from_graph += 1
         self.rounds += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
@@ -73,4 +86,7 @@ class GenerationStats:
             "verify_seconds": self.verify_seconds,
             "other_seconds": self.other_seconds,
             "draft_failures": self.draft_failures,
+            "accepted_from_graph": self.accepted_from_graph,
+            "accepted_from_overlay": self.accepted_from_overlay,
+            "accepted_from_both": self.accepted_from_both,
         }

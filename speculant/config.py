@@ -47,6 +47,8 @@ class DraftConfig(BaseSettings):
     ``mixing`` says.
     ``min_draft_prob`` (0 = off) ends a draft before the first token whose running probability
     q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
+    ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
+    tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
@@ -61,6 +63,7 @@ class DraftConfig(BaseSettings):
     mixing: MixingName = "witten-bell"
     escape_weight: float = Field(8.0, gt=0.0, allow_inf_nan=False)
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
+    overlay_weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
 
 
 class VerifierConfig(BaseSettings):

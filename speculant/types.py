@@ -33,6 +33,9 @@ class DraftParams:
     (> 0, 1 = classic) scales the mass each order lends to the lower ones under "witten-bell".
     ``min_draft_prob`` in [0, 1] (0 = off) stops a draft before the first token d_i whose running
     probability q(d_1)*...*q(d_i) is below it (the first token is always drafted).
+    ``overlay_weight`` (finite, >= 0; 0 = off) adds the request's own context as a second source:
+    at every order o the successor counts become c_graph,o + overlay_weight * c_context,o before
+    mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
     """
 
     k: int = 5
@@ -45,6 +48,7 @@ class DraftParams:
     mixing: MixingName = "witten-bell"
     escape_weight: float = 8.0
     min_draft_prob: float = 0.0
+    overlay_weight: float = 0.0
 
     @property
     def effective_mixing(self) -> str:
@@ -83,6 +87,10 @@ class DraftParams:
             raise InvalidArgumentError(
                 "min_draft_prob", f"must be a number in [0, 1], got {self.min_draft_prob}"
             )
+        if not (self.overlay_weight >= 0 and np.isfinite(self.overlay_weight)):
+            raise InvalidArgumentError(
+                "overlay_weight", f"must be a finite number >= 0, got {self.overlay_weight}"
+            )
         return self
 
 
@@ -105,6 +113,8 @@ class DraftProposal:
     token_ids: list[int] = field(default_factory=list)
     distributions: list[SparseDistribution] = field(default_factory=list)
     matched_orders: list[int] = field(default_factory=list)  # highest matching order per token
+    # per token: "graph", "overlay" or "both" (see draft_service.drafting); may be empty
+    sources: list[str] = field(default_factory=list)
 
 
 @dataclass

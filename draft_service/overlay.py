@@ -1,0 +1,162 @@
+"""Context overlay: n-gram successor counts of one request's own context, combined with the graph.
+
+Terms. The *context* is the request's prompt plus the tokens generated so far (what the
+coordinator sends when ``overlay_weight`` > 0); draft tokens are not part of it. For a tail t
+(the last <= max_order tokens of context + draft so far) and an order o, the context's successor
+counts are
+
+    c_ctx,o(x) = #{ positions i of the context : context[i-o:i] == t[-o:] and context[i] == x }
+
+(an occurrence needs a successor inside the context, so the context's own end never counts).
+
+The rule (one for every mixing mode). With w = overlay_weight, at each order o
+
+    c_o(x) = c_graph,o(x) + w * c_ctx,o(x)
+
+and an order *matches* when either source has a successor there. The selected mixing (seed,
+backoff or witten-bell; :mod:`draft_service.mixing`) then runs on these combined counts exactly
+as on graph counts: C_o = sum c_o, T_o = number of distinct x with c_o(x) > 0, P_o = c_o / C_o.
+So a context seen only in this request (a character's unusual name) matches at high orders and,
+with witten-bell, keeps C_o / (C_o + b T_o) of the mass there; w = 0 is the graph alone.
+
+Search: no index is built. Per draft position the context array is compared once with the tail's
+last token (one vectorised ``==`` over the context), and the few candidate positions are extended
+backwards token by token (each step on the surviving candidates only), which gives every order's
+occurrences at once; ``np.unique`` counts the successors. Cost per position: O(n) for the first
+comparison (n = context length), then O(matches * max_order); memory O(n) per call, nothing kept
+between calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class ContextOverlay:
+    """The successor counts of one context, looked up by tail (immutable, per propose call)."""
+
+    def __init__(self, context_ids: np.ndarray, max_order: int) -> None:
+        self.tokens = np.asarray(context_ids, dtype=np.int64)  # [n]
+        self.max_order = max_order
+        # Every position with a successor: heads[i] = tokens[i] is followed by tokens[i + 1].
+        self._heads = self.tokens[:-1]
+        self._steps = np.arange(1, max_order + 1)  # [max_order] 1..max_order
+
+    def successors(self, tail: np.ndarray) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+        """((order, ((successor id, count), ...)), ...) for the matching orders, highest order
+        first, ids ascending within an order; () when the last tail token never occurs with a
+        successor in the context. Hashable (it keys the greedy step cache).
+
+        tail: the last <= max_order tokens (int), oldest first.
+        """
+        length = min(len(tail), self.max_order)
+        if length == 0:
+            return ()
+        tokens = self.tokens
+        # ends: indices of the successors of the occurrences of the order-1 context t[-1:]
+        ends = np.flatnonzero(self._heads == tail[-1]) + 1  # [m]
+        if not ends.size:
+            return ()
+        # depth[j] = the highest order o <= length with tokens[ends[j]-o : ends[j]] == t[-o:]
+        back = ends[:, None] - self._steps[None, :length]  # [m, length] indices of t[-1], t[-2]..
+        same = (tokens[np.maximum(back, 0)] == tail[::-1][None, :length]) & (back >= 0)
+        depth = np.logical_and.accumulate(same, axis=1).sum(axis=1)  # [m] >= 1
+        # per order o: Counter of successors with depth >= o (a Python pass over the matches
+        # only, highest order first so each order adds the occurrences of exactly its depth)
+        by_depth: dict[int, list[int]] = {}
+        for token, d in zip(tokens[ends].tolist(), depth.tolist(), strict=True):
+            by_depth.setdefault(d, []).append(token)
+        counts: dict[int, int] = {}
+        found = []
+        for order in range(int(depth.max()), 0, -1):
+            for token in by_depth.get(order, ()):
+                counts[token] = counts.get(token, 0) + 1
+            found.append((order, tuple(sorted(counts.items()))))
+        return tuple(found)
+
+
+class Combined:
+    """The combined counts of the matching orders, highest order first (each order's ids
+    distinct), and which source listed which successors (for :meth:`source_of`)."""
+
+    __slots__ = ("_graph_ids", "_overlay_ids", "counts", "ids", "orders")
+
+    def __init__(
+        self,
+        orders: list[int],
+        ids: list[np.ndarray],
+        counts: list[np.ndarray],
+        graph_ids: list[np.ndarray],
+        overlay_ids: list[np.ndarray],
+    ) -> None:
+        self.orders = orders
+        self.ids = ids
+        self.counts = counts
+        self._graph_ids = graph_ids
+        self._overlay_ids = overlay_ids
+
+    def source_of(self, token: int) -> str:
+        """ "graph", "overlay" or "both": which sources list token as a successor at one of the
+        orders q was mixed from (where its probability mass came from)."""
+        in_graph = any(bool((ids == token).any()) for ids in self._graph_ids)
+        in_overlay = any(bool((ids == token).any()) for ids in self._overlay_ids)
+        if in_graph and in_overlay:
+            return "both"
+        return "overlay" if in_overlay else "graph"
+
+
+def combine(
+    graph_orders: list[int],
+    graph_ids: list[np.ndarray],
+    graph_counts: list[np.ndarray],
+    overlay: tuple[tuple[int, tuple[tuple[int, int], ...]], ...],
+    weight: float,
+    every_order: bool,
+) -> Combined:
+    """The counts c_graph,o + weight * c_ctx,o (float64) of every matching order.
+
+    every_order=False keeps only the highest matching order (backoff). Both inputs are highest
+    order first; graph_ids[i] are distinct ids, as overlay's are.
+    """
+    by_order: dict[int, list] = {}
+    for o, ids, counts in zip(graph_orders, graph_ids, graph_counts, strict=True):
+        by_order[o] = [ids, counts, None]
+    for o, items in overlay:
+        by_order.setdefault(o, [None, None, None])[2] = items
+    orders = sorted(by_order, reverse=True)
+    if not every_order:
+        orders = orders[:1]
+    out_ids: list[np.ndarray] = []
+    out_counts: list[np.ndarray] = []
+    from_graph: list[np.ndarray] = []
+    from_overlay: list[np.ndarray] = []
+    for o in orders:
+        g_ids, g_counts, items = by_order[o]
+        if items is None:
+            from_graph.append(g_ids)
+            out_ids.append(g_ids)
+            out_counts.append(g_counts.astype(np.float64))
+            continue
+        c_ids = np.array([x for x, _ in items], dtype=np.int64)
+        c_counts = np.array([c for _, c in items], dtype=np.float64) * weight
+        from_overlay.append(c_ids)
+        if g_ids is None:
+            out_ids.append(c_ids)
+            out_counts.append(c_counts)
+            continue
+        from_graph.append(g_ids)
+        # add the overlay's counts where the graph has the id, append the others
+        same = g_ids[:, None] == c_ids[None, :]  # [T, u]
+        known = same.any(axis=0)  # [u]
+        counts = g_counts.astype(np.float64)
+        counts[same.argmax(axis=0)[known]] += c_counts[known]
+        if known.all():
+            out_ids.append(g_ids)
+            out_counts.append(counts)
+        else:
+            new = ~known
+            out_ids.append(np.concatenate([g_ids.astype(np.int64), c_ids[new]]))
+            out_counts.append(np.concatenate([counts, c_counts[new]]))
+    return Combined(orders, out_ids, out_counts, from_graph, from_overlay)

@@ -1,0 +1,254 @@
+"""Context overlay: per order, counts c_graph,o + overlay_weight * c_context,o, then the selected
+mixing. A hand-made graph where the overlay changes q exactly as that rule says, the search of the
+context, validation naming `overlay_weight`, the coordinator sending the whole context, source
+statistics, and exactness at temperature 0 with the overlay on, embedded and over the services
+(16 dev prompts, as tests/test_mixing_exactness.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from graph_factory import write_graph
+
+from draft_service.drafting import Drafter
+from draft_service.graph import NGramGraph
+from draft_service.mixing import witten_bell_weights
+from draft_service.overlay import ContextOverlay
+from draft_service.server import params_from_request
+from gateway.coordinator import GenerationRequest
+from gateway.server import draft_params_from_proto
+from speculant.config import DraftConfig, GenerationConfig
+from speculant.errors import InvalidArgumentError
+from speculant.types import DraftParams
+from speculant.v1 import common_pb2, draft_pb2, gateway_pb2
+from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
+from tests.test_coordinator import run, setup, tokenizer  # noqa: F401  (fixture)
+from tests.test_exactness import assert_parallel
+from tests.test_mixing_exactness import MAX_TOKENS, PROMPTS, K, prompts, references  # noqa: F401
+
+# Order 1: after 8 the corpus saw 9 twice and 2 once; after 1: 2 (x3), 3 (x1).
+# Order 2: (5, 1) -> 2 once. The context (4, 8) never occurs in the corpus.
+CHAINS = {
+    1: {(8,): {9: 2, 2: 1}, (1,): {2: 3, 3: 1}, (6,): {4: 1}},
+    2: {(5, 1): {2: 1}},
+}
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> NGramGraph:
+    path = write_graph(Path(tmp_path_factory.mktemp("overlay")) / "g", CHAINS, max_order=2)
+    opened = NGramGraph.open(path)
+    yield opened
+    opened.close()
+
+
+def params(**changes: object) -> DraftParams:
+    return DraftParams(**{"k": 1, "strategy": "sampling", **changes}).validate()
+
+
+def q_of(drafter: Drafter, context: list[int], p: DraftParams) -> dict[int, float]:
+    proposal = drafter.propose(context, p, seed=0)
+    dist = proposal.distributions[0]
+    return dict(zip(dist.token_ids.tolist(), dist.probs.tolist(), strict=True))
+
+
+def test_context_search_counts_every_order() -> None:
+    overlay = ContextOverlay(np.array([1, 2, 3, 4, 9, 2, 3, 4, 7, 2, 3, 5]), max_order=5)
+    found = overlay.successors(np.array([8, 2, 3, 4]))
+    # (2, 3, 4) occurs twice, followed by 9 and 7; (8, 2, 3, 4) never
+    assert found == ((3, ((7, 1), (9, 1))), (2, ((7, 1), (9, 1))), (1, ((7, 1), (9, 1))))
+    assert overlay.successors(np.array([3, 5])) == ()  # 5 only at the end: no successor
+    nested = ContextOverlay(np.array([2, 3, 7, 3, 8, 2, 3, 7]), max_order=3).successors(
+        np.array([2, 3])
+    )
+    assert nested == ((2, ((7, 2),)), (1, ((7, 2), (8, 1))))
+
+
+def test_overlay_adds_weighted_context_counts_at_a_shared_order(graph: NGramGraph) -> None:
+    """Context [1, 3, 5, 1]: the context has (1 -> 3) once at order 1 (its last 1 has no
+    successor; (5, 1) has none either). With w = 2 order 1 becomes {2: 3, 3: 1 + 2}, order 2 the
+    graph's {2: 1}; Witten-Bell (b = 1) mixes those."""
+    drafter = Drafter(graph)
+    context = [1, 3, 5, 1]
+    p = params(mixing="witten-bell", escape_weight=1.0, overlay_weight=2.0)
+    q = q_of(drafter, context, p)
+    w_high, w_low = witten_bell_weights([1.0, 6.0], [1, 2], 1.0)
+    expected = {2: w_high * 1.0 + w_low * 3 / 6, 3: w_low * 3 / 6}
+    assert q.keys() == expected.keys()
+    for token, value in expected.items():
+        assert q[token] == pytest.approx(value, rel=1e-12)
+    # overlay_weight 0: the graph alone, order 1 {2: 3, 3: 1}
+    plain = q_of(drafter, context, params(mixing="witten-bell", escape_weight=1.0))
+    w_high, w_low = witten_bell_weights([1.0, 4.0], [1, 2], 1.0)
+    assert plain[3] == pytest.approx(w_low * 1 / 4, rel=1e-12)
+
+
+def test_overlay_matches_a_context_the_graph_never_saw(graph: NGramGraph) -> None:
+    """Context [4, 8, 6, 4, 8]: (4, 8) -> 6 only in the request. Order 2 = {6: w}, order 1 =
+    {9: 2, 2: 1, 6: w}; so the overlay's name-like continuation wins at the high order."""
+    drafter = Drafter(graph)
+    context = [4, 8, 6, 4, 8]
+    for w in (0.5, 1.0, 4.0):
+        q = q_of(
+            drafter, context, params(mixing="witten-bell", escape_weight=1.0, overlay_weight=w)
+        )
+        w_high, w_low = witten_bell_weights([w, 3 + w], [1, 3], 1.0)
+        expected = {
+            6: w_high + w_low * w / (3 + w),
+            9: w_low * 2 / (3 + w),
+            2: w_low * 1 / (3 + w),
+        }
+        assert q == pytest.approx(expected, rel=1e-12)
+    # backoff: the highest matching order (2, from the overlay alone) is q
+    q = q_of(drafter, context, params(mixing="backoff", overlay_weight=1.0))
+    assert q == {6: 1.0}
+    # seed mixing on the same combined counts: weights from C_o and entropies of the combined
+    seeded = q_of(drafter, context, params(mixing="seed", overlay_weight=1.0))
+    assert set(seeded) == {6, 9, 2} and math.isclose(sum(seeded.values()), 1.0)
+    # greedy: the argmax of the combined q, its order and its source
+    greedy = drafter.propose(
+        context, DraftParams(k=3, mixing="witten-bell", escape_weight=1.0, overlay_weight=1.0)
+    )
+    assert greedy.token_ids[0] == 6 and greedy.matched_orders[0] == 2
+    assert greedy.sources[0] == "overlay"
+    assert drafter.propose(context, DraftParams(k=1)).token_ids == [9]  # overlay off
+    assert drafter.propose(context, DraftParams(k=1)).sources == ["graph"]
+
+
+def test_source_both_and_graph(graph: NGramGraph) -> None:
+    drafter = Drafter(graph)
+    # the context has 1 -> 2: the greedy token 2 is listed by the graph and the context
+    proposal = drafter.propose([1, 2, 7, 1], DraftParams(k=1, overlay_weight=1.0))
+    assert proposal.token_ids == [2] and proposal.sources == ["both"]
+    # 6 -> 4 only in the graph (the context never continues a 6): graph path, cache allowed
+    proposal = drafter.propose([3, 6], DraftParams(k=1, overlay_weight=1.0))
+    assert proposal.token_ids == [4] and proposal.sources == ["graph"]
+
+
+def test_greedy_cache_follows_the_context(graph: NGramGraph) -> None:
+    """The same tail with different context counts gives different steps (no stale cache)."""
+    drafter = Drafter(graph)
+    p = DraftParams(k=1, mixing="backoff", overlay_weight=10.0)
+    assert drafter.propose([8, 2, 8], p).token_ids == [2]  # order 1: {9: 2, 2: 1 + 10}
+    assert drafter.propose([8, 9, 8], p).token_ids == [9]
+
+
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf])
+def test_validation_names_overlay_weight(value: float) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        DraftParams(overlay_weight=value).validate()
+    assert info.value.field == "overlay_weight"
+    with pytest.raises(ValueError, match="overlay_weight"):
+        DraftConfig(overlay_weight=value)
+    if not math.isnan(value):
+        with pytest.raises(InvalidArgumentError) as info:
+            params_from_request(
+                draft_pb2.ProposeRequest(context_token_ids=[1], overlay_weight=value),
+                DraftParams(),
+            )
+        assert info.value.field == "overlay_weight"
+    options = draft_params_from_proto(common_pb2.DraftOptions(overlay_weight=value), DraftConfig())
+    with pytest.raises(InvalidArgumentError) as info:
+        GenerationRequest(prompt_ids=[1], draft=options).validate()
+    assert info.value.field == "draft.overlay_weight"
+
+
+def test_overlay_weight_travels_and_defaults_off() -> None:
+    assert DraftParams().overlay_weight == DraftConfig().overlay_weight == 0.0
+    request = draft_pb2.ProposeRequest(context_token_ids=[1], overlay_weight=2.5)
+    assert params_from_request(request, DraftParams())[0].overlay_weight == 2.5
+    options = common_pb2.DraftOptions(overlay_weight=3.0)
+    assert draft_params_from_proto(options, DraftConfig()).overlay_weight == 3.0
+    unset = draft_params_from_proto(common_pb2.DraftOptions(), DraftConfig(overlay_weight=1.0))
+    assert unset.overlay_weight == 1.0
+
+
+def test_coordinator_sends_the_whole_context_only_with_the_overlay(tokenizer) -> None:  # noqa: F811
+    for weight, window in ((0.0, 5), (1.0, None)):
+        coordinator, _, drafter, prompt, _ = setup(tokenizer, wrong_at=1)
+        run(coordinator, prompt, max_tokens=40, draft=DraftParams(k=4, overlay_weight=weight))
+        assert len(drafter.contexts) > 2
+        if window is None:  # prompt + everything generated so far, growing round by round
+            assert all(c[: len(prompt)] == prompt for c in drafter.contexts)
+            assert len(drafter.contexts[-1]) > 5
+        else:
+            assert max(len(c) for c in drafter.contexts) == window
+
+
+OVERLAY_CONFIGS = [
+    pytest.param("greedy", "witten-bell", 4.0, id="greedy-wb8-ov4"),
+    pytest.param("greedy", "backoff", 1.0, id="greedy-backoff-ov1"),
+    pytest.param("sampling", "witten-bell", 1.0, id="sampling-wb8-ov1"),
+]
+
+
+@pytest.mark.parametrize(("strategy", "mixing", "overlay_weight"), OVERLAY_CONFIGS)
+def test_greedy_identical_embedded_with_overlay(
+    embedded_decoder,  # noqa: F811
+    prompts,  # noqa: F811
+    references,  # noqa: F811
+    strategy,
+    mixing,
+    overlay_weight,
+):
+    draft = DraftConfig(k=K, strategy=strategy, mixing=mixing, overlay_weight=overlay_weight)
+    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
+    rounds = tokens = from_overlay = 0
+    mismatches = []
+    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
+        result = embedded_decoder.generate(
+            prompt=prompt, generation_config=generation, draft_config=draft
+        )
+        if result.token_ids != expected:
+            mismatches.append(i)
+        stats = result.stats
+        assert (
+            stats.accepted_from_graph + stats.accepted_from_overlay + stats.accepted_from_both
+            == stats.accepted_tokens
+        )
+        from_overlay += stats.accepted_from_overlay + stats.accepted_from_both
+        rounds += stats.rounds
+        tokens += len(result.token_ids)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_parallel(rounds, tokens, strategy)
+    assert from_overlay > 0  # the overlay was used
+
+
+def test_greedy_identical_over_services_with_overlay(
+    services,  # noqa: F811
+    prompts,  # noqa: F811
+    references,  # noqa: F811
+):
+    rounds = tokens = from_overlay = 0
+    mismatches = []
+    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
+        response = services.gateway.Generate(
+            gateway_pb2.GenerateRequest(
+                prompt=prompt,
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                seed=0,
+                draft=common_pb2.DraftOptions(
+                    k=K, mixing="witten-bell", escape_weight=8.0, overlay_weight=4.0
+                ),
+            ),
+            timeout=60,
+        )
+        if list(response.token_ids) != expected:
+            mismatches.append(i)
+        stats = response.stats
+        assert stats.draft_failures == 0
+        assert (
+            stats.accepted_from_graph + stats.accepted_from_overlay + stats.accepted_from_both
+            == stats.accepted_tokens
+        )
+        from_overlay += stats.accepted_from_overlay + stats.accepted_from_both
+        rounds += stats.rounds
+        tokens += len(response.token_ids)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_parallel(rounds, tokens, "greedy")
+    assert from_overlay > 0  # the weight and the sources crossed both services
+    assert len(prompts) == PROMPTS
