@@ -46,6 +46,40 @@ def assert_parallel(rounds: int, tokens: int, strategy: str) -> None:
     assert rounds < bound * tokens, f"{rounds} verifier forwards for {tokens} tokens"
 
 
+def generate_embedded(decoder, prompts, references, draft: DraftConfig) -> tuple[list[int], list]:
+    """Greedy (temperature 0) generation of every prompt in process: (indices of the prompts whose
+    tokens differ from their reference, the stats of each generation)."""
+    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
+    mismatches, stats = [], []
+    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
+        result = decoder.generate(prompt=prompt, generation_config=generation, draft_config=draft)
+        if result.token_ids != expected:
+            mismatches.append(i)
+        stats.append(result.stats)
+    return mismatches, stats
+
+
+def generate_over_gateway(
+    stub, prompts, references, draft: common_pb2.DraftOptions
+) -> tuple[list[int], list]:
+    """The same through a gateway's Generate: (mismatching prompt indices, stats messages)."""
+    mismatches, stats = [], []
+    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
+        request = gateway_pb2.GenerateRequest(
+            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=0, draft=draft
+        )
+        response = stub.Generate(request, timeout=60)
+        if list(response.token_ids) != expected:
+            mismatches.append(i)
+        stats.append(response.stats)
+    return mismatches, stats
+
+
+def totals(stats: list) -> tuple[int, int]:
+    """(verifier forwards, generated tokens) over all generations."""
+    return sum(s.rounds for s in stats), sum(s.generated_tokens for s in stats)
+
+
 @pytest.mark.parametrize(("strategy", "attentive_mix"), CONFIGS)
 def test_greedy_identical_embedded(
     embedded_decoder,  # noqa: F811
@@ -55,19 +89,9 @@ def test_greedy_identical_embedded(
     attentive_mix,
 ):
     draft = DraftConfig(k=K, strategy=strategy, attentive_mix=attentive_mix)
-    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
-    rounds = tokens = 0
-    mismatches = []
-    for i, (prompt, expected) in enumerate(zip(dev_prompts, reference_outputs, strict=True)):
-        result = embedded_decoder.generate(
-            prompt=prompt, generation_config=generation, draft_config=draft
-        )
-        if result.token_ids != expected:
-            mismatches.append(i)
-        rounds += result.stats.rounds
-        tokens += len(result.token_ids)
+    mismatches, stats = generate_embedded(embedded_decoder, dev_prompts, reference_outputs, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
-    assert_parallel(rounds, tokens, strategy)
+    assert_parallel(*totals(stats), strategy)
 
 
 @pytest.mark.parametrize(("strategy", "attentive_mix"), CONFIGS)
@@ -82,25 +106,10 @@ def test_greedy_identical_over_services(
         "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
         "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
     }[strategy]
-    rounds = tokens = 0
-    mismatches = []
-    for i, (prompt, expected) in enumerate(zip(dev_prompts, reference_outputs, strict=True)):
-        response = services.gateway.Generate(
-            gateway_pb2.GenerateRequest(
-                prompt=prompt,
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                seed=0,
-                draft=common_pb2.DraftOptions(
-                    k=K, strategy=strategy_enum, attentive_mix=attentive_mix
-                ),
-            ),
-            timeout=60,
-        )
-        if list(response.token_ids) != expected:
-            mismatches.append(i)
-        assert response.stats.draft_failures == 0
-        rounds += response.stats.rounds
-        tokens += len(response.token_ids)
+    draft = common_pb2.DraftOptions(k=K, strategy=strategy_enum, attentive_mix=attentive_mix)
+    mismatches, stats = generate_over_gateway(
+        services.gateway, dev_prompts, reference_outputs, draft
+    )
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
-    assert_parallel(rounds, tokens, strategy)
+    assert all(s.draft_failures == 0 for s in stats)
+    assert_parallel(*totals(stats), strategy)

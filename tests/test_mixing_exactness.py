@@ -8,11 +8,16 @@ from __future__ import annotations
 import pytest
 
 from gateway.baseline import PlainDecoder
-from speculant.config import DraftConfig, GenerationConfig
-from speculant.v1 import common_pb2, gateway_pb2
+from speculant.config import DraftConfig
+from speculant.v1 import common_pb2
 from tests.conftest import STORIES_MODEL, load_dev_prompts
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
-from tests.test_exactness import assert_parallel
+from tests.test_exactness import (
+    assert_parallel,
+    generate_embedded,
+    generate_over_gateway,
+    totals,
+)
 
 PROMPTS = 16
 MAX_TOKENS = 128
@@ -57,19 +62,9 @@ def test_greedy_identical_embedded(
         escape_weight=escape_weight,
         min_draft_prob=min_draft_prob,
     )
-    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
-    rounds = tokens = 0
-    mismatches = []
-    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
-        result = embedded_decoder.generate(
-            prompt=prompt, generation_config=generation, draft_config=draft
-        )
-        if result.token_ids != expected:
-            mismatches.append(i)
-        rounds += result.stats.rounds
-        tokens += len(result.token_ids)
+    mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
-    assert_parallel(rounds, tokens, strategy)
+    assert_parallel(*totals(stats), strategy)
 
 
 def test_greedy_identical_over_services_with_witten_bell_and_threshold(
@@ -77,27 +72,13 @@ def test_greedy_identical_over_services_with_witten_bell_and_threshold(
     prompts,
     references,
 ):
-    rounds = tokens = drafted = 0
-    mismatches = []
-    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
-        response = services.gateway.Generate(
-            gateway_pb2.GenerateRequest(
-                prompt=prompt,
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                seed=0,
-                draft=common_pb2.DraftOptions(
-                    k=K, mixing="witten-bell", escape_weight=8.0, min_draft_prob=0.2
-                ),
-            ),
-            timeout=60,
-        )
-        if list(response.token_ids) != expected:
-            mismatches.append(i)
-        assert response.stats.draft_failures == 0
-        rounds += response.stats.rounds
-        tokens += len(response.token_ids)
-        drafted += response.stats.draft_tokens
+    draft = common_pb2.DraftOptions(
+        k=K, mixing="witten-bell", escape_weight=8.0, min_draft_prob=0.2
+    )
+    mismatches, stats = generate_over_gateway(services.gateway, prompts, references, draft)
+    assert all(s.draft_failures == 0 for s in stats)
+    rounds, tokens = totals(stats)
+    drafted = sum(s.draft_tokens for s in stats)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(rounds, tokens, "greedy")
     # the threshold reached the draft service: drafts are well under k tokens per round

@@ -20,13 +20,18 @@ from draft_service.overlay import ContextOverlay
 from draft_service.server import params_from_request
 from gateway.coordinator import GenerationRequest
 from gateway.server import draft_params_from_proto
-from speculant.config import DraftConfig, GenerationConfig
+from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams
-from speculant.v1 import common_pb2, draft_pb2, gateway_pb2
+from speculant.v1 import common_pb2, draft_pb2
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
 from tests.test_coordinator import run, setup, tokenizer  # noqa: F401  (fixture)
-from tests.test_exactness import assert_parallel
+from tests.test_exactness import (
+    assert_parallel,
+    generate_embedded,
+    generate_over_gateway,
+    totals,
+)
 from tests.test_mixing_exactness import MAX_TOKENS, PROMPTS, K, prompts, references  # noqa: F401
 
 # Order 1: after 8 the corpus saw 9 twice and 2 once; after 1: 2 (x3), 3 (x1).
@@ -195,23 +200,13 @@ def test_greedy_identical_embedded_with_overlay(
     overlay_weight,
 ):
     draft = DraftConfig(k=K, strategy=strategy, mixing=mixing, overlay_weight=overlay_weight)
-    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
-    rounds = tokens = from_overlay = 0
-    mismatches = []
-    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
-        result = embedded_decoder.generate(
-            prompt=prompt, generation_config=generation, draft_config=draft
+    mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
+    for s in stats:
+        assert s.accepted_from_graph + s.accepted_from_overlay + s.accepted_from_both == (
+            s.accepted_tokens
         )
-        if result.token_ids != expected:
-            mismatches.append(i)
-        stats = result.stats
-        assert (
-            stats.accepted_from_graph + stats.accepted_from_overlay + stats.accepted_from_both
-            == stats.accepted_tokens
-        )
-        from_overlay += stats.accepted_from_overlay + stats.accepted_from_both
-        rounds += stats.rounds
-        tokens += len(result.token_ids)
+    from_overlay = sum(s.accepted_from_overlay + s.accepted_from_both for s in stats)
+    rounds, tokens = totals(stats)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(rounds, tokens, strategy)
     assert from_overlay > 0  # the overlay was used
@@ -222,32 +217,17 @@ def test_greedy_identical_over_services_with_overlay(
     prompts,  # noqa: F811
     references,  # noqa: F811
 ):
-    rounds = tokens = from_overlay = 0
-    mismatches = []
-    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
-        response = services.gateway.Generate(
-            gateway_pb2.GenerateRequest(
-                prompt=prompt,
-                max_tokens=MAX_TOKENS,
-                temperature=0.0,
-                seed=0,
-                draft=common_pb2.DraftOptions(
-                    k=K, mixing="witten-bell", escape_weight=8.0, overlay_weight=4.0
-                ),
-            ),
-            timeout=60,
+    draft = common_pb2.DraftOptions(
+        k=K, mixing="witten-bell", escape_weight=8.0, overlay_weight=4.0
+    )
+    mismatches, stats = generate_over_gateway(services.gateway, prompts, references, draft)
+    for s in stats:
+        assert s.draft_failures == 0
+        assert s.accepted_from_graph + s.accepted_from_overlay + s.accepted_from_both == (
+            s.accepted_tokens
         )
-        if list(response.token_ids) != expected:
-            mismatches.append(i)
-        stats = response.stats
-        assert stats.draft_failures == 0
-        assert (
-            stats.accepted_from_graph + stats.accepted_from_overlay + stats.accepted_from_both
-            == stats.accepted_tokens
-        )
-        from_overlay += stats.accepted_from_overlay + stats.accepted_from_both
-        rounds += stats.rounds
-        tokens += len(response.token_ids)
+    from_overlay = sum(s.accepted_from_overlay + s.accepted_from_both for s in stats)
+    rounds, tokens = totals(stats)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(rounds, tokens, "greedy")
     assert from_overlay > 0  # the weight and the sources crossed both services
