@@ -35,16 +35,14 @@ class GraphConfig(BaseSettings):
 class DraftConfig(BaseSettings):
     """How the draft service proposes tokens (``SPECULANT_DRAFT__*``).
 
-    Attentive mixing scores each matching order o (successor counts with total C_o,
-    distribution P_o, entropy H_o in nats) as
-    ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o``
-    and mixes q = sum_o softmax(score/mix_temperature)_o * P_o.
-
-    ``mixing`` picks the formula when ``attentive_mix`` is true: "seed" (the score above),
-    "backoff" (the highest matching order alone) or "witten-bell" (interpolated Witten-Bell: an
-    order o keeps C_o / (C_o + escape_weight * T_o) of the mass, T_o its distinct successors;
-    escape_weight 1 is the classic rule); ``attentive_mix=False`` forces "backoff" whatever
-    ``mixing`` says.
+    ``mixing`` picks how the matching orders are combined into q when ``attentive_mix`` is
+    true: "witten-bell" (the default: interpolated Witten-Bell, an order o keeps
+    C_o / (C_o + escape_weight * T_o) of the mass, T_o its distinct successors; escape_weight 1
+    is the classic rule, 8 the default), "seed" (the seed project's formula: each matching order
+    o, with successor counts of total C_o, distribution P_o and entropy H_o in nats, scores
+    ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o`` and
+    q = sum_o softmax(score/mix_temperature)_o * P_o) or "backoff" (the highest matching order
+    alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says.
     ``min_draft_prob`` (0 = off) ends a draft before the first token whose running probability
     q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated

@@ -15,16 +15,6 @@ from verifier_service.rejection import rejection_sample, residual_distribution
 NEG_INF = -math.inf
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny tensors gain nothing from intra-op threads, and OpenMP teams spinning against other
-    processes on a small shared machine make each op up to 50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 

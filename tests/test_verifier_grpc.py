@@ -27,16 +27,6 @@ from verifier_service.verifier import LocalVerifier
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny tensors gain nothing from intra-op threads, and OpenMP teams spinning against other
-    processes on a small shared machine make each op up to 50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
     return LoadedModel.load(VerifierConfig(model_name=str(STORIES_MODEL), device="cpu"))
