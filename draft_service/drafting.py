@@ -16,6 +16,10 @@ Terms:
   (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
   estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
   before the first d_i (i >= 2) whose running probability is below it (*adaptive length*).
+- *outcome* of verifying a draft d_1..d_k: the verifier accepts d_1..d_j, then emits one token t
+  (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
+  drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
+  draft call after verification when the outcome is one of them.
 - *overlay*: with ``overlay_weight`` > 0 the whole context_ids (prompt + generated tokens) is a
   second source of n-grams; wherever it has successors for the tail, q is mixed from the combined
   counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
@@ -26,6 +30,7 @@ Terms:
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import struct
 from collections.abc import Sequence
@@ -37,7 +42,7 @@ from draft_service.graph import NGramGraph
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextOverlay, combine
 from speculant.errors import InvalidArgumentError
-from speculant.types import DraftParams, DraftProposal, SparseDistribution
+from speculant.types import DraftParams, DraftProposal, NextRoundDraft, SparseDistribution
 
 _U32 = np.dtype("<u4")
 _BE32 = np.dtype(">u4")
@@ -163,6 +168,64 @@ class Drafter:
             proposal.sources.append(source)
             tail = (tail + _PACK_ONE(token))[-4 * max_order :]
         return proposal
+
+    def next_round_drafts(
+        self,
+        context_ids: Sequence[int],
+        draft: Sequence[int],
+        params: DraftParams,
+        seed: int | None,
+        limit: int,
+    ) -> list[NextRoundDraft]:
+        """Drafts for the `limit` likeliest outcomes of verifying `draft` after context_ids,
+        likeliest first.
+
+        The likelihood of outcome (j, t) is estimated cheaply, with the highest matching order's
+        successor frequencies f: f_1(d_1) * ... * f_j(d_j) * f_{j+1}(t). Each draft is
+        ``propose(context_ids + d_1..d_j + [t], params, seed)``: exactly what a call made after
+        verification returns, so using one never changes the output.
+        """
+        context = [int(t) for t in context_ids]
+        draft = [int(t) for t in draft]
+        best: list[tuple[float, int, int, int]] = []  # min-heap of (estimate, -j, -rank, t)
+        running = 1.0  # q_1(d_1) * ... * q_j(d_j)
+        for j in range(len(draft) + 1):
+            if limit <= 0 or running <= 0 or (len(best) == limit and running <= best[0][0]):
+                break  # no outcome from position j on can beat the ones kept (q <= 1)
+            successors = self._top_successors(context + draft[:j], limit + 1)
+            if not successors:
+                break  # dead end: the drafter knows no continuation here
+            frequency_of_draft = 0.0
+            for rank, (token, frequency) in enumerate(successors):
+                if j < len(draft) and token == draft[j]:
+                    frequency_of_draft = frequency
+                    continue  # accepting d_{j+1} is not an outcome that stops at j
+                item = (running * frequency, -j, -rank, token)
+                if len(best) < limit:
+                    heapq.heappush(best, item)
+                elif item > best[0]:
+                    heapq.heapreplace(best, item)
+            running *= frequency_of_draft
+        outcomes = [(-neg_j, token) for _, neg_j, _, token in sorted(best, reverse=True)]
+        return [
+            NextRoundDraft(j, token, self.propose(context + draft[:j] + [token], params, seed))
+            for j, token in outcomes
+        ]
+
+    def _top_successors(self, context: list[int], count: int) -> list[tuple[int, float]]:
+        """(token, relative frequency) of the `count` most frequent successors at the highest
+        order matching context's tail ([] at a dead end)."""
+        tail_ids = context[-self.max_order :]
+        txn, dbs = self.graph.raw_lookup()
+        orders, values = _match(struct.pack(f">{len(tail_ids)}I", *tail_ids), txn, dbs, False)
+        if not orders:
+            return []
+        flat = np.frombuffer(values[0], dtype=_U32)  # [2n]: n ids, then n counts (descending)
+        n = flat.size >> 1
+        total = float(flat[n:].sum())
+        top = min(n, count)
+        pairs = zip(flat[:top], flat[n : n + top], strict=True)
+        return [(int(token), float(c) / total) for token, c in pairs]
 
     def _greedy_step(
         self,

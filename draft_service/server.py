@@ -21,7 +21,7 @@ from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
-from speculant.types import DraftParams, DraftProposal
+from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -72,15 +72,47 @@ def params_from_request(
     return params.validate(), seed
 
 
+MAX_NEXT_ROUND_DRAFTS = 64
+
+
+def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | None]:
+    """(how many next-round drafts to prepare, their seed) from a ProposeRequest."""
+    count = request.next_round_drafts if request.HasField("next_round_drafts") else 0
+    if not 0 <= count <= MAX_NEXT_ROUND_DRAFTS:
+        raise InvalidArgumentError(
+            "next_round_drafts", f"must be in 0..{MAX_NEXT_ROUND_DRAFTS}, got {count}"
+        )
+    return count, request.next_round_seed if request.HasField("next_round_seed") else None
+
+
+def _fill_draft(
+    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft,
+    proposal: DraftProposal,
+    with_distributions: bool = True,
+) -> None:
+    message.draft_token_ids.extend(proposal.token_ids)
+    message.matched_orders.extend(proposal.matched_orders)
+    message.draft_sources.extend(proposal.sources)
+    for dist in proposal.distributions if with_distributions else ():
+        message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
+
+
 def proposal_to_response(proposal: DraftProposal) -> draft_pb2.ProposeResponse:
     """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders)."""
-    response = draft_pb2.ProposeResponse(
-        draft_token_ids=proposal.token_ids,
-        matched_orders=proposal.matched_orders,
-        draft_sources=proposal.sources,
-    )
-    for dist in proposal.distributions:
-        response.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
+    response = draft_pb2.ProposeResponse()
+    _fill_draft(response, proposal)
+    return response
+
+
+def next_round_response(drafts: list[NextRoundDraft], greedy: bool) -> draft_pb2.ProposeResponse:
+    """A ProposeResponse carrying only prepared next-round drafts (greedy ones without their
+    point-mass q's, see NextRoundDraft in draft.proto)."""
+    response = draft_pb2.ProposeResponse()
+    for draft in drafts:
+        message = response.next_round.add(
+            accepted_count=draft.accepted_count, next_token_id=draft.next_token
+        )
+        _fill_draft(message, draft.proposal, with_distributions=not greedy)
     return response
 
 
@@ -107,19 +139,41 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     ) -> draft_pb2.ProposeResponse:
         _, drafter = self._ready()
         params, seed = params_from_request(request, self.defaults)
+        count, next_seed = next_round_request(request)
         proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-        return proposal_to_response(proposal)
+        response = (
+            draft_pb2.ProposeResponse()
+            if count and request.next_round_only
+            else proposal_to_response(proposal)
+        )
+        if count:
+            drafts = drafter.next_round_drafts(
+                request.context_token_ids, proposal.token_ids, params, next_seed, count
+            )
+            response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
+        return response
 
     @map_stream_errors
     def ProposeStream(
         self, requests: Iterator[draft_pb2.ProposeRequest], context: grpc.ServicerContext
     ) -> Iterator[draft_pb2.ProposeResponse]:
-        """Propose for each request on the stream, in order (a bad request ends the stream)."""
+        """Propose for each request on the stream, in order (a bad request ends the stream).
+
+        A request with next_round_drafts gets its draft first, then a second response with the
+        prepared drafts, computed while the client is busy verifying the first.
+        """
         _, drafter = self._ready()
         for request in requests:
             params, seed = params_from_request(request, self.defaults)
+            count, next_seed = next_round_request(request)
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-            yield proposal_to_response(proposal)
+            if not (count and request.next_round_only):
+                yield proposal_to_response(proposal)
+            if count:
+                drafts = drafter.next_round_drafts(
+                    request.context_token_ids, proposal.token_ids, params, next_seed, count
+                )
+                yield next_round_response(drafts, params.strategy == "greedy")
 
     @map_errors
     def GetGraphInfo(

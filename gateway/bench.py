@@ -80,6 +80,7 @@ from gateway.bench_cost import (
     run_cost,
 )
 from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
+from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
@@ -113,6 +114,8 @@ class BenchSettings:
     torch_threads: int = 1
     device: str = "cpu"
     startup_timeout_s: float = 300.0
+    # services only: one gateway per value (see serve-gateway --next-round-drafts)
+    next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,7 @@ class Variant:
     system: str
     k: int | None = None
     mix: bool | None = None
+    next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
 
     @property
     def name(self) -> str:
@@ -129,7 +133,10 @@ class Variant:
             return "hf"
         if self.system == "hf-lookup":
             return f"hf-lookup k={self.k}"
-        return f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
+        name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
+        if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
+            name += f" prep={self.next_round_drafts}"
+        return name
 
 
 @dataclass
@@ -152,8 +159,15 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
             rows.append(Variant("hf"))
         elif system == "hf-lookup":
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
-        else:
+        elif system == "embedded":
             rows.extend(Variant(system, k, mix) for k in settings.ks for mix in settings.mixes)
+        else:
+            rows.extend(
+                Variant(system, k, mix, prep)
+                for k in settings.ks
+                for mix in settings.mixes
+                for prep in settings.next_round_drafts
+            )
     return rows
 
 
@@ -339,8 +353,8 @@ class ServiceStack:
         self.settings = settings
         self.log_dir = log_dir
         self.children: list[ServiceProcess] = []
-        self.channel: Any = None
-        self.stub: Any = None
+        self.channels: list[Any] = []
+        self.stubs: dict[int, Any] = {}  # next_round_drafts -> its gateway's stub
 
     def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
         from gateway.up import _die_with_parent
@@ -392,12 +406,18 @@ class ServiceStack:
         )
         self._wait_ready(draft)
         self._wait_ready(verifier)
-        gateway = self._spawn(
-            "gateway", ["serve-gateway", "--draft", draft.address, "--verifier", verifier.address]
-        )
-        self._wait_ready(gateway)
-        self.channel = grpc.insecure_channel(gateway.address)
-        self.stub = gateway_pb2_grpc.GatewayServiceStub(self.channel)
+        for prep in s.next_round_drafts:
+            gateway = self._spawn(
+                "gateway" if len(s.next_round_drafts) == 1 else f"gateway prep={prep}",
+                [
+                    *("serve-gateway", "--draft", draft.address, "--verifier", verifier.address),
+                    *("--next-round-drafts", str(prep)),
+                ],
+            )
+            self._wait_ready(gateway)
+            channel = grpc.insecure_channel(gateway.address)
+            self.channels.append(channel)
+            self.stubs[prep] = gateway_pb2_grpc.GatewayServiceStub(channel)
 
     def run(self, variant: Variant, prompt: str, seed: int) -> RunRecord:
         from google.protobuf import json_format
@@ -419,7 +439,8 @@ class ServiceStack:
             ),
         )
         started = time.perf_counter()
-        response = self.stub.Generate(request, timeout=RPC_TIMEOUT_S)
+        stub = self.stubs[variant.next_round_drafts or 0]
+        response = stub.Generate(request, timeout=RPC_TIMEOUT_S)
         wall = time.perf_counter() - started
         stats = json_format.MessageToDict(
             response.stats,
@@ -447,9 +468,9 @@ class ServiceStack:
     def stop(self) -> None:
         from gateway.up import Child, stop_children
 
-        if self.channel is not None:
-            self.channel.close()
-            self.channel = None
+        for channel in self.channels:
+            channel.close()
+        self.channels.clear()
         stop_children([Child(c.name, c.address, c.process) for c in reversed(self.children)])
 
 
@@ -528,7 +549,12 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             draft_failures=sum(int(s["draft_failures"]) for s in stats),
             prompt_tokens=int(stats[0]["prompt_tokens"]),
         )
-        for key in ("accepted_from_graph", "accepted_from_overlay", "accepted_from_both"):
+        for key in (
+            "accepted_from_graph",
+            "accepted_from_overlay",
+            "accepted_from_both",
+            "prepared_drafts_used",
+        ):
             if key in stats[0]:
                 row[key] = int(stats[0][key])
     return row
@@ -837,6 +863,13 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "small shared machine a second OpenMP thread slows tiny-model forwards badly)",
     )
     p.add_argument("--device", choices=["cpu", "auto", "cuda"], default="cpu")
+    p.add_argument(
+        "--next-round-drafts",
+        type=_csv(int),
+        default=(DEFAULT_NEXT_ROUND_DRAFTS,),
+        help="services: the gateway's --next-round-drafts; several (e.g. 0,12) run one gateway "
+        f"each, side by side (default {DEFAULT_NEXT_ROUND_DRAFTS})",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
     p.add_argument(
@@ -867,6 +900,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         warmup=args.warmup,
         torch_threads=args.torch_threads,
         device=args.device,
+        next_round_drafts=tuple(args.next_round_drafts),
     )
 
 

@@ -21,7 +21,14 @@ import numpy as np
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
 from speculant.stream_exchange import StreamExchange
-from speculant.types import DraftParams, DraftProposal, ModelInfo, SparseDistribution, VerifyResult
+from speculant.types import (
+    DraftParams,
+    DraftProposal,
+    ModelInfo,
+    NextRoundDraft,
+    SparseDistribution,
+    VerifyResult,
+)
 from speculant.v1 import (
     common_pb2,
     draft_pb2,
@@ -98,6 +105,10 @@ def propose_request(
     )
 
 
+def _is_greedy(request: draft_pb2.ProposeRequest) -> bool:
+    return request.strategy == common_pb2.DRAFT_STRATEGY_GREEDY
+
+
 class _Watchdog:
     """Cancels stream exchanges that run past their deadline (streams have no per-message
     timeout). One thread, waking every `tick_s` only while calls are in flight."""
@@ -152,46 +163,78 @@ class GrpcDraftClient:
         n = len(self._stubs)
         return [(first + i) % n for i in range(n)]
 
-    def _propose_on(
-        self, index: int, request: draft_pb2.ProposeRequest
-    ) -> draft_pb2.ProposeResponse:
+    def _checkout(self, index: int) -> StreamExchange:
+        """An idle open stream to replica `index` (a new one when none is idle)."""
         with self._lock:
             idle = self._idle[index]
             exchange = idle.pop() if idle else None
         if exchange is None:
             exchange = StreamExchange(self._stubs[index].ProposeStream, timeout_s=None)
-        ticket = self._watchdog.watch(exchange, remaining_time(self.timeout_s))
-        try:
-            response = exchange.call(request, f"draft service {self.addresses[index]}")
-        finally:
-            self._watchdog.done(ticket)
+        return exchange
+
+    def _checkin(self, index: int, exchange: StreamExchange) -> None:
         with self._lock:
             self._idle[index].append(exchange)
+
+    def _receive(self, index: int, exchange: StreamExchange) -> draft_pb2.ProposeResponse:
+        """The next response on `exchange`, cancelled by the watchdog past the draft timeout."""
+        ticket = self._watchdog.watch(exchange, remaining_time(self.timeout_s))
+        try:
+            return exchange.receive(f"draft service {self.addresses[index]}")
+        finally:
+            self._watchdog.done(ticket)
+
+    def _propose_on(
+        self, index: int, request: draft_pb2.ProposeRequest
+    ) -> draft_pb2.ProposeResponse:
+        exchange = self._checkout(index)
+        exchange.send(request)
+        response = self._receive(index, exchange)  # a failed stream is dropped, not checked in
+        self._checkin(index, exchange)
         return response
 
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
     ) -> DraftProposal:
-        request = propose_request(context_ids, params, seed)
+        return self._propose(propose_request(context_ids, params, seed))
+
+    def _propose(self, request: draft_pb2.ProposeRequest, skip: int | None = None) -> DraftProposal:
+        """Ask each replica in turn (but `skip`) until one answers."""
         last_error: Exception | None = None
         for index in self._replica_order():
+            if index == skip:
+                continue
             try:
                 response = self._propose_on(index, request)
+                return proposal_from_message(response, _is_greedy(request))
             except (RemoteError, UnavailableError) as exc:
                 last_error = exc
                 log.debug("draft replica %s failed: %s", self.addresses[index], exc)
-                continue
-            return DraftProposal(
-                token_ids=list(response.draft_token_ids),
-                distributions=[
-                    SparseDistribution(np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.probs))
-                    for d in response.distributions
-                ],
-                matched_orders=list(response.matched_orders),
-                sources=list(response.draft_sources),
-            )
-        assert last_error is not None
+        if last_error is None:
+            raise UnavailableError("no other draft service replica to ask")
         raise last_error
+
+    def start(
+        self,
+        context_ids: Sequence[int],
+        params: DraftParams,
+        seed: int | None,
+        next_round_drafts: int,
+        next_round_seed: int | None,
+        draft_known: bool = False,
+    ) -> GrpcDraftCall:
+        """Send a ProposeRequest that also asks for next-round drafts; return at once.
+        draft_known: the caller holds this draft already; only the next-round drafts come."""
+        request = propose_request(context_ids, params, seed)
+        if next_round_drafts > 0:
+            request.next_round_drafts = next_round_drafts
+            request.next_round_only = draft_known
+            if next_round_seed is not None:
+                request.next_round_seed = next_round_seed
+        index = self._replica_order()[0]
+        exchange = self._checkout(index)
+        exchange.send(request)
+        return GrpcDraftCall(self, index, exchange, request)
 
     def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
         """The graph meta of the first replica that answers."""
@@ -205,6 +248,100 @@ class GrpcDraftClient:
             f"no draft service answers at {', '.join(self.addresses)}: "
             f"{last_error.details() if last_error else ''}"
         )
+
+
+def proposal_from_message(
+    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft, greedy: bool
+) -> DraftProposal:
+    """The DraftProposal in a ProposeResponse or a NextRoundDraft. Greedy drafts' q's are point
+    masses at their tokens, which the verifier assumes anyway: not decoded (distributions=[])."""
+    return DraftProposal(
+        token_ids=list(message.draft_token_ids),
+        distributions=[]
+        if greedy
+        else [
+            SparseDistribution(np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.probs))
+            for d in message.distributions
+        ],
+        matched_orders=list(message.matched_orders),
+        sources=list(message.draft_sources),
+    )
+
+
+class GrpcDraftCall:
+    """One ProposeStream request in flight (see gateway.interfaces.DraftCall): its response, then
+    (when asked for) a second response with the next round's drafts. The stream goes back to
+    the client's pool only once both are read; a failed or discarded one is dropped."""
+
+    def __init__(
+        self,
+        client: GrpcDraftClient,
+        index: int,
+        exchange: StreamExchange,
+        request: draft_pb2.ProposeRequest,
+    ) -> None:
+        self._client = client
+        self._index = index
+        self._exchange: StreamExchange | None = exchange
+        self._request = request
+        self._expects_next_round = request.next_round_drafts > 0
+        self._expects_draft = not (self._expects_next_round and request.next_round_only)
+        self._draft: DraftProposal | None = None
+
+    def proposal(self) -> DraftProposal:
+        if not self._expects_draft:
+            raise ValueError("this call was made for next-round drafts only")
+        if self._draft is None:
+            exchange = self._exchange
+            try:
+                if exchange is None:
+                    raise UnavailableError("the draft call was discarded")
+                response = self._client._receive(self._index, exchange)
+                self._draft = proposal_from_message(response, _is_greedy(self._request))
+            except (RemoteError, UnavailableError) as exc:
+                self.discard()
+                log.debug("draft replica %s failed: %s", self._client.addresses[self._index], exc)
+                self._draft = self._client._propose(self._request_without_next_round(), self._index)
+            else:
+                self._finish_unless_next_round()
+        return self._draft
+
+    def next_round(self) -> list[NextRoundDraft]:
+        if self._exchange is None or not self._expects_next_round:
+            return []
+        try:
+            if self._expects_draft and self._draft is None:  # the draft's response comes first
+                first = self._client._receive(self._index, self._exchange)
+                self._draft = proposal_from_message(first, _is_greedy(self._request))
+            response = self._client._receive(self._index, self._exchange)
+        except (RemoteError, UnavailableError) as exc:
+            log.debug("no next-round drafts: %s", exc)
+            self.discard()
+            return []
+        self._expects_next_round = False
+        self._finish_unless_next_round()
+        greedy = _is_greedy(self._request)
+        return [
+            NextRoundDraft(d.accepted_count, d.next_token_id, proposal_from_message(d, greedy))
+            for d in response.next_round
+        ]
+
+    def discard(self) -> None:
+        if self._exchange is not None:
+            self._exchange.cancel()
+            self._exchange = None
+
+    def _finish_unless_next_round(self) -> None:
+        if self._exchange is not None and not self._expects_next_round:
+            self._client._checkin(self._index, self._exchange)
+            self._exchange = None
+
+    def _request_without_next_round(self) -> draft_pb2.ProposeRequest:
+        request = draft_pb2.ProposeRequest()
+        request.CopyFrom(self._request)
+        request.ClearField("next_round_drafts")
+        request.ClearField("next_round_seed")
+        return request
 
 
 class GrpcVerifierClient:

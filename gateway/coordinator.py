@@ -19,15 +19,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
 from gateway.detokenizer import IncrementalDetokenizer
-from gateway.interfaces import DraftSource, TargetVerifier
+from gateway.interfaces import DraftCall, DraftSource, PreparingDraftSource, TargetVerifier
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason, find_stop_string, safe_text_length
 from speculant.errors import InvalidArgumentError, OutOfRangeError
-from speculant.types import DraftParams, DraftProposal
+from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,24 @@ class _OutputBuffer:
         return chunk
 
 
+class _ImmediateDraftCall:
+    """A DraftCall on a plain DraftSource: drafts when asked, prepares nothing."""
+
+    def __init__(
+        self, drafter: DraftSource, context: list[int], params: DraftParams, seed: int | None
+    ) -> None:
+        self._propose = lambda: drafter.propose(context, params, seed)
+
+    def proposal(self) -> DraftProposal:
+        return self._propose()
+
+    def next_round(self) -> list[NextRoundDraft]:
+        return []
+
+    def discard(self) -> None:
+        pass
+
+
 class Coordinator:
     """Runs speculative decoding rounds between a drafter and a verifier."""
 
@@ -213,10 +232,18 @@ class Coordinator:
         tokenizer: PreTrainedTokenizerBase,
         *,
         draft_context_window: int = 16,
+        next_round_drafts: int = 0,
     ) -> None:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
-        with a request's draft.overlay_weight > 0 it sees the whole context instead."""
+        with a request's draft.overlay_weight > 0 it sees the whole context instead.
+
+        next_round_drafts: with a drafter that can prepare them (gateway.clients.GrpcDraftClient),
+        ask it each round to prepare drafts for this many likely outcomes of the verification
+        while the verifier runs; when the outcome is one of them, the next round starts without
+        waiting for a draft call. The output is the same either way (0 = off).
+        """
         self.drafter = drafter
+        self.next_round_drafts = next_round_drafts
         self.verifier = verifier
         self.tokenizer = tokenizer
         self.draft_context_window = draft_context_window
@@ -265,20 +292,42 @@ class Coordinator:
                 output.add([first])
                 yield output.take_chunk()
             context = list(request.prompt_ids) + output.token_ids
+            prepared: dict[tuple[int, int], DraftProposal] = {}  # by (accepted, next token)
+            outcome = (-1, -1)  # (accepted drafts, last emitted token) of the last round
             while output.finish_reason is None:
                 if cancelled is not None and cancelled():
                     log.info("generation cancelled after %d tokens", len(output.token_ids))
                     return
                 k = min(request.draft.k, output.remaining - 1)
-                proposal = self._draft(context, request, k, stats) if k > 0 else DraftProposal()
+                t0 = time.perf_counter()
+                ready = prepared.get(outcome) if k > 0 else None  # prepared last round?
+                call = self._start_draft(context, request, k, stats, ready is not None)
+                if ready is not None:
+                    proposal = ready.truncated(k)  # no waiting for a draft call this round
+                    stats.prepared_drafts_used += 1
+                else:
+                    proposal = self._await_draft(call, stats) if k > 0 else DraftProposal()
+                stats.draft_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 sampled = request.draft.strategy == "sampling"
-                result = self.verifier.verify(
-                    session_id,
-                    proposal.token_ids,
-                    proposal.distributions if sampled and proposal.token_ids else None,
-                )
+                try:
+                    result = self.verifier.verify(
+                        session_id,
+                        proposal.token_ids,
+                        proposal.distributions if sampled and proposal.token_ids else None,
+                    )
+                except BaseException:
+                    if call is not None:
+                        call.discard()
+                    raise
                 stats.verify_seconds += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                prepared = {
+                    (d.accepted_count, d.next_token): d.proposal
+                    for d in (call.next_round() if call is not None else ())
+                }
+                stats.draft_seconds += time.perf_counter() - t0
+                outcome = (result.accepted_count, result.token_ids[-1])
                 stats.record_round(len(proposal.token_ids), result.accepted_count, proposal.sources)
                 before = len(output.token_ids)
                 output.add(result.token_ids)
@@ -298,26 +347,50 @@ class Coordinator:
             if prefilled:
                 self._release(session_id)
 
-    def _draft(
-        self, context: list[int], request: GenerationRequest, k: int, stats: GenerationStats
-    ) -> DraftProposal:
-        """Ask the drafter for up to k tokens; a failure gives an empty draft, never an error."""
+    def _start_draft(
+        self,
+        context: list[int],
+        request: GenerationRequest,
+        k: int,
+        stats: GenerationStats,
+        draft_known: bool,
+    ) -> DraftCall | None:
+        """Send this round's draft request; None when k is 0 or sending failed (an empty draft).
+
+        With a drafter that prepares drafts (a draft service) and next_round_drafts > 0, the
+        request also asks for the next round's drafts, prepared while the verifier runs
+        (draft_known: only for those, this round's draft being one prepared last round).
+        """
+        if k <= 0:
+            return None
         params = request.draft if k == request.draft.k else replace(request.draft, k=k)
-        t0 = time.perf_counter()
+        # the overlay reads the whole context; otherwise the graph's orders need only a tail
+        window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
+        seed = _draft_seed(request.seed, stats.rounds)
         try:
-            # the overlay reads the whole context; otherwise the graph's orders need only a tail
-            window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
-            return self.drafter.propose(
-                window,
-                params,
-                _draft_seed(request.seed, stats.rounds),
-            )
+            if self.next_round_drafts > 0 and hasattr(self.drafter, "start"):
+                next_seed = _draft_seed(request.seed, stats.rounds + 1)
+                drafter = cast(PreparingDraftSource, self.drafter)
+                return drafter.start(
+                    window, params, seed, self.next_round_drafts, next_seed, draft_known
+                )
+            return _ImmediateDraftCall(self.drafter, window, params, seed)
+        except Exception as exc:  # drafts are an optimisation: go on without one
+            stats.draft_failures += 1
+            log.warning("draft failed, continuing with an empty draft: %s", exc)
+            return None
+
+    @staticmethod
+    def _await_draft(call: DraftCall | None, stats: GenerationStats) -> DraftProposal:
+        """The call's draft; a failure gives an empty draft, never an error."""
+        if call is None:
+            return DraftProposal()
+        try:
+            return call.proposal()
         except Exception as exc:  # drafts are an optimisation: go on without one
             stats.draft_failures += 1
             log.warning("draft failed, continuing with an empty draft: %s", exc)
             return DraftProposal()
-        finally:
-            stats.draft_seconds += time.perf_counter() - t0
 
     def _release(self, session_id: str) -> None:
         try:

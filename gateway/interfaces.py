@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from speculant.types import DraftParams, DraftProposal, ModelInfo, SparseDistribution, VerifyResult
+from speculant.types import (
+    DraftParams,
+    DraftProposal,
+    ModelInfo,
+    NextRoundDraft,
+    SparseDistribution,
+    VerifyResult,
+)
 
 
 class DraftSource(Protocol):
@@ -19,6 +26,41 @@ class DraftSource(Protocol):
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
     ) -> DraftProposal: ...
+
+
+class DraftCall(Protocol):
+    """A draft request in flight: its draft, then the next round's drafts that the drafter
+    prepared meanwhile (see draft_service.drafting, *outcome*)."""
+
+    def proposal(self) -> DraftProposal:
+        """Wait for the draft (raises like DraftSource.propose)."""
+        ...
+
+    def next_round(self) -> list[NextRoundDraft]:
+        """Wait for the prepared next-round drafts; [] when there are none (never raises)."""
+        ...
+
+    def discard(self) -> None:
+        """Give up on the call (e.g. the verifier failed): free what it holds."""
+        ...
+
+
+class PreparingDraftSource(DraftSource, Protocol):
+    """A drafter that prepares the next round's drafts while this round's draft is verified
+    (a draft service: the work runs in its process while the verifier runs in another)."""
+
+    def start(
+        self,
+        context_ids: Sequence[int],
+        params: DraftParams,
+        seed: int | None,
+        next_round_drafts: int,
+        next_round_seed: int | None,
+        draft_known: bool = False,
+    ) -> DraftCall:
+        """Send the request and return at once. draft_known: the caller already holds this
+        round's draft (prepared in the last round) and wants only the next round's drafts."""
+        ...
 
 
 class TargetVerifier(Protocol):

@@ -24,7 +24,7 @@ from gateway.coordinator import (
 )
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
-from speculant.config import DraftConfig, GenerationConfig
+from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig, GenerationConfig
 from speculant.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -93,9 +93,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         draft_defaults: DraftConfig | None = None,
         generation_defaults: GenerationConfig | None = None,
         max_concurrent: int = 64,
+        next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
     ) -> None:
-        """max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED."""
+        """max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
+        next_round_drafts: drafts the draft service prepares for the next round while the
+        verifier runs (see Coordinator; 0 = off)."""
+        if next_round_drafts < 0:
+            raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
         self.max_concurrent = max_concurrent
+        self.next_round_drafts = next_round_drafts
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self.drafter = drafter
         self.verifier = verifier
@@ -134,7 +140,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             info.tokenizer_name,
         )
         return Coordinator(
-            self.drafter, self.verifier, tokenizer, draft_context_window=graph.max_order
+            self.drafter,
+            self.verifier,
+            tokenizer,
+            draft_context_window=graph.max_order,
+            next_round_drafts=self.next_round_drafts,
         )
 
     def _to_request(
@@ -225,13 +235,17 @@ def start_gateway(
     draft_timeout_s: float = 0.25,
     check_backends: bool = True,
     max_concurrent: int = 64,
+    next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
+    auth_token: str | None = None,
 ) -> tuple[ServiceServer, GatewayServicer]:
-    """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch."""
+    """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
+    auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth)."""
     servicer = GatewayServicer(
         GrpcDraftClient(draft_addresses, timeout_s=draft_timeout_s),
         GrpcVerifierClient(verifier_address),
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,
+        next_round_drafts=next_round_drafts,
     )
     if check_backends:
         try:
@@ -242,7 +256,9 @@ def start_gateway(
             log.warning("backends not ready yet (%s); will check on the first request", exc)
     # Enough worker threads that requests over the limit are answered RESOURCE_EXHAUSTED at
     # once instead of queueing for a thread.
-    server = ServiceServer(host, port, [SERVICE_NAME], max_workers=max_concurrent + 8)
+    server = ServiceServer(
+        host, port, [SERVICE_NAME], max_workers=max_concurrent + 8, auth_token=auth_token
+    )
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
     server.set_serving()

@@ -27,6 +27,7 @@ class GenerationStats:
     accepted_from_graph: int = 0  # accepted drafts by source (DraftProposal.sources)
     accepted_from_overlay: int = 0
     accepted_from_both: int = 0
+    prepared_drafts_used: int = 0  # rounds whose draft was prepared during the last verify
 
     @property
     def acceptance_rate(self) -> float:
@@ -89,4 +90,5 @@ class GenerationStats:
             "accepted_from_graph": self.accepted_from_graph,
             "accepted_from_overlay": self.accepted_from_overlay,
             "accepted_from_both": self.accepted_from_both,
+            "prepared_drafts_used": self.prepared_drafts_used,
         }

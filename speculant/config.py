@@ -19,6 +19,13 @@ DraftStrategyName = Literal["greedy", "sampling"]
 MixingName = Literal["seed", "backoff", "witten-bell"]
 MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
 MAX_DRAFT_K = 64
+# Drafts the draft service prepares each round for the likeliest outcomes of the verification,
+# while the verifier runs (the gateway's --next-round-drafts; see gateway.coordinator). On the
+# tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
+# on a 2-core host the extra drafting competes with the verifier for CPU and costs more than
+# the waits it saves (see the README's benchmark notes), so it is off by default: turn it on
+# where the draft service has a core of its own.
+DEFAULT_NEXT_ROUND_DRAFTS = 0
 
 
 class GraphConfig(BaseSettings):

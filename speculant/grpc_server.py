@@ -19,6 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from speculant.auth import BearerTokenInterceptor
 from speculant.errors import InvalidArgumentError, SpeculantError
 
 log = logging.getLogger(__name__)
@@ -207,12 +208,18 @@ class ServiceServer:
         service_names: Iterable[str],
         *,
         max_workers: int = 16,
+        auth_token: str | None = None,
     ) -> None:
+        """auth_token: require ``authorization: Bearer <auth_token>`` on every call but health
+        checks (UNAUTHENTICATED otherwise); None = no authentication."""
         self.service_names = list(service_names)
+        interceptors: list[grpc.ServerInterceptor] = [MalformedRequestInterceptor()]
+        if auth_token is not None:
+            interceptors.insert(0, BearerTokenInterceptor(auth_token))
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
             options=GRPC_OPTIONS,
-            interceptors=[MalformedRequestInterceptor()],
+            interceptors=interceptors,
         )
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc_server)

@@ -24,7 +24,16 @@ class StreamExchange:
         self.broken = False
 
     def call(self, request: object, backend: str) -> object:
+        """Send one request and wait for the next response."""
+        self.send(request)
+        return self.receive(backend)
+
+    def send(self, request: object) -> None:
+        """Queue one request on the stream (returns at once; errors surface in receive)."""
         self._requests.put(request)
+
+    def receive(self, backend: str) -> object:
+        """Wait for the next response; RemoteError / UnavailableError naming `backend`."""
         try:
             return next(self._responses)
         except grpc.RpcError as exc:

@@ -108,13 +108,37 @@ class SparseDistribution:
 
 @dataclass
 class DraftProposal:
-    """Up to k draft tokens; distributions[i] is the q that token_ids[i] was drawn from."""
+    """Up to k draft tokens; distributions[i] is the q that token_ids[i] was drawn from.
+
+    distributions may be empty for greedy drafts (the gRPC client does not decode them): each q
+    is then the point mass at its token, which is what the verifier assumes without them.
+    """
 
     token_ids: list[int] = field(default_factory=list)
     distributions: list[SparseDistribution] = field(default_factory=list)
     matched_orders: list[int] = field(default_factory=list)  # highest matching order per token
     # per token: "graph", "overlay" or "both" (see draft_service.drafting); may be empty
     sources: list[str] = field(default_factory=list)
+
+    def truncated(self, k: int) -> DraftProposal:
+        """The first k draft tokens (a shorter draft with the same seed drafts the same prefix)."""
+        if len(self.token_ids) <= k:
+            return self
+        return DraftProposal(
+            self.token_ids[:k], self.distributions[:k], self.matched_orders[:k], self.sources[:k]
+        )
+
+
+@dataclass
+class NextRoundDraft:
+    """A draft prepared for one *outcome* of verifying the current round's draft d_1..d_k: the
+    verifier accepts d_1..d_j (j = accepted_count) and then emits next_token (a correction, or
+    the bonus token when j = k). `proposal` is exactly what the drafter proposes for the context
+    that outcome leads to, so using it changes nothing but the time spent waiting for it."""
+
+    accepted_count: int
+    next_token: int
+    proposal: DraftProposal
 
 
 @dataclass

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import grpc
 import numpy as np
+import torch
 
 from speculant.config import VerifierConfig
 from speculant.errors import InvalidArgumentError, UnavailableError
@@ -161,7 +162,9 @@ def start_server(
     server.start()
     try:
         if verifier is None:
-            verifier = LocalVerifier(config, model_thread=True)
+            # One torch thread runs no OpenMP pool, so forwards can run on the RPC threads
+            # under a lock and skip a thread hand-off per round.
+            verifier = LocalVerifier(config, model_thread=torch.get_num_threads() > 1)
     except BaseException:
         server.stop(grace=0)
         raise

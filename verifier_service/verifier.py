@@ -57,9 +57,10 @@ class LocalVerifier:
         """Load config.model_name (ModelLoadError if impossible), or use an already-loaded model.
 
         model_thread: run every forward and sampling step on one dedicated thread. Servers
-        want this: torch's OpenMP pool is per calling thread, so forwards from many RPC worker
-        threads would each start a pool of spinning threads and starve the CPU. In-process
-        callers with one thread don't need it (it costs a thread hand-off per call).
+        with more than one torch thread want this: torch's OpenMP pool is per calling thread, so
+        forwards from many RPC worker threads would each start a pool of spinning threads and
+        starve the CPU. With one torch thread (no pool) or one in-process caller, a lock does
+        (the hand-off costs about 0.1 ms per call).
         """
         self.config = config
         self.model = model if model is not None else LoadedModel.load(config)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from speculant.v1 import common_pb2 as speculant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18speculant/v1/draft.proto\x12\x0cspeculant.v1\x1a\x19speculant/v1/common.proto\"\xac\x04\n\x0eProposeRequest\x12\x19\n\x11\x63ontext_token_ids\x18\x01 \x03(\x05\x12\x0e\n\x01k\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12-\n\x08strategy\x18\x03 \x01(\x0e\x32\x1b.speculant.v1.DraftStrategy\x12\x1a\n\rattentive_mix\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12\x17\n\norder_bias\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0fmix_temperature\x18\x06 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12reliability_weight\x18\x07 \x01(\x01H\x04\x88\x01\x01\x12\x1c\n\x0f\x65ntropy_penalty\x18\x08 \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x06\x88\x01\x01\x12\x13\n\x06mixing\x18\n \x01(\tH\x07\x88\x01\x01\x12\x1b\n\x0emin_draft_prob\x18\x0b \x01(\x01H\x08\x88\x01\x01\x12\x1a\n\rescape_weight\x18\x0c \x01(\x01H\t\x88\x01\x01\x12\x1b\n\x0eoverlay_weight\x18\r \x01(\x01H\n\x88\x01\x01\x42\x04\n\x02_kB\x10\n\x0e_attentive_mixB\r\n\x0b_order_biasB\x12\n\x10_mix_temperatureB\x15\n\x13_reliability_weightB\x12\n\x10_entropy_penaltyB\x07\n\x05_seedB\t\n\x07_mixingB\x11\n\x0f_min_draft_probB\x10\n\x0e_escape_weightB\x11\n\x0f_overlay_weight\"\x92\x01\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x37\n\rdistributions\x18\x02 \x03(\x0b\x32 .speculant.v1.SparseDistribution\x12\x16\n\x0ematched_orders\x18\x03 \x03(\x05\x12\x15\n\rdraft_sources\x18\x04 \x03(\t\"\x15\n\x13GetGraphInfoRequest\"R\n\nOrderStats\x12\r\n\x05order\x18\x01 \x01(\x05\x12\x10\n\x08\x63ontexts\x18\x02 \x01(\x03\x12\x0e\n\x06ngrams\x18\x03 \x01(\x03\x12\x13\n\x0btotal_count\x18\x04 \x01(\x03\"\xa8\x02\n\x14GetGraphInfoResponse\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\x05\x12\x11\n\tmax_order\x18\x02 \x01(\x05\x12\x16\n\x0etokenizer_name\x18\x03 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x18\n\x10\x63orpus_documents\x18\x06 \x01(\x03\x12\x15\n\rcorpus_tokens\x18\x07 \x01(\x03\x12(\n\x06orders\x18\x08 \x03(\x0b\x32\x18.speculant.v1.OrderStats\x12\x19\n\x11\x62uild_params_json\x18\t \x01(\t\x12\x10\n\x08\x62uilt_at\x18\n \x01(\t\x12\x12\n\ngraph_path\x18\x0b \x01(\t2\xff\x01\n\x0c\x44raftService\x12\x46\n\x07Propose\x12\x1c.speculant.v1.ProposeRequest\x1a\x1d.speculant.v1.ProposeResponse\x12P\n\rProposeStream\x12\x1c.speculant.v1.ProposeRequest\x1a\x1d.speculant.v1.ProposeResponse(\x01\x30\x01\x12U\n\x0cGetGraphInfo\x12!.speculant.v1.GetGraphInfoRequest\x1a\".speculant.v1.GetGraphInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18speculant/v1/draft.proto\x12\x0cspeculant.v1\x1a\x19speculant/v1/common.proto\"\xad\x05\n\x0eProposeRequest\x12\x19\n\x11\x63ontext_token_ids\x18\x01 \x03(\x05\x12\x0e\n\x01k\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12-\n\x08strategy\x18\x03 \x01(\x0e\x32\x1b.speculant.v1.DraftStrategy\x12\x1a\n\rattentive_mix\x18\x04 \x01(\x08H\x01\x88\x01\x01\x12\x17\n\norder_bias\x18\x05 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0fmix_temperature\x18\x06 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12reliability_weight\x18\x07 \x01(\x01H\x04\x88\x01\x01\x12\x1c\n\x0f\x65ntropy_penalty\x18\x08 \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\t \x01(\x04H\x06\x88\x01\x01\x12\x13\n\x06mixing\x18\n \x01(\tH\x07\x88\x01\x01\x12\x1b\n\x0emin_draft_prob\x18\x0b \x01(\x01H\x08\x88\x01\x01\x12\x1a\n\rescape_weight\x18\x0c \x01(\x01H\t\x88\x01\x01\x12\x1b\n\x0eoverlay_weight\x18\r \x01(\x01H\n\x88\x01\x01\x12\x1e\n\x11next_round_drafts\x18\x0e \x01(\x05H\x0b\x88\x01\x01\x12\x1c\n\x0fnext_round_seed\x18\x0f \x01(\x04H\x0c\x88\x01\x01\x12\x17\n\x0fnext_round_only\x18\x10 \x01(\x08\x42\x04\n\x02_kB\x10\n\x0e_attentive_mixB\r\n\x0b_order_biasB\x12\n\x10_mix_temperatureB\x15\n\x13_reliability_weightB\x12\n\x10_entropy_penaltyB\x07\n\x05_seedB\t\n\x07_mixingB\x11\n\x0f_min_draft_probB\x10\n\x0e_escape_weightB\x11\n\x0f_overlay_weightB\x14\n\x12_next_round_draftsB\x12\n\x10_next_round_seed\"\xc0\x01\n\x0eNextRoundDraft\x12\x16\n\x0e\x61\x63\x63\x65pted_count\x18\x01 \x01(\x05\x12\x15\n\rnext_token_id\x18\x02 \x01(\x05\x12\x17\n\x0f\x64raft_token_ids\x18\x03 \x03(\x05\x12\x37\n\rdistributions\x18\x04 \x03(\x0b\x32 .speculant.v1.SparseDistribution\x12\x16\n\x0ematched_orders\x18\x05 \x03(\x05\x12\x15\n\rdraft_sources\x18\x06 \x03(\t\"\xc4\x01\n\x0fProposeResponse\x12\x17\n\x0f\x64raft_token_ids\x18\x01 \x03(\x05\x12\x37\n\rdistributions\x18\x02 \x03(\x0b\x32 .speculant.v1.SparseDistribution\x12\x16\n\x0ematched_orders\x18\x03 \x03(\x05\x12\x15\n\rdraft_sources\x18\x04 \x03(\t\x12\x30\n\nnext_round\x18\x05 \x03(\x0b\x32\x1c.speculant.v1.NextRoundDraft\"\x15\n\x13GetGraphInfoRequest\"R\n\nOrderStats\x12\r\n\x05order\x18\x01 \x01(\x05\x12\x10\n\x08\x63ontexts\x18\x02 \x01(\x03\x12\x0e\n\x06ngrams\x18\x03 \x01(\x03\x12\x13\n\x0btotal_count\x18\x04 \x01(\x03\"\xa8\x02\n\x14GetGraphInfoResponse\x12\x16\n\x0e\x66ormat_version\x18\x01 \x01(\x05\x12\x11\n\tmax_order\x18\x02 \x01(\x05\x12\x16\n\x0etokenizer_name\x18\x03 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x04 \x01(\t\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x18\n\x10\x63orpus_documents\x18\x06 \x01(\x03\x12\x15\n\rcorpus_tokens\x18\x07 \x01(\x03\x12(\n\x06orders\x18\x08 \x03(\x0b\x32\x18.speculant.v1.OrderStats\x12\x19\n\x11\x62uild_params_json\x18\t \x01(\t\x12\x10\n\x08\x62uilt_at\x18\n \x01(\t\x12\x12\n\ngraph_path\x18\x0b \x01(\t2\xff\x01\n\x0c\x44raftService\x12\x46\n\x07Propose\x12\x1c.speculant.v1.ProposeRequest\x1a\x1d.speculant.v1.ProposeResponse\x12P\n\rProposeStream\x12\x1c.speculant.v1.ProposeRequest\x1a\x1d.speculant.v1.ProposeResponse(\x01\x30\x01\x12U\n\x0cGetGraphInfo\x12!.speculant.v1.GetGraphInfoRequest\x1a\".speculant.v1.GetGraphInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'speculant.v1.draft_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROPOSEREQUEST']._serialized_start=70
-  _globals['_PROPOSEREQUEST']._serialized_end=626
-  _globals['_PROPOSERESPONSE']._serialized_start=629
-  _globals['_PROPOSERESPONSE']._serialized_end=775
-  _globals['_GETGRAPHINFOREQUEST']._serialized_start=777
-  _globals['_GETGRAPHINFOREQUEST']._serialized_end=798
-  _globals['_ORDERSTATS']._serialized_start=800
-  _globals['_ORDERSTATS']._serialized_end=882
-  _globals['_GETGRAPHINFORESPONSE']._serialized_start=885
-  _globals['_GETGRAPHINFORESPONSE']._serialized_end=1181
-  _globals['_DRAFTSERVICE']._serialized_start=1184
-  _globals['_DRAFTSERVICE']._serialized_end=1439
+  _globals['_PROPOSEREQUEST']._serialized_end=755
+  _globals['_NEXTROUNDDRAFT']._serialized_start=758
+  _globals['_NEXTROUNDDRAFT']._serialized_end=950
+  _globals['_PROPOSERESPONSE']._serialized_start=953
+  _globals['_PROPOSERESPONSE']._serialized_end=1149
+  _globals['_GETGRAPHINFOREQUEST']._serialized_start=1151
+  _globals['_GETGRAPHINFOREQUEST']._serialized_end=1172
+  _globals['_ORDERSTATS']._serialized_start=1174
+  _globals['_ORDERSTATS']._serialized_end=1256
+  _globals['_GETGRAPHINFORESPONSE']._serialized_start=1259
+  _globals['_GETGRAPHINFORESPONSE']._serialized_end=1555
+  _globals['_DRAFTSERVICE']._serialized_start=1558
+  _globals['_DRAFTSERVICE']._serialized_end=1813
 # @@protoc_insertion_point(module_scope)

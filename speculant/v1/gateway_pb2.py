@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from speculant.v1 import common_pb2 as speculant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspeculant/v1/gateway.proto\x12\x0cspeculant.v1\x1a\x19speculant/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xf5\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.speculant.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12)\n\x05\x64raft\x18\x07 \x01(\x0b\x32\x1a.speculant.v1.DraftOptionsB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x07\n\x05_seed\"\xd7\x03\n\x0fGenerationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x01\x12\x1c\n\x14\x61\x63\x63\x65pted_by_position\x18\x05 \x03(\x05\x12\x1b\n\x13\x64rafted_by_position\x18\x06 \x03(\x05\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\x12\x18\n\x10tokens_per_round\x18\x08 \x01(\x01\x12\x15\n\rprompt_tokens\x18\t \x01(\x05\x12\x18\n\x10generated_tokens\x18\n \x01(\x05\x12\x15\n\rtotal_seconds\x18\x0b \x01(\x01\x12\x15\n\rdraft_seconds\x18\x0c \x01(\x01\x12\x16\n\x0everify_seconds\x18\r \x01(\x01\x12\x15\n\rother_seconds\x18\x0e \x01(\x01\x12\x16\n\x0e\x64raft_failures\x18\x0f \x01(\x05\x12\x1b\n\x13\x61\x63\x63\x65pted_from_graph\x18\x10 \x01(\x05\x12\x1d\n\x15\x61\x63\x63\x65pted_from_overlay\x18\x11 \x01(\x05\x12\x1a\n\x12\x61\x63\x63\x65pted_from_both\x18\x12 \x01(\x05\"\x94\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.speculant.v1.FinishReason\x12,\n\x05stats\x18\x04 \x01(\x0b\x32\x1d.speculant.v1.GenerationStats\"\xa0\x01\n\x16GenerateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.speculant.v1.FinishReason\x12,\n\x05stats\x18\x04 \x01(\x0b\x32\x1d.speculant.v1.GenerationStats*\x9c\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_MAX_TOKENS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x04\x32\xb4\x01\n\x0eGatewayService\x12I\n\x08Generate\x12\x1d.speculant.v1.GenerateRequest\x1a\x1e.speculant.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.speculant.v1.GenerateRequest\x1a$.speculant.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aspeculant/v1/gateway.proto\x12\x0cspeculant.v1\x1a\x19speculant/v1/common.proto\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xf5\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12+\n\x08messages\x18\x02 \x03(\x0b\x32\x19.speculant.v1.ChatMessage\x12\x17\n\nmax_tokens\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12)\n\x05\x64raft\x18\x07 \x01(\x0b\x32\x1a.speculant.v1.DraftOptionsB\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x07\n\x05_seed\"\xf5\x03\n\x0fGenerationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\x05\x12\x14\n\x0c\x64raft_tokens\x18\x02 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x05\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x01\x12\x1c\n\x14\x61\x63\x63\x65pted_by_position\x18\x05 \x03(\x05\x12\x1b\n\x13\x64rafted_by_position\x18\x06 \x03(\x05\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x01\x12\x18\n\x10tokens_per_round\x18\x08 \x01(\x01\x12\x15\n\rprompt_tokens\x18\t \x01(\x05\x12\x18\n\x10generated_tokens\x18\n \x01(\x05\x12\x15\n\rtotal_seconds\x18\x0b \x01(\x01\x12\x15\n\rdraft_seconds\x18\x0c \x01(\x01\x12\x16\n\x0everify_seconds\x18\r \x01(\x01\x12\x15\n\rother_seconds\x18\x0e \x01(\x01\x12\x16\n\x0e\x64raft_failures\x18\x0f \x01(\x05\x12\x1b\n\x13\x61\x63\x63\x65pted_from_graph\x18\x10 \x01(\x05\x12\x1d\n\x15\x61\x63\x63\x65pted_from_overlay\x18\x11 \x01(\x05\x12\x1a\n\x12\x61\x63\x63\x65pted_from_both\x18\x12 \x01(\x05\x12\x1c\n\x14prepared_drafts_used\x18\x13 \x01(\x05\"\x94\x01\n\x10GenerateResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.speculant.v1.FinishReason\x12,\n\x05stats\x18\x04 \x01(\x0b\x32\x1d.speculant.v1.GenerationStats\"\xa0\x01\n\x16GenerateStreamResponse\x12\x12\n\ntext_delta\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x31\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1a.speculant.v1.FinishReason\x12,\n\x05stats\x18\x04 \x01(\x0b\x32\x1d.speculant.v1.GenerationStats*\x9c\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x01\x12\x1c\n\x18\x46INISH_REASON_MAX_TOKENS\x10\x02\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x03\x12 \n\x1c\x46INISH_REASON_CONTEXT_LENGTH\x10\x04\x32\xb4\x01\n\x0eGatewayService\x12I\n\x08Generate\x12\x1d.speculant.v1.GenerateRequest\x1a\x1e.speculant.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.speculant.v1.GenerateRequest\x1a$.speculant.v1.GenerateStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'speculant.v1.gateway_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1154
-  _globals['_FINISHREASON']._serialized_end=1310
+  _globals['_FINISHREASON']._serialized_start=1184
+  _globals['_FINISHREASON']._serialized_end=1340
   _globals['_CHATMESSAGE']._serialized_start=71
   _globals['_CHATMESSAGE']._serialized_end=115
   _globals['_GENERATEREQUEST']._serialized_start=118
   _globals['_GENERATEREQUEST']._serialized_end=363
   _globals['_GENERATIONSTATS']._serialized_start=366
-  _globals['_GENERATIONSTATS']._serialized_end=837
-  _globals['_GENERATERESPONSE']._serialized_start=840
-  _globals['_GENERATERESPONSE']._serialized_end=988
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=991
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1151
-  _globals['_GATEWAYSERVICE']._serialized_start=1313
-  _globals['_GATEWAYSERVICE']._serialized_end=1493
+  _globals['_GENERATIONSTATS']._serialized_end=867
+  _globals['_GENERATERESPONSE']._serialized_start=870
+  _globals['_GENERATERESPONSE']._serialized_end=1018
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1021
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1181
+  _globals['_GATEWAYSERVICE']._serialized_start=1343
+  _globals['_GATEWAYSERVICE']._serialized_end=1523
 # @@protoc_insertion_point(module_scope)

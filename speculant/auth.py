@@ -1,0 +1,88 @@
+"""Bearer-token authentication for a gRPC service (the gateway's optional client auth).
+
+A client sends the metadata ``authorization: Bearer <token>`` on every call; any other call gets
+UNAUTHENTICATED before it reaches a handler. Health checks stay open, so load balancers and
+`speculant up` can probe a protected service. The token is read from a file or an environment
+variable, never from the command line (where `ps` would show it).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from speculant.errors import InvalidArgumentError
+
+TOKEN_ENV = "SPECULANT_AUTH_TOKEN"
+_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+def load_token(token_file: str | None, env: dict[str, str] | None = None) -> str | None:
+    """The token from token_file (surrounding whitespace stripped), else from $SPECULANT_AUTH_TOKEN,
+    else None (no authentication). An unreadable or empty file is an InvalidArgumentError."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            flag = "--auth-token-file"
+            raise InvalidArgumentError(flag, f"cannot read {token_file}: {exc}") from exc
+        if not token:
+            raise InvalidArgumentError("--auth-token-file", f"{token_file} is empty")
+        return token
+    token = (env if env is not None else os.environ).get(TOKEN_ENV, "").strip()
+    return token or None
+
+
+def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata carrying the token (empty without one)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Rejects calls without ``authorization: Bearer <token>`` (health checks exempt)."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise ValueError("an empty token would let everyone in")
+        self._expected = f"Bearer {token}".encode()
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if (
+            handler is None
+            or handler_call_details.method.startswith(_OPEN_PREFIXES)
+            or self._authorized(handler_call_details.invocation_metadata)
+        ):
+            return handler
+        return _rejecting_handler(handler)
+
+    def _authorized(self, metadata: tuple | None) -> bool:
+        for key, value in metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                return hmac.compare_digest(given, self._expected)
+        return False
+
+
+def _reject(request_or_iterator: object, context: grpc.ServicerContext) -> None:
+    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
+
+
+def _rejecting_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same call shape that refuses the call. No deserializer: the request is
+    never parsed before the caller is authenticated."""
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(_reject)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(_reject)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(_reject)
+    return grpc.unary_unary_rpc_method_handler(_reject)
