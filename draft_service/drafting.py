@@ -20,6 +20,11 @@ Terms:
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
   draft call after verification when the outcome is one of them.
+- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, greedy, no overlay) the draft is a
+  tree of up to tree_nodes tokens, at most k deep, grown best-first by path probability
+  q(t_1) * ... * q(t_d) under the mixed q, each node offering its TREE_WIDTH likeliest
+  successors; the greedy chain is its first branch. The verifier checks every branch in one
+  forward pass and keeps the longest path it agrees with (each q is a point mass).
 - *overlay*: with ``overlay_weight`` > 0 the whole context_ids (prompt + generated tokens) is a
   second source of n-grams; wherever it has successors for the tail, q is mixed from the combined
   counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import math
 import struct
 from collections.abc import Sequence
@@ -49,6 +55,7 @@ _BE32 = np.dtype(">u4")
 _PACK_ONE = struct.Struct(">I").pack
 _DEAD_END = (-1, 0, 0.0)
 DEFAULT_CACHE_SIZE = 32768  # greedy steps kept (a few MB at most)
+TREE_WIDTH = 3  # successors a tree node offers (3 beat 2 on the tinystories dev prompts)
 
 
 class Drafter:
@@ -66,6 +73,9 @@ class Drafter:
         # counts for the tail) -> (token, matched order, q(token), source).
         self.cache_size = cache_size
         self._greedy_cache: dict[tuple, tuple[int, int, float]] = {}
+        # Draft trees: (tail, mixing parameters) -> (matched order, TREE_WIDTH likeliest
+        # successors with their q), same bound.
+        self._tree_cache: dict[tuple, tuple[int, list[tuple[int, float]]]] = {}
 
     def validate_context(self, context_ids: Sequence[int] | np.ndarray) -> None:
         """InvalidArgumentError naming ``context_token_ids`` unless every id is in [0, vocab)."""
@@ -100,6 +110,8 @@ class Drafter:
         self.validate_context(context_ids)
         if seed is not None and seed < 0:
             raise InvalidArgumentError("seed", f"must be >= 0, got {seed}")
+        if params.drafts_tree:
+            return self._propose_tree(context_ids, params)
         max_order = self.max_order
         tail_ids = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
         tail = struct.pack(f">{len(tail_ids)}I", *tail_ids)  # last <= max_order ids, big-endian
@@ -168,6 +180,61 @@ class Drafter:
             proposal.sources.append(source)
             tail = (tail + _PACK_ONE(token))[-4 * max_order :]
         return proposal
+
+    def _propose_tree(
+        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams
+    ) -> DraftProposal:
+        """A draft tree (see the module's terms): best-first on path probability."""
+        max_order = self.max_order
+        root = struct.pack(
+            f">{min(len(context_ids), max_order)}I",
+            *[int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]],
+        )
+        proposal = DraftProposal()
+        point_masses: dict[int, SparseDistribution] = {}
+        ties = itertools.count()
+        # max-heap of candidate nodes: (-path probability, tie, parent, token, depth, order, tail)
+        frontier: list[tuple[float, int, int, int, int, int, bytes]] = []
+
+        def offer_children(tail: bytes, parent: int, depth: int, path_prob: float) -> None:
+            order, successors = self._tree_step(tail, params)
+            for token, q in successors:
+                item = (-path_prob * q, next(ties), parent, token, depth, order, tail)
+                heapq.heappush(frontier, item)
+
+        offer_children(root, -1, 0, 1.0)
+        while frontier and len(proposal.token_ids) < params.tree_nodes:
+            neg_prob, _, parent, token, depth, order, tail = heapq.heappop(frontier)
+            index = len(proposal.token_ids)
+            proposal.token_ids.append(token)
+            proposal.parents.append(parent)
+            if token not in point_masses:
+                point_masses[token] = SparseDistribution.point_mass(token)
+            proposal.distributions.append(point_masses[token])
+            proposal.matched_orders.append(order)
+            proposal.sources.append("graph")
+            if depth + 1 < params.k:
+                child_tail = (tail + _PACK_ONE(token))[-4 * max_order :]
+                offer_children(child_tail, index, depth + 1, -neg_prob)
+        return proposal
+
+    def _tree_step(self, tail: bytes, params: DraftParams) -> tuple[int, list[tuple[int, float]]]:
+        """(matched order, the TREE_WIDTH likeliest successors after tail with their q; ties:
+        lowest id first); (0, []) at a dead end. Cached like greedy steps."""
+        key = (tail, _mix_key(params))
+        step = self._tree_cache.get(key)
+        if step is None:
+            txn, dbs = self.graph.raw_lookup()
+            orders, values = _match(tail, txn, dbs, params.effective_mixing != "backoff")
+            if not orders:
+                step = (0, [])
+            else:
+                ids, q = self._mixer.mix(orders, *_decode(values), params)
+                best = np.lexsort((ids, -q))[:TREE_WIDTH]  # q descending, then id ascending
+                step = (orders[0], [(int(ids[i]), float(q[i])) for i in best if q[i] > 0])
+            if self.cache_size > 0:
+                self._remember(key, step, self._tree_cache)
+        return step
 
     def next_round_drafts(
         self,
@@ -266,9 +333,10 @@ class Drafter:
             return int(combined.ids[0][counts == top].min()), float(top / counts.sum())
         return self._mixer.argmax(combined.orders, combined.ids, combined.counts, params)
 
-    def _remember(self, key: tuple, step: tuple[int, int, float]) -> None:
-        """Insert into the greedy cache, evicting the oldest entry beyond cache_size."""
-        cache = self._greedy_cache
+    def _remember(self, key: tuple, step: tuple, cache: dict | None = None) -> None:
+        """Insert into a step cache (default: the greedy one), evicting the oldest entry beyond
+        cache_size."""
+        cache = self._greedy_cache if cache is None else cache
         if key not in cache and len(cache) >= self.cache_size:
             # Concurrent evictions may race; losing one is harmless (the bound is approximate).
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):

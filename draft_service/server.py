@@ -51,6 +51,8 @@ def params_from_request(
     changes: dict[str, object] = {}
     if request.HasField("k"):
         changes["k"] = request.k
+    if request.HasField("tree_nodes"):
+        changes["tree_nodes"] = request.tree_nodes
     if request.strategy != common_pb2.DRAFT_STRATEGY_UNSPECIFIED:
         if request.strategy not in _STRATEGIES:
             raise InvalidArgumentError(
@@ -93,6 +95,8 @@ def _fill_draft(
     message.draft_token_ids.extend(proposal.token_ids)
     message.matched_orders.extend(proposal.matched_orders)
     message.draft_sources.extend(proposal.sources)
+    if isinstance(message, draft_pb2.ProposeResponse):
+        message.draft_parents.extend(proposal.parents)
     for dist in proposal.distributions if with_distributions else ():
         message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
 

@@ -80,6 +80,7 @@ from gateway.bench_cost import (
     run_cost,
 )
 from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
+from speculant.affinity import pin_process, split_cores
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +117,8 @@ class BenchSettings:
     startup_timeout_s: float = 300.0
     # services only: one gateway per value (see serve-gateway --next-round-drafts)
     next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
+    tree_nodes: tuple[int, ...] = (0,)  # draft tree sizes (0 = chain), embedded and services
+    pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Variant:
     k: int | None = None
     mix: bool | None = None
     next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
+    tree_nodes: int = 0  # draft tree size (0 = a chain)
 
     @property
     def name(self) -> str:
@@ -134,6 +138,8 @@ class Variant:
         if self.system == "hf-lookup":
             return f"hf-lookup k={self.k}"
         name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
+        if self.tree_nodes:
+            name += f" tree={self.tree_nodes}"
         if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
             name += f" prep={self.next_round_drafts}"
         return name
@@ -160,12 +166,18 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
         elif system == "hf-lookup":
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
         elif system == "embedded":
-            rows.extend(Variant(system, k, mix) for k in settings.ks for mix in settings.mixes)
-        else:
             rows.extend(
-                Variant(system, k, mix, prep)
+                Variant(system, k, mix, tree_nodes=tree)
                 for k in settings.ks
                 for mix in settings.mixes
+                for tree in settings.tree_nodes
+            )
+        else:
+            rows.extend(
+                Variant(system, k, mix, prep, tree)
+                for k in settings.ks
+                for mix in settings.mixes
+                for tree in settings.tree_nodes
                 for prep in settings.next_round_drafts
             )
     return rows
@@ -302,7 +314,12 @@ class InProcessSystems:
         from speculant.config import DraftConfig
         from speculant.types import DraftParams
 
-        draft = DraftConfig(k=variant.k, strategy=self.settings.strategy, attentive_mix=variant.mix)
+        draft = DraftConfig(
+            k=variant.k,
+            strategy=self.settings.strategy,
+            attentive_mix=variant.mix,
+            tree_nodes=variant.tree_nodes,
+        )
         request = GenerationRequest(
             prompt_ids=prompt_ids,
             max_tokens=self.settings.max_tokens,
@@ -406,6 +423,10 @@ class ServiceStack:
         )
         self._wait_ready(draft)
         self._wait_ready(verifier)
+        split = split_cores(s.torch_threads) if s.pin_cpus else None
+        if split is not None:
+            pin_process(verifier.process.pid, split.model)
+            pin_process(draft.process.pid, split.other)
         for prep in s.next_round_drafts:
             gateway = self._spawn(
                 "gateway" if len(s.next_round_drafts) == 1 else f"gateway prep={prep}",
@@ -415,6 +436,8 @@ class ServiceStack:
                 ],
             )
             self._wait_ready(gateway)
+            if split is not None:
+                pin_process(gateway.process.pid, split.other)
             channel = grpc.insecure_channel(gateway.address)
             self.channels.append(channel)
             self.stubs[prep] = gateway_pb2_grpc.GatewayServiceStub(channel)
@@ -435,7 +458,10 @@ class ServiceStack:
             temperature=self.settings.temperature,
             seed=seed,
             draft=common_pb2.DraftOptions(
-                k=variant.k, strategy=strategy, attentive_mix=variant.mix
+                k=variant.k,
+                strategy=strategy,
+                attentive_mix=variant.mix,
+                tree_nodes=variant.tree_nodes,
             ),
         )
         started = time.perf_counter()
@@ -670,6 +696,9 @@ def run_benchmark(
     if unknown:
         raise ValueError(f"unknown systems {sorted(unknown)}; choose from {', '.join(SYSTEMS)}")
     torch.set_num_threads(settings.torch_threads)
+    split = split_cores(settings.torch_threads) if settings.pin_cpus else None
+    if split is not None:  # hf and embedded run here: on the verifier's core, like it
+        pin_process(0, split.model)
     load_start = _load_average()
     started = time.time()
     prompts = load_prompts(settings.prompts, settings.limit)
@@ -870,6 +899,18 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         help="services: the gateway's --next-round-drafts; several (e.g. 0,12) run one gateway "
         f"each, side by side (default {DEFAULT_NEXT_ROUND_DRAFTS})",
     )
+    p.add_argument(
+        "--tree-nodes",
+        type=_csv(int),
+        default=(0,),
+        help="draft tree sizes to compare, e.g. 0,16,24 (0 = a chain of k; default 0)",
+    )
+    p.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="run model forwards (this process's hf and embedded runs, the verifier service) "
+        "on the first core and the draft service and gateway on the others",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
     p.add_argument(
@@ -901,6 +942,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         torch_threads=args.torch_threads,
         device=args.device,
         next_round_drafts=tuple(args.next_round_drafts),
+        tree_nodes=tuple(args.tree_nodes),
+        pin_cpus=args.pin_cpus,
     )
 
 

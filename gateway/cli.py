@@ -52,6 +52,13 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         help="context overlay: per order, counts = graph + this * the request's own context "
         "(0 = off)",
     )
+    parser.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=_DRAFT_DEFAULTS["tree_nodes"].default,
+        help="draft a tree of up to this many tokens (greedy strategy, no overlay), verified in "
+        "one forward pass (0 = a chain of k)",
+    )
 
 
 def register(
@@ -208,6 +215,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             escape_weight=args.escape_weight,
             min_draft_prob=args.min_draft_prob,
             overlay_weight=args.overlay_weight,
+            tree_nodes=args.tree_nodes,
         )
         generation = GenerationConfig(
             max_tokens=args.max_tokens,
@@ -257,6 +265,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             escape_weight=args.escape_weight,
             min_draft_prob=args.min_draft_prob,
             overlay_weight=args.overlay_weight,
+            tree_nodes=args.tree_nodes,
         ),
     )
     metadata = bearer_metadata(load_token(args.auth_token_file))

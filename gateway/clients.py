@@ -102,6 +102,7 @@ def propose_request(
         escape_weight=params.escape_weight,
         min_draft_prob=params.min_draft_prob,
         overlay_weight=params.overlay_weight,
+        tree_nodes=params.tree_nodes,
     )
 
 
@@ -265,6 +266,7 @@ def proposal_from_message(
         ],
         matched_orders=list(message.matched_orders),
         sources=list(message.draft_sources),
+        parents=list(getattr(message, "draft_parents", ())),
     )
 
 
@@ -418,6 +420,7 @@ class GrpcVerifierClient:
         session_id: str,
         draft_ids: Sequence[int],
         draft_distributions: Sequence[SparseDistribution] | None = None,
+        draft_parents: Sequence[int] | None = None,
     ) -> VerifyResult:
         with self._lock:
             stream = self._sessions.get(session_id)
@@ -432,10 +435,15 @@ class GrpcVerifierClient:
                     )
                     for d in draft_distributions or ()
                 ],
+                draft_parents=draft_parents or (),
             )
         )
         response = stream.call(request, "verifier Verify").verify
-        return VerifyResult(response.accepted_count, list(response.token_ids))
+        return VerifyResult(
+            response.accepted_count,
+            list(response.token_ids),
+            list(response.accepted_draft_indices),
+        )
 
     def release(self, session_id: str) -> bool:
         """End the session's stream; the verifier frees the session as the stream ends."""

@@ -28,7 +28,7 @@ from gateway.interfaces import DraftCall, DraftSource, PreparingDraftSource, Tar
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason, find_stop_string, safe_text_length
 from speculant.errors import InvalidArgumentError, OutOfRangeError
-from speculant.types import DraftParams, DraftProposal, NextRoundDraft
+from speculant.types import DraftParams, DraftProposal, NextRoundDraft, VerifyResult
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,15 @@ def encode_prompt(
     if not prompt:
         raise InvalidArgumentError("prompt", "must not be empty")
     return list(tokenizer(prompt).input_ids)
+
+
+def _accepted_sources(proposal: DraftProposal, result: VerifyResult) -> list[str]:
+    """The sources of the accepted drafts (a tree's accepted path, or a chain's prefix)."""
+    if not proposal.sources:
+        return []
+    if proposal.parents:
+        return [proposal.sources[i] for i in result.accepted_nodes]
+    return proposal.sources[: result.accepted_count]
 
 
 def _draft_seed(seed: int | None, round_index: int) -> int | None:
@@ -311,11 +320,9 @@ class Coordinator:
                 t0 = time.perf_counter()
                 sampled = request.draft.strategy == "sampling"
                 try:
-                    result = self.verifier.verify(
-                        session_id,
-                        proposal.token_ids,
-                        proposal.distributions if sampled and proposal.token_ids else None,
-                    )
+                    dists = proposal.distributions if sampled and proposal.token_ids else None
+                    tree = (proposal.parents,) if proposal.parents else ()  # only when a tree
+                    result = self.verifier.verify(session_id, proposal.token_ids, dists, *tree)
                 except BaseException:
                     if call is not None:
                         call.discard()
@@ -328,7 +335,12 @@ class Coordinator:
                 }
                 stats.draft_seconds += time.perf_counter() - t0
                 outcome = (result.accepted_count, result.token_ids[-1])
-                stats.record_round(len(proposal.token_ids), result.accepted_count, proposal.sources)
+                stats.record_round(
+                    len(proposal.token_ids),
+                    result.accepted_count,
+                    _accepted_sources(proposal, result),
+                    max(proposal.depths(), default=-1) + 1,
+                )
                 before = len(output.token_ids)
                 output.add(result.token_ids)
                 context.extend(output.token_ids[before:])
@@ -368,7 +380,9 @@ class Coordinator:
         window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
         seed = _draft_seed(request.seed, stats.rounds)
         try:
-            if self.next_round_drafts > 0 and hasattr(self.drafter, "start"):
+            # next-round drafts are prepared for a chain's outcomes: not with trees
+            prepares = self.next_round_drafts > 0 and not params.drafts_tree
+            if prepares and hasattr(self.drafter, "start"):
                 next_seed = _draft_seed(request.seed, stats.rounds + 1)
                 drafter = cast(PreparingDraftSource, self.drafter)
                 return drafter.start(

@@ -84,8 +84,10 @@ class TargetVerifier(Protocol):
         session_id: str,
         draft_ids: Sequence[int],
         draft_distributions: Sequence[SparseDistribution] | None = None,
+        draft_parents: Sequence[int] | None = None,
     ) -> VerifyResult:
-        """Score the drafts in one forward pass; None distributions = point-mass (greedy) drafts."""
+        """Score the drafts in one forward pass; None distributions = point-mass (greedy) drafts;
+        draft_parents: a draft tree (see DraftProposal.parents), None = a chain."""
         ...
 
     def release(self, session_id: str) -> bool: ...

@@ -74,6 +74,7 @@ def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftCon
         "escape_weight",
         "min_draft_prob",
         "overlay_weight",
+        "tree_nodes",
     ):
         if options.HasField(name):
             values[name] = getattr(options, name)

@@ -46,10 +46,15 @@ class GenerationStats:
         return max(0.0, self.total_seconds - self.draft_seconds - self.verify_seconds)
 
     def record_round(
-        self, drafted: int, accepted: int, sources: list[str] | tuple[str, ...] = ()
+        self,
+        drafted: int,
+        accepted: int,
+        sources: list[str] | tuple[str, ...] = (),
+        positions: int | None = None,
     ) -> None:
-        """Count one Verify round: `drafted` drafts, of which the first `accepted` were kept;
-        sources (per draft, possibly empty) attributes the accepted ones."""
+        """Count one Verify round: `drafted` draft tokens spanning `positions` draft positions
+        (default: drafted, a chain; a tree's depth), of which `accepted` were kept (a prefix or
+        a path); sources: those of the accepted drafts, in order (possibly empty)."""
         for source in sources[:accepted]:
             if source == "overlay":
                 self.accepted_from_overlay += 1
@@ -60,11 +65,12 @@ class GenerationStats:
         self.rounds += 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
-        grow = drafted - len(self.drafted_by_position)
+        positions = drafted if positions is None else positions
+        grow = positions - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)
             self.accepted_by_position.extend([0] * grow)
-        for position in range(drafted):
+        for position in range(positions):
             self.drafted_by_position[position] += 1
         for position in range(accepted):
             self.accepted_by_position[position] += 1

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from speculant.affinity import pin_process, split_cores
 from speculant.health import wait_until_serving
 
 PR_SET_PDEATHSIG = 1
@@ -33,7 +34,17 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--device", default="auto")
     up.add_argument("--torch-threads", type=int, default=None, help="verifier torch threads")
     up.add_argument("--startup-timeout", type=float, default=300.0)
+    up.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="give the verifier its own cores (one per torch thread; --torch-threads defaults "
+        "to 1 then) and the draft service and gateway the others: faster rounds on small hosts",
+    )
     up.set_defaults(handler=run_up)
+
+
+def _cpu_list(cores: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cores))
 
 
 def _die_with_parent() -> None:
@@ -82,6 +93,12 @@ def run_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    split = None
+    if args.pin_cpus:
+        args.torch_threads = args.torch_threads or 1
+        split = split_cores(args.torch_threads)
+        if split is None:
+            print("warning: --pin-cpus needs more cores than torch threads; not pinning")
     try:
         children.append(
             _start(
@@ -138,6 +155,15 @@ def run_up(args: argparse.Namespace) -> int:
         )
         if not _wait_ready(children[-1], args.startup_timeout, stop):
             return 1
+        if split is not None:
+            for child in children:
+                cores = split.model if child.name == "verifier" else split.other
+                pin_process(child.process.pid, cores)
+            print(
+                f"pinned: verifier to CPU {_cpu_list(split.model)}, "
+                f"draft and gateway to CPU {_cpu_list(split.other)}",
+                flush=True,
+            )
         print(
             f"ready: gateway {gateway} (draft {draft}, verifier {verifier}); Ctrl-C stops all\n"
             f'try: grpcurl -plaintext -d \'{{"prompt": "Once upon a time", '

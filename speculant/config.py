@@ -54,6 +54,8 @@ class DraftConfig(BaseSettings):
     q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
+    ``tree_nodes`` (0 = a chain) drafts a tree of up to that many tokens, k levels deep, with the
+    greedy strategy and no overlay (see draft_service.drafting, *draft tree*).
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
@@ -69,6 +71,7 @@ class DraftConfig(BaseSettings):
     escape_weight: float = Field(8.0, gt=0.0, allow_inf_nan=False)
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
     overlay_weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    tree_nodes: int = Field(0, ge=0, le=MAX_DRAFT_K)
 
 
 class VerifierConfig(BaseSettings):

@@ -36,6 +36,8 @@ class DraftParams:
     ``overlay_weight`` (finite, >= 0; 0 = off) adds the request's own context as a second source:
     at every order o the successor counts become c_graph,o + overlay_weight * c_context,o before
     mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
+    ``tree_nodes`` (0..64; 0 = a chain) drafts a tree of up to that many tokens when
+    :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
     """
 
     k: int = 5
@@ -49,6 +51,13 @@ class DraftParams:
     escape_weight: float = 8.0
     min_draft_prob: float = 0.0
     overlay_weight: float = 0.0
+    tree_nodes: int = 0
+
+    @property
+    def drafts_tree(self) -> bool:
+        """Whether drafts are trees: tree_nodes > 0, greedy strategy, no overlay (sampled drafts
+        and overlay drafts are always chains; min_draft_prob applies to chains only)."""
+        return self.tree_nodes > 0 and self.strategy == "greedy" and self.overlay_weight == 0
 
     @property
     def effective_mixing(self) -> str:
@@ -63,6 +72,10 @@ class DraftParams:
         """Raise InvalidArgumentError naming the first bad field; return self when valid."""
         if not 1 <= self.k <= MAX_DRAFT_K:
             raise InvalidArgumentError("k", f"must be in 1..{MAX_DRAFT_K}, got {self.k}")
+        if not 0 <= self.tree_nodes <= MAX_DRAFT_K:
+            raise InvalidArgumentError(
+                "tree_nodes", f"must be in 0..{MAX_DRAFT_K}, got {self.tree_nodes}"
+            )
         if self.strategy not in ("greedy", "sampling"):
             raise InvalidArgumentError(
                 "strategy", f"must be 'greedy' or 'sampling', got {self.strategy!r}"
@@ -119,13 +132,36 @@ class DraftProposal:
     matched_orders: list[int] = field(default_factory=list)  # highest matching order per token
     # per token: "graph", "overlay" or "both" (see draft_service.drafting); may be empty
     sources: list[str] = field(default_factory=list)
+    # A draft tree: parents[i] is the index of token i's parent (< i), or -1 when token i follows
+    # the context directly. Empty: a chain (token i follows token i - 1).
+    parents: list[int] = field(default_factory=list)
+
+    def depths(self) -> list[int]:
+        """The draft position (0-based) of each token: its depth in the tree."""
+        if not self.parents:
+            return list(range(len(self.token_ids)))
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(0 if parent < 0 else depths[parent] + 1)
+        return depths
 
     def truncated(self, k: int) -> DraftProposal:
-        """The first k draft tokens (a shorter draft with the same seed drafts the same prefix)."""
-        if len(self.token_ids) <= k:
+        """Only the draft tokens at positions < k (a shorter chain with the same seed drafts the
+        same prefix; a shallower tree keeps its top levels)."""
+        keep = [i for i, depth in enumerate(self.depths()) if depth < k]
+        if len(keep) == len(self.token_ids):
             return self
+        new_index = {old: new for new, old in enumerate(keep)}
+
+        def pick(values: list) -> list:
+            return [values[i] for i in keep] if values else []
+
         return DraftProposal(
-            self.token_ids[:k], self.distributions[:k], self.matched_orders[:k], self.sources[:k]
+            pick(self.token_ids),
+            pick(self.distributions),
+            pick(self.matched_orders),
+            pick(self.sources),
+            [new_index.get(self.parents[i], -1) for i in keep] if self.parents else [],
         )
 
 
@@ -147,6 +183,8 @@ class VerifyResult:
 
     accepted_count: int
     token_ids: list[int]  # accepted drafts + the corrected or bonus token
+    # indices of the accepted drafts in the draft (a tree's path); empty for a chain (0, 1, ...)
+    accepted_nodes: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -28,12 +28,16 @@ def dev_prompts() -> list[str]:
     return load_dev_prompts()
 
 
+def plain_greedy_outputs(decoder, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    """Plain greedy decoding with Hugging Face generate of the decoder's model, per prompt."""
+    plain = PlainDecoder.load(str(STORIES_MODEL), decoder.verifier.info.eos_token_ids)
+    return [plain.generate(decoder.tokenizer(p).input_ids, max_tokens).token_ids for p in prompts]
+
+
 @pytest.fixture(scope="session")
 def reference_outputs(embedded_decoder, dev_prompts) -> list[list[int]]:  # noqa: F811
     """Plain greedy decoding with Hugging Face generate, per dev prompt."""
-    plain = PlainDecoder.load(str(STORIES_MODEL), embedded_decoder.verifier.info.eos_token_ids)
-    tokenizer = embedded_decoder.tokenizer
-    return [plain.generate(tokenizer(p).input_ids, MAX_TOKENS).token_ids for p in dev_prompts]
+    return plain_greedy_outputs(embedded_decoder, dev_prompts, MAX_TOKENS)
 
 
 # Verification is parallel: clearly fewer verifier forwards than generated tokens. Sampled drafts

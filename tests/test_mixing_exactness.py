@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.baseline import PlainDecoder
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.conftest import load_dev_prompts
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
 from tests.test_exactness import (
     assert_parallel,
     generate_embedded,
     generate_over_gateway,
+    plain_greedy_outputs,
     totals,
 )
 
@@ -39,10 +39,7 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
-    """Plain greedy decoding with Hugging Face generate, per prompt."""
-    plain = PlainDecoder.load(str(STORIES_MODEL), embedded_decoder.verifier.info.eos_token_ids)
-    tokenizer = embedded_decoder.tokenizer
-    return [plain.generate(tokenizer(p).input_ids, MAX_TOKENS).token_ids for p in prompts]
+    return plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
 
 
 @pytest.mark.parametrize(("strategy", "mixing", "escape_weight", "min_draft_prob"), CONFIGS)

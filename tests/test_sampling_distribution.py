@@ -40,7 +40,11 @@ def exact_joint(decoder, prompt_ids: list[int], temperature: float) -> np.ndarra
     return (p1[:, None] * p2).numpy()
 
 
-def sample_pairs(decoder, prompt_ids, temperature: float, strategy: str) -> Counter:
+def sample_pairs(
+    decoder, prompt_ids, temperature: float, strategy: str, tree_nodes: int = 0
+) -> Counter:
+    """(first, second) generated token counts over RUNS seeds; tree_nodes > 0: the second
+    token comes from verifying a draft tree (one level: up to 3 sibling drafts)."""
     counts: Counter = Counter()
     for seed in range(RUNS):
         request = GenerationRequest(
@@ -48,7 +52,7 @@ def sample_pairs(decoder, prompt_ids, temperature: float, strategy: str) -> Coun
             max_tokens=3,
             temperature=temperature,
             seed=seed,
-            draft=DraftParams(k=4, strategy=strategy),
+            draft=DraftParams(k=4, strategy=strategy, tree_nodes=tree_nodes),
         )
         result = decoder.coordinator.generate(request)
         counts[tuple(result.token_ids[:2])] += 1

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from speculant.affinity import split_cores
 from tests.conftest import STORIES_MODEL
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
@@ -58,18 +59,30 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
             str(verifier_port),
             "--torch-threads",
             "1",
+            "--pin-cpus",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
+    split = split_cores(1)
     try:
         ready = process.stdout.readline()
+        if split is not None:  # --pin-cpus reports first what it pinned
+            assert ready.startswith("pinned: verifier to CPU"), ready
+            ready = process.stdout.readline()
         assert ready.startswith(f"ready: gateway 127.0.0.1:{gateway_port}"), ready
         assert "grpcurl" in process.stdout.readline()
         children = psutil.Process(process.pid).children(recursive=True)
         assert len(children) == 3
+        if split is not None:
+            for child in children:
+                name = "verifier" if "serve-verifier" in child.cmdline() else "other"
+                expected = split.model if name == "verifier" else split.other
+                assert all(
+                    set(psutil.Process(t.id).cpu_affinity()) == expected for t in child.threads()
+                ), name
         gateway = f"127.0.0.1:{gateway_port}"
         assert "speculant.v1.GatewayService" in grpcurl(gateway, "list")
         request = {

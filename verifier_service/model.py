@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -217,6 +218,46 @@ class LoadedModel:
             logits_to_keep=logits_to_keep,
         )
         return out.logits[0]  # [logits_to_keep, V]
+
+    @torch.inference_mode()
+    def forward_tree(
+        self, cache: DynamicCache, input_ids: torch.Tensor, start: int, parents: list[int]
+    ) -> torch.Tensor:
+        """Append a token tree to the cache in one forward pass: input_ids [n+1] are the pending
+        token (row 0, at position start) and n drafts, draft i a child of draft parents[i] (or of
+        the pending token when -1), at position start + 1 + its depth. Each token attends to the
+        cache, its ancestors and itself (a 4D attention mask). Returns logits [n+1, V].
+        """
+        n = len(parents)
+        rows = np.eye(n + 1, dtype=bool)  # [n+1, n+1]: row r sees itself and ...
+        depth = np.zeros(n + 1, dtype=np.int64)
+        for i, parent in enumerate(parents):
+            rows[i + 1] |= rows[parent + 1]  # ... every ancestor (parent + 1 = its row)
+            depth[i + 1] = depth[parent + 1] + 1
+        mask = torch.zeros(n + 1, start + n + 1, dtype=self.dtype)  # [n+1, start+n+1]
+        mask[:, start:].masked_fill_(torch.from_numpy(~rows), torch.finfo(self.dtype).min)
+        positions = torch.from_numpy(depth + start).to(self.device)  # [n+1]
+        out = self.model(
+            input_ids=input_ids.unsqueeze(0),  # [1, n+1]
+            position_ids=positions.unsqueeze(0),  # [1, n+1]
+            attention_mask=mask.to(self.device)[None, None],  # [1, 1, n+1, start+n+1]
+            cache=cache,
+            use_cache=True,
+        )
+        return out.logits[0]  # [n+1, V]
+
+    @torch.inference_mode()
+    def keep_path(self, cache: DynamicCache, start: int, path: tuple[int, ...]) -> None:
+        """After forward_tree at `start`: keep the pending token and the accepted drafts `path`
+        (ascending draft indices), moved to positions start+1.., and drop the other branches."""
+        if path and path != tuple(range(len(path))):  # else the path is in place already
+            source = torch.tensor(path, device=self.device) + start + 1  # cache rows of the path
+            end = start + 1 + len(path)
+            for layer in cache.layers:
+                # [batch, heads, seq, head_dim]; advanced indexing copies the source rows first
+                layer.keys[:, :, start + 1 : end] = layer.keys[:, :, source]
+                layer.values[:, :, start + 1 : end] = layer.values[:, :, source]
+        self.crop(cache, start + 1 + len(path))
 
     def crop(self, cache: DynamicCache, length: int) -> None:
         """Keep only the first `length` cached positions (drop rejected tokens)."""

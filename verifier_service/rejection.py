@@ -15,6 +15,13 @@ Terms (see also :mod:`speculant.types`):
 Every call emits ``accepted + 1`` tokens, and the emitted sequence is distributed exactly as
 tokens sampled one at a time from the target model.
 
+*Draft tree* (point-mass drafts, :func:`tree_sample`): from the pending token, sample x from p at
+the current node; if a child of the node is x, it is accepted and the walk goes on from it,
+else x is emitted and the walk ends (x is then the corrected token, or the bonus token at a
+leaf). Each emitted token is a plain draw from p given the tokens before it, so this is exact
+too; with a chain it is the point-mass rule above (accept d with probability p(d), else draw
+from p without d).
+
 Layout: ``logits[i]`` is the target's prediction for the token after
 ``[..., pending, d_1, ..., d_i]``, i.e. row i scores d_{i+1} (rows 0..k-1) and row k gives the
 bonus distribution.
@@ -35,6 +42,7 @@ class RejectionOutput:
 
     accepted_count: int
     token_ids: list[int]
+    accepted_nodes: tuple[int, ...] = ()  # tree_sample: the accepted draft indices, in order
 
 
 def target_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -136,3 +144,33 @@ def rejection_sample(
         final_dist = residual_distribution(p[accepted], q_row, draft_list[accepted])
     final_token = sample_index(final_dist, generator)
     return RejectionOutput(accepted, [*draft_list[:accepted], final_token])
+
+
+def tree_sample(
+    logits: torch.Tensor,
+    draft_ids: list[int],
+    parents: list[int],
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> RejectionOutput:
+    """Walk a tree of point-mass drafts from the pending token (see the module's terms).
+
+    logits: [n+1, V]: row 0 predicts the token after the pending token, row i + 1 the token
+    after draft i (given its ancestors). draft_ids, parents: [n] each, parents[i] < i or -1 (a
+    child of the pending token). Returns the accepted path (accepted_nodes) and its tokens plus
+    one corrected or bonus token.
+    """
+    children: dict[int, dict[int, int]] = {}  # node (-1 = pending) -> {token: draft index}
+    for index, (token, parent) in enumerate(zip(draft_ids, parents, strict=True)):
+        children.setdefault(parent, {}).setdefault(token, index)
+    best = torch.argmax(logits, dim=-1).tolist() if temperature == 0 else None  # [n+1]
+    node, path, tokens = -1, [], []
+    while True:
+        row = node + 1
+        token = best[row] if best is not None else sample_token(logits[row], temperature, generator)
+        child = children.get(node, {}).get(token)
+        tokens.append(token)
+        if child is None:
+            return RejectionOutput(len(path), tokens, tuple(path))
+        path.append(child)
+        node = child

@@ -59,9 +59,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
 
     def _verify(self, request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
         dists = [_sparse(d) for d in request.draft_distributions] or None
-        result = self.verifier.verify(request.session_id, request.draft_token_ids, dists)
+        result = self.verifier.verify(
+            request.session_id, request.draft_token_ids, dists, request.draft_parents or None
+        )
         return verifier_pb2.VerifyResponse(
-            accepted_count=result.accepted_count, token_ids=result.token_ids
+            accepted_count=result.accepted_count,
+            token_ids=result.token_ids,
+            accepted_draft_indices=result.accepted_nodes,
         )
 
     @map_errors

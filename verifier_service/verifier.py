@@ -26,9 +26,20 @@ import torch
 from speculant.config import VerifierConfig
 from speculant.errors import InvalidArgumentError, OutOfRangeError
 from speculant.tokenizer import tokenizer_fingerprint
-from speculant.types import ModelInfo, SparseDistribution, VerifierStats, VerifyResult
+from speculant.types import (
+    DraftProposal,
+    ModelInfo,
+    SparseDistribution,
+    VerifierStats,
+    VerifyResult,
+)
 from verifier_service.model import LoadedModel
-from verifier_service.rejection import RejectionOutput, rejection_sample, sample_token
+from verifier_service.rejection import (
+    RejectionOutput,
+    rejection_sample,
+    sample_token,
+    tree_sample,
+)
 from verifier_service.sessions import Session, SessionStore
 
 T = TypeVar("T")
@@ -224,8 +235,12 @@ class LocalVerifier:
         session_id: str,
         draft_ids: Sequence[int],
         draft_distributions: Sequence[SparseDistribution] | None = None,
+        draft_parents: Sequence[int] | None = None,
     ) -> VerifyResult:
         """Score the drafts in ONE forward; return accepted drafts + a corrected/bonus token.
+
+        draft_parents: a draft tree of point-mass drafts (see speculant.types.DraftProposal);
+        None/empty: a chain.
 
         draft_distributions: the q of each draft token, or None/empty for point-mass (greedy)
         drafts. Drafts that would overflow the model's context are dropped from the end; when
@@ -233,6 +248,12 @@ class LocalVerifier:
         """
         drafts = [int(t) for t in draft_ids]
         self._check_ids(drafts, "draft_token_ids")
+        if draft_parents:
+            if draft_distributions:
+                raise InvalidArgumentError(
+                    "draft_distributions", "a draft tree takes point-mass drafts only (none)"
+                )
+            return self._verify_tree(session_id, drafts, [int(p) for p in draft_parents])
         q = self._dense_q(drafts, draft_distributions) if draft_distributions else None
         with self.sessions.use(session_id) as session:
             room = self.model.max_context - session.length - 1  # drafts that still fit
@@ -266,6 +287,42 @@ class LocalVerifier:
             session.pending_token = out.token_ids[-1]
         self._count(forward=1, drafts=k, accepted=out.accepted_count)
         return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
+
+    def _verify_tree(self, session_id: str, drafts: list[int], parents: list[int]) -> VerifyResult:
+        """verify() for a draft tree: one forward over all branches, then the tree walk."""
+        if len(parents) != len(drafts):
+            raise InvalidArgumentError(
+                "draft_parents", f"has {len(parents)} entries for {len(drafts)} draft tokens"
+            )
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < i:
+                raise InvalidArgumentError(
+                    f"draft_parents[{i}]", f"must be -1 or an earlier index (< {i}), got {parent}"
+                )
+        with self.sessions.use(session_id) as session:
+            room = self.model.max_context - session.length - 1  # tree depth that still fits
+            if room < 0:
+                raise OutOfRangeError(
+                    f"session {session_id!r} is at the model's context limit"
+                    f" ({self.model.max_context} tokens)"
+                )
+            proposal = DraftProposal(drafts, parents=parents).truncated(room)
+            drafts, parents = proposal.token_ids, proposal.parents
+
+            def run() -> RejectionOutput:
+                input_ids = torch.tensor(
+                    [session.pending_token, *drafts], dtype=torch.long, device=self.model.device
+                )  # [n+1]: pending, then the tree's drafts
+                logits = self.model.forward_tree(session.cache, input_ids, session.length, parents)
+                out = tree_sample(logits, drafts, parents, session.temperature, session.generator)
+                self.model.keep_path(session.cache, session.length, out.accepted_nodes)
+                return out
+
+            out = self._on_model(run)
+            session.length += 1 + out.accepted_count
+            session.pending_token = out.token_ids[-1]
+        self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
+        return VerifyResult(out.accepted_count, out.token_ids, list(out.accepted_nodes))
 
     def warm_up(self) -> None:
         """Run one short session through prefill and verify, so the first real request does not

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19speculant/v1/common.proto\x12\x0cspeculant.v1\"6\n\x12SparseDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x01\"\xf3\x03\n\x0c\x44raftOptions\x12\x0e\n\x01k\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12-\n\x08strategy\x18\x02 \x01(\x0e\x32\x1b.speculant.v1.DraftStrategy\x12\x1a\n\rattentive_mix\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x17\n\norder_bias\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0fmix_temperature\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12reliability_weight\x18\x06 \x01(\x01H\x04\x88\x01\x01\x12\x1c\n\x0f\x65ntropy_penalty\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x13\n\x06mixing\x18\x08 \x01(\tH\x06\x88\x01\x01\x12\x1b\n\x0emin_draft_prob\x18\t \x01(\x01H\x07\x88\x01\x01\x12\x1a\n\rescape_weight\x18\n \x01(\x01H\x08\x88\x01\x01\x12\x1b\n\x0eoverlay_weight\x18\x0b \x01(\x01H\t\x88\x01\x01\x42\x04\n\x02_kB\x10\n\x0e_attentive_mixB\r\n\x0b_order_biasB\x12\n\x10_mix_temperatureB\x15\n\x13_reliability_weightB\x12\n\x10_entropy_penaltyB\t\n\x07_mixingB\x11\n\x0f_min_draft_probB\x10\n\x0e_escape_weightB\x11\n\x0f_overlay_weight*g\n\rDraftStrategy\x12\x1e\n\x1a\x44RAFT_STRATEGY_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44RAFT_STRATEGY_GREEDY\x10\x01\x12\x1b\n\x17\x44RAFT_STRATEGY_SAMPLING\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19speculant/v1/common.proto\x12\x0cspeculant.v1\"6\n\x12SparseDistribution\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x01\"\x9b\x04\n\x0c\x44raftOptions\x12\x0e\n\x01k\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12-\n\x08strategy\x18\x02 \x01(\x0e\x32\x1b.speculant.v1.DraftStrategy\x12\x1a\n\rattentive_mix\x18\x03 \x01(\x08H\x01\x88\x01\x01\x12\x17\n\norder_bias\x18\x04 \x01(\x01H\x02\x88\x01\x01\x12\x1c\n\x0fmix_temperature\x18\x05 \x01(\x01H\x03\x88\x01\x01\x12\x1f\n\x12reliability_weight\x18\x06 \x01(\x01H\x04\x88\x01\x01\x12\x1c\n\x0f\x65ntropy_penalty\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x13\n\x06mixing\x18\x08 \x01(\tH\x06\x88\x01\x01\x12\x1b\n\x0emin_draft_prob\x18\t \x01(\x01H\x07\x88\x01\x01\x12\x1a\n\rescape_weight\x18\n \x01(\x01H\x08\x88\x01\x01\x12\x1b\n\x0eoverlay_weight\x18\x0b \x01(\x01H\t\x88\x01\x01\x12\x17\n\ntree_nodes\x18\x0c \x01(\x05H\n\x88\x01\x01\x42\x04\n\x02_kB\x10\n\x0e_attentive_mixB\r\n\x0b_order_biasB\x12\n\x10_mix_temperatureB\x15\n\x13_reliability_weightB\x12\n\x10_entropy_penaltyB\t\n\x07_mixingB\x11\n\x0f_min_draft_probB\x10\n\x0e_escape_weightB\x11\n\x0f_overlay_weightB\r\n\x0b_tree_nodes*g\n\rDraftStrategy\x12\x1e\n\x1a\x44RAFT_STRATEGY_UNSPECIFIED\x10\x00\x12\x19\n\x15\x44RAFT_STRATEGY_GREEDY\x10\x01\x12\x1b\n\x17\x44RAFT_STRATEGY_SAMPLING\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'speculant.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DRAFTSTRATEGY']._serialized_start=601
-  _globals['_DRAFTSTRATEGY']._serialized_end=704
+  _globals['_DRAFTSTRATEGY']._serialized_start=641
+  _globals['_DRAFTSTRATEGY']._serialized_end=744
   _globals['_SPARSEDISTRIBUTION']._serialized_start=43
   _globals['_SPARSEDISTRIBUTION']._serialized_end=97
   _globals['_DRAFTOPTIONS']._serialized_start=100
-  _globals['_DRAFTOPTIONS']._serialized_end=599
+  _globals['_DRAFTOPTIONS']._serialized_end=639
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only")
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes")
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class ProposeRequest(_message.Message):
     NEXT_ROUND_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_SEED_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_ONLY_FIELD_NUMBER: _ClassVar[int]
+    TREE_NODES_FIELD_NUMBER: _ClassVar[int]
     context_token_ids: _containers.RepeatedScalarFieldContainer[int]
     k: int
     strategy: _common_pb2.DraftStrategy
@@ -41,7 +42,8 @@ class ProposeRequest(_message.Message):
     next_round_drafts: int
     next_round_seed: int
     next_round_only: bool
-    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ...) -> None: ...
+    tree_nodes: int
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ...) -> None: ...
 
 class NextRoundDraft(_message.Message):
     __slots__ = ("accepted_count", "next_token_id", "draft_token_ids", "distributions", "matched_orders", "draft_sources")
@@ -60,18 +62,20 @@ class NextRoundDraft(_message.Message):
     def __init__(self, accepted_count: _Optional[int] = ..., next_token_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "distributions", "matched_orders", "draft_sources", "next_round")
+    __slots__ = ("draft_token_ids", "distributions", "matched_orders", "draft_sources", "next_round", "draft_parents")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_ORDERS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SOURCES_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     matched_orders: _containers.RepeatedScalarFieldContainer[int]
     draft_sources: _containers.RepeatedScalarFieldContainer[str]
     next_round: _containers.RepeatedCompositeFieldContainer[NextRoundDraft]
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., next_round: _Optional[_Iterable[_Union[NextRoundDraft, _Mapping]]] = ...) -> None: ...
+    draft_parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., next_round: _Optional[_Iterable[_Union[NextRoundDraft, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetGraphInfoRequest(_message.Message):
     __slots__ = ()

@@ -28,22 +28,26 @@ class PrefillResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., token_id: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("session_id", "draft_token_ids", "draft_distributions")
+    __slots__ = ("session_id", "draft_token_ids", "draft_distributions", "draft_parents")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     draft_distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
-    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ...) -> None: ...
+    draft_parents: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_count", "token_ids")
+    __slots__ = ("accepted_count", "token_ids", "accepted_draft_indices")
     ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_INDICES_FIELD_NUMBER: _ClassVar[int]
     accepted_count: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, accepted_count: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    accepted_draft_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, accepted_count: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., accepted_draft_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("prefill", "verify")

@@ -1,0 +1,236 @@
+"""Draft trees: the drafter proposes several branches, the verifier checks them all in one
+forward pass (a tree attention mask) and keeps the longest path it agrees with.
+
+Exactness is the point: greedy output identical to Hugging Face greedy decoding (embedded and
+over the services), sampled output following the model (chi-square, with a negative control),
+and the verifier's KV cache holding exactly the accepted path afterwards.
+"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+import verifier_service.verifier as verifier_module
+from draft_service.drafting import TREE_WIDTH, Drafter
+from draft_service.graph import NGramGraph
+from speculant.config import DraftConfig
+from speculant.errors import InvalidArgumentError
+from speculant.types import DraftParams, DraftProposal
+from speculant.v1 import common_pb2, gateway_pb2
+from tests.conftest import load_dev_prompts
+from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
+from tests.test_exactness import (
+    assert_parallel,
+    generate_embedded,
+    generate_over_gateway,
+    plain_greedy_outputs,
+    totals,
+)
+from tests.test_sampling_distribution import (
+    PROMPT,
+    chi_square_p_value,
+    exact_joint,
+    sample_pairs,
+)
+from verifier_service.rejection import RejectionOutput, tree_sample
+
+CONTEXT = [1, 403, 407, 261, 378, 432]  # BOS "Once upon a time," (stories260K tokenizer)
+PROMPTS = 16
+MAX_TOKENS = 128
+K = 8
+TREE = 24
+
+
+@pytest.fixture(scope="module")
+def drafter(tinystories_graph) -> Drafter:
+    return Drafter(NGramGraph.open(tinystories_graph))
+
+
+def _child(proposal: DraftProposal, parent: int, token: int) -> int | None:
+    for i, (t, p) in enumerate(zip(proposal.token_ids, proposal.parents, strict=True)):
+        if p == parent and t == token:
+            return i
+    return None
+
+
+def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(drafter):
+    chain = drafter.propose(CONTEXT, DraftParams(k=K))
+    tree = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
+    assert len(tree.token_ids) == TREE == len(tree.parents) == len(tree.distributions)
+    assert all(-1 <= p < i for i, p in enumerate(tree.parents))
+    assert max(tree.depths()) == K - 1
+    siblings: dict[int, list[int]] = {}
+    for token, parent in zip(tree.token_ids, tree.parents, strict=True):
+        siblings.setdefault(parent, []).append(token)
+    assert all(len(set(s)) == len(s) <= TREE_WIDTH for s in siblings.values())
+    node = -1  # the greedy chain is a path of the tree
+    for token in chain.token_ids:
+        node = _child(tree, node, token)
+        assert node is not None
+    # point masses, as the verifier assumes for a tree
+    assert all(d.probs.tolist() == [1.0] for d in tree.distributions)
+
+
+def test_sampled_and_overlay_drafts_stay_chains(drafter):
+    sampled = drafter.propose(CONTEXT, DraftParams(k=K, strategy="sampling", tree_nodes=TREE), 1)
+    overlaid = drafter.propose(CONTEXT * 3, DraftParams(k=K, tree_nodes=TREE, overlay_weight=1))
+    assert sampled.parents == [] and overlaid.parents == []
+    with pytest.raises(InvalidArgumentError, match="tree_nodes"):
+        DraftParams(tree_nodes=65).validate()
+
+
+def test_truncating_a_tree_keeps_its_top_levels(drafter):
+    tree = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
+    top = tree.truncated(2)
+    assert max(top.depths()) == 1
+    kept = [i for i, d in enumerate(tree.depths()) if d < 2]
+    assert top.token_ids == [tree.token_ids[i] for i in kept]
+    for i, parent in enumerate(top.parents):  # same parent tokens as in the full tree
+        original = tree.parents[kept[i]]
+        assert parent == (-1 if original == -1 else kept.index(original))
+
+
+def _logits(rows: list[int], vocab: int = 8) -> torch.Tensor:
+    """Logits [len(rows), vocab] that put all the mass on rows[r] at row r."""
+    logits = torch.full((len(rows), vocab), float("-inf"))
+    logits[torch.arange(len(rows)), torch.tensor(rows)] = 0.0
+    return logits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_walk_follows_the_matching_child(temperature):
+    # pending -> {3 (node 0), 5 (node 1)}; node 1 -> {6 (node 2)}; node 2 -> {7 (node 3)}
+    drafts, parents = [3, 5, 6, 7], [-1, -1, 1, 2]
+    # the model wants 5, then 6, then 2 (not 7): path 1, 2 accepted, 2 is the correction
+    out = tree_sample(_logits([5, 0, 6, 2, 0]), drafts, parents, temperature)
+    assert out == RejectionOutput(2, [5, 6, 2], (1, 2))
+    # the model wants a token no child has: nothing accepted
+    assert tree_sample(_logits([4, 0, 0, 0, 0]), drafts, parents, temperature).token_ids == [4]
+    # the whole branch accepted, then the bonus token from the leaf's row
+    out = tree_sample(_logits([5, 0, 6, 7, 1]), drafts, parents, temperature)
+    assert out == RejectionOutput(3, [5, 6, 7, 1], (1, 2, 3))
+
+
+def test_tree_walk_is_seeded():
+    logits = torch.randn(4, 16)
+    drafts, parents = [1, 2, 3], [-1, -1, 0]
+    draws = [
+        tree_sample(logits, drafts, parents, 1.0, torch.Generator().manual_seed(s)).token_ids
+        for s in (7, 7, 8)
+    ]
+    assert draws[0] == draws[1]
+
+
+def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_decoder):  # noqa: F811
+    """After a tree verification the session continues as if the accepted tokens had been fed
+    one by one: its next logits equal a fresh forward over the whole sequence."""
+    verifier = embedded_decoder.verifier
+    model = verifier.model
+    prompt = embedded_decoder.tokenizer("Once upon a time, there was").input_ids
+    first = verifier.prefill("tree-cache", prompt, temperature=0.0)
+    with torch.inference_mode():
+        row = model.model(torch.tensor([[*prompt, first]])).logits[0, -1]
+    wanted = int(torch.argmax(row))
+    # a tree whose second branch (not the first nodes) holds the model's choice
+    drafts, parents = [(wanted + 1) % 512, (wanted + 2) % 512, wanted], [-1, -1, -1]
+    result = verifier.verify("tree-cache", drafts, None, parents)
+    assert result.accepted_count == 1 and result.accepted_nodes == [2]
+    sequence = [*prompt, first, *result.token_ids]
+    session = verifier.sessions._sessions["tree-cache"]
+    assert session.length == len(sequence) - 1 == session.cache.get_seq_length()
+    with torch.inference_mode():
+        expected = model.model(torch.tensor([sequence])).logits[0, -1]
+        got = model.forward(session.cache, torch.tensor([sequence[-1]]), session.length, 1)[0]
+    assert torch.allclose(got, expected, atol=1e-4)
+    verifier.release("tree-cache")
+
+
+def test_bad_trees_are_invalid_argument(embedded_decoder):  # noqa: F811
+    verifier = embedded_decoder.verifier
+    verifier.prefill("bad-tree", [1, 403, 407], temperature=0.0)
+    with pytest.raises(InvalidArgumentError, match=r"draft_parents\[1\]"):
+        verifier.verify("bad-tree", [5, 6], None, [-1, 1])
+    with pytest.raises(InvalidArgumentError, match="draft_parents"):
+        verifier.verify("bad-tree", [5, 6], None, [-1])
+    verifier.release("bad-tree")
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    return load_dev_prompts()[:PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
+    return plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
+
+
+def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
+    embedded_decoder,  # noqa: F811
+    prompts,
+    references,
+):
+    draft = DraftConfig(k=K, tree_nodes=TREE)
+    mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    rounds, tokens = totals(stats)
+    assert_parallel(rounds, tokens, "greedy")
+    chain = generate_embedded(embedded_decoder, prompts, references, DraftConfig(k=K))[1]
+    assert rounds < 0.9 * totals(chain)[0], "trees should need fewer verifier forwards"
+
+
+def test_greedy_tree_output_is_plain_greedy_decoding_over_services(
+    services,  # noqa: F811
+    prompts,
+    references,
+):
+    draft = common_pb2.DraftOptions(k=K, strategy=common_pb2.DRAFT_STRATEGY_GREEDY, tree_nodes=TREE)
+    mismatches, stats = generate_over_gateway(services.gateway, prompts[:8], references[:8], draft)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert all(s.draft_failures == 0 for s in stats)
+    assert_parallel(*totals(stats), "greedy")
+
+
+def test_tree_size_is_validated_by_the_gateway(services):  # noqa: F811
+    request = gateway_pb2.GenerateRequest(
+        prompt="Once", max_tokens=4, draft=common_pb2.DraftOptions(tree_nodes=65)
+    )
+    with pytest.raises(grpc.RpcError) as caught:
+        services.gateway.Generate(request, timeout=30)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tree_nodes" in caught.value.details()
+
+
+def test_sampling_through_a_tree_follows_the_model(embedded_decoder):  # noqa: F811
+    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
+    counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "greedy", tree_nodes=8)
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
+
+
+def test_a_wrong_tree_rule_is_caught(embedded_decoder, monkeypatch):  # noqa: F811
+    """Negative control: when the sampled token is any child, take the first child instead."""
+
+    def wrong_tree_sample(logits, drafts, parents, temperature, generator=None):
+        out = tree_sample(logits, drafts, parents, temperature, generator)
+        if out.accepted_count:
+            first = drafts[0]
+            return RejectionOutput(1, [first, *out.token_ids[1:]], (0,))
+        return out
+
+    monkeypatch.setattr(verifier_module, "tree_sample", wrong_tree_sample)
+    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
+    counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "greedy", tree_nodes=8)
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value < 1e-6, f"the test failed to catch a wrong rule (p = {p_value:.2e})"
+
+
+def test_depths_of_a_chain_and_a_tree():
+    assert DraftProposal([4, 5, 6]).depths() == [0, 1, 2]
+    assert DraftProposal([4, 5, 6, 7], parents=[-1, -1, 0, 2]).depths() == [0, 0, 1, 2]
+    assert np.array_equal(DraftProposal().depths(), [])
