@@ -20,11 +20,12 @@ Terms:
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
   draft call after verification when the outcome is one of them.
-- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, greedy, no overlay) the draft is a
-  tree of up to tree_nodes tokens, at most k deep, grown best-first by path probability
-  q(t_1) * ... * q(t_d) under the mixed q, each node offering its TREE_WIDTH likeliest
-  successors; the greedy chain is its first branch. The verifier checks every branch in one
-  forward pass and keeps the longest path it agrees with (each q is a point mass).
+- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, greedy, no overlay, no
+  min_draft_prob) the draft is a tree of up to tree_nodes tokens, at most k deep, grown
+  best-first by path probability q(t_1) * ... * q(t_d) under the mixed q, each node offering
+  its TREE_WIDTH likeliest successors; the greedy chain is its first branch. The verifier
+  checks every branch in one forward pass and keeps the longest path it agrees with (each q
+  is a point mass).
 - *overlay*: with ``overlay_weight`` > 0 the whole context_ids (prompt + generated tokens) is a
   second source of n-grams; wherever it has successors for the tail, q is mixed from the combined
   counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
@@ -35,6 +36,7 @@ Terms:
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import math
@@ -142,7 +144,7 @@ class Drafter:
                     )
                     if greedy:
                         token, prob = self._argmax_combined(combined, params)
-                        dist = SparseDistribution.point_mass(token)
+                        dist = _point_mass(token)
                     else:
                         ids, q = self._mixer.mix(
                             combined.orders, combined.ids, combined.counts, params
@@ -153,7 +155,7 @@ class Drafter:
                         self._remember(key, (token, order, prob, source))
                 else:
                     token, order, prob, source = step
-                    dist = SparseDistribution.point_mass(token)
+                    dist = _point_mass(token)
             elif greedy:
                 step = cache.get((tail, mix_key)) if cache is not None else None
                 if step is None or (min_prob and step[2] != step[2]):  # missing, or NaN q
@@ -163,7 +165,7 @@ class Drafter:
                 token, order, prob = step
                 if order == 0:
                     break  # dead end: a partial (possibly empty) draft
-                dist = SparseDistribution.point_mass(token)
+                dist = _point_mass(token)
             else:
                 orders, values = _match(tail, txn, dbs, every_order)
                 if not orders:
@@ -191,7 +193,6 @@ class Drafter:
             *[int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]],
         )
         proposal = DraftProposal()
-        point_masses: dict[int, SparseDistribution] = {}
         ties = itertools.count()
         # max-heap of candidate nodes: (-path probability, tie, parent, token, depth, order, tail)
         frontier: list[tuple[float, int, int, int, int, int, bytes]] = []
@@ -208,9 +209,7 @@ class Drafter:
             index = len(proposal.token_ids)
             proposal.token_ids.append(token)
             proposal.parents.append(parent)
-            if token not in point_masses:
-                point_masses[token] = SparseDistribution.point_mass(token)
-            proposal.distributions.append(point_masses[token])
+            proposal.distributions.append(_point_mass(token))
             proposal.matched_orders.append(order)
             proposal.sources.append("graph")
             if depth + 1 < params.k:
@@ -364,6 +363,15 @@ class Drafter:
             return None
         ids, q = self._mixer.mix(orders, *_decode(values), params)
         return SparseDistribution(ids.astype(np.int64), q), orders[0]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _point_mass(token: int) -> SparseDistribution:
+    """The point mass at token, shared between drafts (its arrays are read-only)."""
+    dist = SparseDistribution.point_mass(token)
+    dist.token_ids.flags.writeable = False
+    dist.probs.flags.writeable = False
+    return dist
 
 
 def _mix_key(params: DraftParams) -> tuple:

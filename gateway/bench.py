@@ -81,7 +81,7 @@ from gateway.bench_cost import (
 )
 from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
 from speculant.affinity import pin_process, split_cores
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
+from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
@@ -93,6 +93,9 @@ RPC_TIMEOUT_S = 600.0
 def default_prompts_path() -> Path:
     """The tinystories dev prompts when ../shared is present, else the demo prompts."""
     return SHARED_DEV_PROMPTS if SHARED_DEV_PROMPTS.is_file() else DEMO_PROMPTS
+
+
+DEFAULT_TREE_NODES: int = DraftConfig.model_fields["tree_nodes"].default
 
 
 @dataclass
@@ -117,7 +120,8 @@ class BenchSettings:
     startup_timeout_s: float = 300.0
     # services only: one gateway per value (see serve-gateway --next-round-drafts)
     next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
-    tree_nodes: tuple[int, ...] = (0,)  # draft tree sizes (0 = chain), embedded and services
+    # draft tree sizes (0 = chain), embedded and services; default: DraftConfig's
+    tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
 
 
@@ -129,7 +133,7 @@ class Variant:
     k: int | None = None
     mix: bool | None = None
     next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
-    tree_nodes: int = 0  # draft tree size (0 = a chain)
+    tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
 
     @property
     def name(self) -> str:
@@ -138,7 +142,7 @@ class Variant:
         if self.system == "hf-lookup":
             return f"hf-lookup k={self.k}"
         name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
-        if self.tree_nodes:
+        if self.tree_nodes != DEFAULT_TREE_NODES:
             name += f" tree={self.tree_nodes}"
         if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
             name += f" prep={self.next_round_drafts}"
@@ -902,8 +906,9 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tree-nodes",
         type=_csv(int),
-        default=(0,),
-        help="draft tree sizes to compare, e.g. 0,16,24 (0 = a chain of k; default 0)",
+        default=(DEFAULT_TREE_NODES,),
+        help="draft tree sizes to compare, e.g. 0,12,24 (0 = a chain of k; default "
+        f"{DEFAULT_TREE_NODES}, DraftConfig's)",
     )
     p.add_argument(
         "--pin-cpus",

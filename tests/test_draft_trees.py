@@ -234,3 +234,24 @@ def test_depths_of_a_chain_and_a_tree():
     assert DraftProposal([4, 5, 6]).depths() == [0, 1, 2]
     assert DraftProposal([4, 5, 6, 7], parents=[-1, -1, 0, 2]).depths() == [0, 0, 1, 2]
     assert np.array_equal(DraftProposal().depths(), [])
+
+
+def test_a_model_without_tree_support_checks_the_first_branch(embedded_decoder, monkeypatch):  # noqa: F811
+    verifier = embedded_decoder.verifier
+    assert verifier.model.supports_trees  # stories260K with sdpa: trees match chain forwards
+    prompt_text = "Once upon a time, there was"
+    prompt = embedded_decoder.tokenizer(prompt_text).input_ids
+    e = plain_greedy_outputs(embedded_decoder, [prompt_text], 4)[0]  # greedy e[0..3]
+    monkeypatch.setattr(verifier.model, "_supports_trees", False)
+    wrong = (e[1] + 1) % verifier.info.vocab_size
+    # the model's choice sits in the second branch only: not checked, e[1] is the correction
+    verifier.prefill("no-trees", prompt, temperature=0.0)
+    result = verifier.verify("no-trees", [wrong, e[1], e[2]], None, [-1, -1, 1])
+    assert (result.accepted_nodes, result.token_ids) == ([], [e[1]])
+    verifier.release("no-trees")
+    # the first branch (node 0, then its first child, node 2) holds them: accepted, reported
+    # by their indices in the request's tree
+    verifier.prefill("no-trees", prompt, temperature=0.0)
+    result = verifier.verify("no-trees", [e[1], wrong, e[2]], None, [-1, -1, 0])
+    assert (result.accepted_nodes, result.token_ids) == ([0, 2], [e[1], e[2], e[3]])
+    verifier.release("no-trees")

@@ -15,11 +15,14 @@ from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtur
 
 MAX_TOKENS = 128
 K = 8
+# (strategy, attentive mixing, draft tree size): greedy drafts are trees by default (sampled
+# drafts are always chains); greedy chains are checked too.
 CONFIGS = [
-    pytest.param("greedy", True, id="greedy-mix"),
-    pytest.param("greedy", False, id="greedy-backoff"),
-    pytest.param("sampling", True, id="sampling-mix"),
-    pytest.param("sampling", False, id="sampling-backoff"),
+    pytest.param("greedy", True, 12, id="greedy-mix-tree"),
+    pytest.param("greedy", True, 0, id="greedy-mix-chain"),
+    pytest.param("greedy", False, 12, id="greedy-backoff-tree"),
+    pytest.param("sampling", True, 0, id="sampling-mix"),
+    pytest.param("sampling", False, 0, id="sampling-backoff"),
 ]
 
 
@@ -84,33 +87,37 @@ def totals(stats: list) -> tuple[int, int]:
     return sum(s.rounds for s in stats), sum(s.generated_tokens for s in stats)
 
 
-@pytest.mark.parametrize(("strategy", "attentive_mix"), CONFIGS)
+@pytest.mark.parametrize(("strategy", "attentive_mix", "tree_nodes"), CONFIGS)
 def test_greedy_identical_embedded(
     embedded_decoder,  # noqa: F811
     dev_prompts,
     reference_outputs,
     strategy,
     attentive_mix,
+    tree_nodes,
 ):
-    draft = DraftConfig(k=K, strategy=strategy, attentive_mix=attentive_mix)
+    draft = DraftConfig(k=K, strategy=strategy, attentive_mix=attentive_mix, tree_nodes=tree_nodes)
     mismatches, stats = generate_embedded(embedded_decoder, dev_prompts, reference_outputs, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(*totals(stats), strategy)
 
 
-@pytest.mark.parametrize(("strategy", "attentive_mix"), CONFIGS)
+@pytest.mark.parametrize(("strategy", "attentive_mix", "tree_nodes"), CONFIGS)
 def test_greedy_identical_over_services(
     services,  # noqa: F811
     dev_prompts,
     reference_outputs,
     strategy,
     attentive_mix,
+    tree_nodes,
 ):
     strategy_enum = {
         "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
         "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
     }[strategy]
-    draft = common_pb2.DraftOptions(k=K, strategy=strategy_enum, attentive_mix=attentive_mix)
+    draft = common_pb2.DraftOptions(
+        k=K, strategy=strategy_enum, attentive_mix=attentive_mix, tree_nodes=tree_nodes
+    )
     mismatches, stats = generate_over_gateway(
         services.gateway, dev_prompts, reference_outputs, draft
     )

@@ -144,7 +144,7 @@ def _generate(stub, prompt: str, strategy: int, temperature: float, seed: int):
         max_tokens=MAX_TOKENS,
         temperature=temperature,
         seed=seed,
-        draft=common_pb2.DraftOptions(k=K, strategy=strategy),
+        draft=common_pb2.DraftOptions(k=K, strategy=strategy, tree_nodes=0),  # chains
     )
     return stub.Generate(request, timeout=60)
 

@@ -143,6 +143,39 @@ class LoadedModel:
         # Position ids for any forward are a slice of this (a view: no allocation per call).
         self._positions = torch.arange(self.max_context, device=self.device).unsqueeze(0)
         self._crop_negative = _crop_uses_negative_count(DynamicCache(config=self.model.config))
+        self._supports_trees: bool | None = None  # checked on first use
+
+    @property
+    def supports_trees(self) -> bool:
+        """Whether forward_tree gives this model's true logits (a custom 4D attention mask and a
+        plain key/value cache): checked once against chain forwards on a scratch cache. Some
+        attention kernels (e.g. flash attention) and cache layouts (sliding windows) cannot;
+        the verifier then checks only a tree's first branch."""
+        if self._supports_trees is None:
+            try:
+                self._supports_trees = self._tree_matches_chains()
+            except Exception as exc:  # any failure means: no trees on this model
+                log.warning("draft trees disabled for %s: %s", self.name, exc)
+                self._supports_trees = False
+        return self._supports_trees
+
+    def _tree_matches_chains(self) -> bool:
+        prefix = torch.tensor([1, 2, 3], device=self.device)  # any ids: only logits are compared
+        drafts, parents = [4, 5, 6], [-1, -1, 1]  # pending 3 -> {4, 5 -> 6}
+        cache = self.new_cache()
+        self.forward(cache, prefix[:2], 0, 1)
+        tree = self.forward_tree(cache, torch.tensor([3, *drafts], device=self.device), 2, parents)
+        if not all(hasattr(layer, "keys") for layer in cache.layers):
+            return False
+        for branch, rows in (([3, 4], [0, 1]), ([3, 5, 6], [0, 2, 3])):
+            chain = self.new_cache()
+            self.forward(chain, prefix[:2], 0, 1)
+            ids = torch.tensor(branch, device=self.device)
+            logits = self.forward(chain, ids, 2, len(branch))  # [len(branch), V]
+            if not torch.allclose(logits, tree[rows], atol=1e-3, rtol=1e-3):
+                log.warning("draft trees disabled for %s: tree logits differ", self.name)
+                return False
+        return True
 
     @classmethod
     def from_model(

@@ -306,8 +306,11 @@ class LocalVerifier:
                     f"session {session_id!r} is at the model's context limit"
                     f" ({self.model.max_context} tokens)"
                 )
-            proposal = DraftProposal(drafts, parents=parents).truncated(room)
-            drafts, parents = proposal.token_ids, proposal.parents
+            tree = DraftProposal(drafts, parents=parents)
+            kept = [i for i, depth in enumerate(tree.depths()) if depth < room]  # what fits
+            if not self.model.supports_trees:
+                kept = _first_branch(parents, kept)
+            drafts, parents = _subtree(drafts, parents, kept)
 
             def run() -> RejectionOutput:
                 input_ids = torch.tensor(
@@ -322,7 +325,8 @@ class LocalVerifier:
             session.length += 1 + out.accepted_count
             session.pending_token = out.token_ids[-1]
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
-        return VerifyResult(out.accepted_count, out.token_ids, list(out.accepted_nodes))
+        accepted = [kept[i] for i in out.accepted_nodes]  # indices into the request's tree
+        return VerifyResult(out.accepted_count, out.token_ids, accepted)
 
     def warm_up(self) -> None:
         """Run one short session through prefill and verify, so the first real request does not
@@ -353,3 +357,22 @@ class LocalVerifier:
             self._forward_passes += forward
             self._draft_tokens += drafts
             self._accepted_tokens += accepted
+
+
+def _first_branch(parents: list[int], kept: list[int]) -> list[int]:
+    """Of the kept tree nodes, the first branch: from the pending token, always the first child
+    (what a verifier that cannot check trees checks instead, as a chain)."""
+    first_child: dict[int, int] = {}
+    for index in kept:
+        first_child.setdefault(parents[index], index)
+    path, node = [], -1
+    while node in first_child:
+        node = first_child[node]
+        path.append(node)
+    return path
+
+
+def _subtree(drafts: list[int], parents: list[int], kept: list[int]) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the kept nodes (ascending, closed under parents), renumbered."""
+    new_index = {old: new for new, old in enumerate(kept)}
+    return [drafts[i] for i in kept], [new_index.get(parents[i], -1) for i in kept]
