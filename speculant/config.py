@@ -54,9 +54,8 @@ class DraftConfig(BaseSettings):
     q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
-    ``tree_nodes`` (default 12; 0 = a chain) drafts a tree of up to that many tokens, k levels
+    ``tree_nodes`` (default 0 = a chain) drafts a tree of up to that many tokens, k levels
     deep, with the greedy strategy, no overlay and no min_draft_prob (see draft_service.drafting).
-    (A raw DraftService Propose without tree_nodes drafts a chain: speculant.types.DraftParams.)
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
@@ -72,7 +71,7 @@ class DraftConfig(BaseSettings):
     escape_weight: float = Field(8.0, gt=0.0, allow_inf_nan=False)
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
     overlay_weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
-    tree_nodes: int = Field(12, ge=0, le=MAX_DRAFT_K)
+    tree_nodes: int = Field(0, ge=0, le=MAX_DRAFT_K)
 
 
 class VerifierConfig(BaseSettings):
