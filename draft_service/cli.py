@@ -15,6 +15,8 @@ import logging
 import sys
 
 from speculant.config import MIXING_MODES, DraftConfig
+from speculant.errors import InvalidArgumentError
+from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ def register(
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     serve.add_argument("--workers", type=int, default=8, help="gRPC worker threads")
+    add_server_tls_arguments(serve)
     serve.set_defaults(handler=serve_draft)
 
     bench = bench_subparsers.add_parser(
@@ -83,7 +86,10 @@ def serve_draft(args: argparse.Namespace) -> int:
         first = str(exc).splitlines()
         return _fail("serve-draft", f"bad SPECULANT_DRAFT__* setting: {' '.join(first[:3])}")
     try:
-        server = DraftServer(args.host, args.port, workers=args.workers, defaults=defaults)
+        tls = server_tls_from_args(args)
+        server = DraftServer(args.host, args.port, workers=args.workers, defaults=defaults, tls=tls)
+    except InvalidArgumentError as exc:
+        return _fail("serve-draft", str(exc))
     except (OSError, RuntimeError) as exc:
         return _fail("serve-draft", f"cannot listen on {args.host}:{args.port}: {exc}")
     server.start()

@@ -21,6 +21,7 @@ from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.tls import ServerTls
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
@@ -220,9 +221,10 @@ class DraftServer:
         workers: int = 8,
         defaults: DraftParams | None = None,
         release_interval_s: float = RELEASE_INTERVAL_S,
+        tls: ServerTls | None = None,
     ) -> None:
         self.servicer = DraftServicer(defaults)
-        self.server = ServiceServer(host, port, [SERVICE_NAME], max_workers=workers)
+        self.server = ServiceServer(host, port, [SERVICE_NAME], max_workers=workers, tls=tls)
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
         self._stopped = threading.Event()
         self.release_interval_s = release_interval_s
@@ -278,13 +280,14 @@ def start_server(
     *,
     workers: int = 8,
     defaults: DraftParams | None = None,
+    tls: ServerTls | None = None,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
     Health is NOT_SERVING from the bind until the graph is open, then SERVING. A bad graph
     raises GraphFormatError after the server has been stopped again.
     """
-    server = DraftServer(host, port, workers=workers, defaults=defaults)
+    server = DraftServer(host, port, workers=workers, defaults=defaults, tls=tls)
     server.start()
     try:
         server.load_graph(graph_path)

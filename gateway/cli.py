@@ -7,6 +7,7 @@ import json
 import sys
 
 from speculant.config import MIXING_MODES, DraftConfig
+from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
 
 _DRAFT_DEFAULTS = DraftConfig.model_fields
 
@@ -99,6 +100,8 @@ def register(
         help="require clients to send 'authorization: Bearer <token>' with the token in this "
         "file (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
     )
+    add_server_tls_arguments(serve)
+    add_client_tls_arguments(serve, "--backend-tls", "the draft and verifier services")
     serve.set_defaults(handler=run_serve_gateway)
 
     generate = subparsers.add_parser(
@@ -115,6 +118,7 @@ def register(
         help="with --gateway: send the bearer token in this file "
         "(default: $SPECULANT_AUTH_TOKEN if set)",
     )
+    add_client_tls_arguments(generate, "--tls", "the gateway")
     add_generation_arguments(generate)
     generate.set_defaults(handler=run_generate)
 
@@ -143,10 +147,13 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from gateway.server import start_gateway
     from speculant.auth import load_token
     from speculant.errors import SpeculantError
+    from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
     try:
         token = load_token(args.auth_token_file)
+        tls = server_tls_from_args(args)
+        backend_tls = client_tls_from_args(args, "--backend-tls")
         server, _ = start_gateway(
             drafts,
             args.verifier,
@@ -161,6 +168,8 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
                 else {"next_round_drafts": args.next_round_drafts}
             ),
             auth_token=token,
+            tls=tls,
+            backend_tls=backend_tls,
         )
     except (SpeculantError, OSError) as exc:
         return _fail(str(exc), 2)
@@ -247,6 +256,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
 
     from speculant.auth import bearer_metadata, load_token
     from speculant.errors import RemoteError
+    from speculant.tls import client_tls_from_args, open_channel
     from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
     request = gateway_pb2.GenerateRequest(
@@ -269,7 +279,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
         ),
     )
     metadata = bearer_metadata(load_token(args.auth_token_file))
-    with grpc.insecure_channel(args.gateway) as channel:
+    with open_channel(args.gateway, client_tls_from_args(args, "--tls")) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         try:
             response = stub.Generate(request, timeout=600, metadata=metadata)

@@ -21,6 +21,7 @@ import numpy as np
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
 from speculant.stream_exchange import StreamExchange
+from speculant.tls import ClientTls, open_channel
 from speculant.types import (
     DraftParams,
     DraftProposal,
@@ -80,8 +81,8 @@ def remaining_time(default_s: float | None) -> float | None:
     return left if default_s is None else min(default_s, left)
 
 
-def _channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=GRPC_OPTIONS + RECONNECT_OPTIONS)
+def _channel(address: str, tls: ClientTls | None) -> grpc.Channel:
+    return open_channel(address, tls, GRPC_OPTIONS + RECONNECT_OPTIONS)
 
 
 def propose_request(
@@ -147,12 +148,15 @@ class GrpcDraftClient:
     """Drafts from one or more draft-service replicas over open streams (ProposeStream), round
     robin, failing over to the next replica on an error or a timeout."""
 
-    def __init__(self, addresses: Sequence[str], timeout_s: float = 0.25) -> None:
+    def __init__(
+        self, addresses: Sequence[str], timeout_s: float = 0.25, tls: ClientTls | None = None
+    ) -> None:
+        """tls: connect over TLS (see speculant.tls), else plaintext."""
         if not addresses:
             raise ValueError("at least one draft service address is needed")
         self.addresses = list(addresses)
         self.timeout_s = timeout_s
-        self._stubs = [draft_pb2_grpc.DraftServiceStub(_channel(a)) for a in self.addresses]
+        self._stubs = [draft_pb2_grpc.DraftServiceStub(_channel(a, tls)) for a in self.addresses]
         self._idle: list[list[StreamExchange]] = [[] for _ in self.addresses]
         self._next = itertools.cycle(range(len(self._stubs)))
         self._lock = threading.Lock()
@@ -351,12 +355,17 @@ class GrpcVerifierClient:
     closing it releases the session on the verifier."""
 
     def __init__(
-        self, address: str, timeout_s: float = 60.0, session_timeout_s: float = 3600.0
+        self,
+        address: str,
+        timeout_s: float = 60.0,
+        session_timeout_s: float = 3600.0,
+        tls: ClientTls | None = None,
     ) -> None:
+        """tls: connect over TLS (see speculant.tls), else plaintext."""
         self.address = address
         self.timeout_s = timeout_s
         self.session_timeout_s = session_timeout_s
-        self._stub = verifier_pb2_grpc.VerifierServiceStub(_channel(address))
+        self._stub = verifier_pb2_grpc.VerifierServiceStub(_channel(address, tls))
         self._info: ModelInfo | None = None
         self._sessions: dict[str, StreamExchange] = {}
         self._lock = threading.Lock()

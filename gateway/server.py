@@ -32,6 +32,7 @@ from speculant.errors import (
     ResourceExhaustedError,
 )
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -238,12 +239,15 @@ def start_gateway(
     max_concurrent: int = 64,
     next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
     auth_token: str | None = None,
+    tls: ServerTls | None = None,
+    backend_tls: ClientTls | None = None,
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
-    auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth)."""
+    auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
+    tls: serve TLS; backend_tls: reach the draft and verifier services over TLS."""
     servicer = GatewayServicer(
-        GrpcDraftClient(draft_addresses, timeout_s=draft_timeout_s),
-        GrpcVerifierClient(verifier_address),
+        GrpcDraftClient(draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls),
+        GrpcVerifierClient(verifier_address, tls=backend_tls),
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,
@@ -258,7 +262,12 @@ def start_gateway(
     # Enough worker threads that requests over the limit are answered RESOURCE_EXHAUSTED at
     # once instead of queueing for a thread.
     server = ServiceServer(
-        host, port, [SERVICE_NAME], max_workers=max_concurrent + 8, auth_token=auth_token
+        host,
+        port,
+        [SERVICE_NAME],
+        max_workers=max_concurrent + 8,
+        auth_token=auth_token,
+        tls=tls,
     )
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
     server.start()

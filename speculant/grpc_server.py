@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from speculant.auth import BearerTokenInterceptor
 from speculant.errors import InvalidArgumentError, SpeculantError
+from speculant.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +210,11 @@ class ServiceServer:
         *,
         max_workers: int = 16,
         auth_token: str | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         """auth_token: require ``authorization: Bearer <auth_token>`` on every call but health
-        checks (UNAUTHENTICATED otherwise); None = no authentication."""
+        checks (UNAUTHENTICATED otherwise); None = no authentication. tls: serve TLS (mutual
+        with a client CA) instead of plaintext."""
         self.service_names = list(service_names)
         interceptors: list[grpc.ServerInterceptor] = [MalformedRequestInterceptor()]
         if auth_token is not None:
@@ -226,7 +229,10 @@ class ServiceServer:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.grpc_server
         )
-        self.port = self.grpc_server.add_insecure_port(f"{host}:{port}")
+        if tls is None:
+            self.port = self.grpc_server.add_insecure_port(f"{host}:{port}")
+        else:
+            self.port = self.grpc_server.add_secure_port(f"{host}:{port}", tls.credentials())
         if self.port == 0:
             raise OSError(f"cannot bind {host}:{port} (address in use or not allowed)")
         self.host = host

@@ -10,6 +10,9 @@ import argparse
 import logging
 import sys
 
+from speculant.errors import InvalidArgumentError
+from speculant.tls import add_server_tls_arguments, server_tls_from_args
+
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +51,7 @@ def register(
         "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
     )
     serve.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
+    add_server_tls_arguments(serve)
     serve.set_defaults(handler=serve_verifier)
 
     bench = bench_subparsers.add_parser(
@@ -98,8 +102,9 @@ def serve_verifier(args: argparse.Namespace) -> int:
 
     config = _config(args)
     try:
-        server, verifier = start_server(config, args.host, args.port)  # type: ignore[arg-type]
-    except (ModelLoadError, OSError) as exc:
+        tls = server_tls_from_args(args)
+        server, verifier = start_server(config, args.host, args.port, tls=tls)  # type: ignore[arg-type]
+    except (ModelLoadError, OSError, InvalidArgumentError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"verifier listening on {server.address}", file=sys.stderr, flush=True)

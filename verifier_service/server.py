@@ -12,6 +12,7 @@ import torch
 from speculant.config import VerifierConfig
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.tls import ServerTls
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from verifier_service.verifier import LocalVerifier, new_session_id
@@ -154,13 +155,14 @@ def start_server(
     port: int = 50052,
     *,
     verifier: LocalVerifier | None = None,
+    tls: ServerTls | None = None,
 ) -> tuple[ServiceServer, LocalVerifier]:
     """Start the server (health NOT_SERVING), load the model, then report SERVING.
 
     Pass ``verifier`` to serve an already-built one (tests). ModelLoadError propagates after
     the server is stopped.
     """
-    server = ServiceServer(host, port, [SERVICE_NAME])
+    server = ServiceServer(host, port, [SERVICE_NAME], tls=tls)
     servicer = VerifierServicer()
     verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
