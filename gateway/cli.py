@@ -124,10 +124,12 @@ def register(
 
     from gateway.bench import register_bench
     from gateway.demo import register_demo
+    from gateway.load import register_load
     from gateway.up import register_up
 
     register_demo(subparsers)
     register_up(subparsers)
+    register_load(subparsers)
     register_bench(bench_subparsers)
 
 

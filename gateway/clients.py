@@ -144,9 +144,15 @@ class _Watchdog:
             time.sleep(self._tick_s)
 
 
+# A draft replica that failed is asked last for this long (then it is back in the rotation).
+REPLICA_HOLD_OFF_S = 1.0
+
+
 class GrpcDraftClient:
     """Drafts from one or more draft-service replicas over open streams (ProposeStream), round
-    robin, failing over to the next replica on an error or a timeout."""
+    robin, failing over to the next replica on an error or a timeout. A replica that failed goes
+    to the back of the order for REPLICA_HOLD_OFF_S (a passive health check), so a dead replica
+    costs one failed call per hold-off, not one per round."""
 
     def __init__(
         self, addresses: Sequence[str], timeout_s: float = 0.25, tls: ClientTls | None = None
@@ -159,14 +165,23 @@ class GrpcDraftClient:
         self._stubs = [draft_pb2_grpc.DraftServiceStub(_channel(a, tls)) for a in self.addresses]
         self._idle: list[list[StreamExchange]] = [[] for _ in self.addresses]
         self._next = itertools.cycle(range(len(self._stubs)))
+        self._held_off_until = [0.0] * len(self._stubs)  # time.monotonic() per replica
         self._lock = threading.Lock()
         self._watchdog = _Watchdog()
 
     def _replica_order(self) -> list[int]:
+        """Round robin, replicas held off after a failure last."""
         with self._lock:
             first = next(self._next)
+            held_off = self._held_off_until
         n = len(self._stubs)
-        return [(first + i) % n for i in range(n)]
+        order = [(first + i) % n for i in range(n)]
+        now = time.monotonic()
+        return sorted(order, key=lambda index: held_off[index] > now)  # stable: keeps rotation
+
+    def _hold_off(self, index: int) -> None:
+        with self._lock:
+            self._held_off_until[index] = time.monotonic() + REPLICA_HOLD_OFF_S
 
     def _checkout(self, index: int) -> StreamExchange:
         """An idle open stream to replica `index` (a new one when none is idle)."""
@@ -214,6 +229,7 @@ class GrpcDraftClient:
                 return proposal_from_message(response, _is_greedy(request))
             except (RemoteError, UnavailableError) as exc:
                 last_error = exc
+                self._hold_off(index)
                 log.debug("draft replica %s failed: %s", self.addresses[index], exc)
         if last_error is None:
             raise UnavailableError("no other draft service replica to ask")
@@ -306,6 +322,7 @@ class GrpcDraftCall:
                 self._draft = proposal_from_message(response, _is_greedy(self._request))
             except (RemoteError, UnavailableError) as exc:
                 self.discard()
+                self._client._hold_off(self._index)
                 log.debug("draft replica %s failed: %s", self._client.addresses[self._index], exc)
                 self._draft = self._client._propose(self._request_without_next_round(), self._index)
             else:

@@ -1,0 +1,137 @@
+"""Several draft replicas behind one gateway: round robin shares the load evenly, and a replica
+killed with SIGKILL mid-run fails no request and changes no output (drafts are an
+optimisation); the dead replica is held off instead of being asked every round."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from gateway.clients import REPLICA_HOLD_OFF_S, GrpcDraftClient
+from speculant.health import wait_until_serving
+from speculant.types import DraftParams
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.conftest import load_dev_prompts
+from tests.e2e_fixtures import services  # noqa: F401  (fixture)
+from tests.test_up import free_ports
+
+REPLICAS = 3
+CONTEXT = [1, 403, 407, 261, 378, 432]
+
+
+class CountingDrafter:
+    """Wraps a Drafter and counts the proposals it makes."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.calls = 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.drafter, name)
+
+    def propose(self, *args, **kwargs):
+        self.calls += 1
+        return self.drafter.propose(*args, **kwargs)
+
+
+def test_round_robin_shares_calls_evenly(tinystories_graph):
+    from draft_service.server import start_server
+
+    servers = [start_server(tinystories_graph, port=0) for _ in range(REPLICAS)]
+    counters = []
+    for server in servers:
+        counters.append(CountingDrafter(server.servicer.drafter))
+        server.servicer.drafter = counters[-1]
+    try:
+        client = GrpcDraftClient([s.address for s in servers], timeout_s=5.0)
+        for _ in range(999):
+            client.propose(CONTEXT, DraftParams(k=4))
+        shares = [c.calls for c in counters]
+        assert sum(shares) == 999
+        assert all(abs(share - 333) <= 33 for share in shares), shares  # within +-10% of even
+    finally:
+        for server in servers:
+            server.stop(0)
+
+
+@pytest.fixture
+def replica_processes(tinystories_graph) -> Iterator[list[tuple[str, subprocess.Popen]]]:
+    replicas = []
+    for port in free_ports(REPLICAS):
+        command = [sys.executable, "-m", "speculant.cli", "serve-draft", "--graph"]
+        command += [str(tinystories_graph), "--port", str(port)]
+        process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        replicas.append((f"127.0.0.1:{port}", process))
+    try:
+        for address, _ in replicas:
+            assert wait_until_serving(address, timeout_s=60)
+        yield replicas
+    finally:
+        for _, process in replicas:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
+    services,  # noqa: F811
+    replica_processes,
+):
+    from gateway.server import start_gateway
+
+    addresses = [address for address, _ in replica_processes]
+    server, servicer = start_gateway(addresses, services.verifier_address, port=0)
+    prompts = load_dev_prompts()[:6]
+    client = servicer.drafter
+    failed_calls = []
+    hold_off = client._hold_off
+
+    def counting_hold_off(index: int) -> None:
+        failed_calls.append(index)
+        hold_off(index)
+
+    client._hold_off = counting_hold_off
+
+    def generate_all(stub, during=None) -> list[tuple[list[int], int]]:
+        outputs = []
+        for prompt in prompts:
+            request = gateway_pb2.GenerateRequest(
+                prompt=prompt,
+                max_tokens=96,
+                temperature=0,
+                draft=common_pb2.DraftOptions(k=8),
+            )
+            if during is not None:  # kill while this generation is in flight
+                threading.Timer(0.02, during).start()
+                during = None
+            response = stub.Generate(request, timeout=60)  # raises if the request fails
+            outputs.append((list(response.token_ids), response.stats.draft_failures))
+        return outputs
+
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            healthy = generate_all(stub)
+            assert all(failures == 0 for _, failures in healthy)
+            victim = replica_processes[0][1]
+            started = time.monotonic()
+            faulty = generate_all(stub, during=lambda: os.kill(victim.pid, signal.SIGKILL))
+            assert victim.wait(timeout=10) == -signal.SIGKILL
+            assert [tokens for tokens, _ in faulty] == [tokens for tokens, _ in healthy]
+            # every failed call went on to another replica: no round lost its draft
+            assert all(failures == 0 for _, failures in faulty)
+            # the dead replica is held off: one failed call per hold-off period at most, not
+            # one in three rounds (6 generations of about 35 rounds each)
+            elapsed = time.monotonic() - started
+            assert failed_calls and set(failed_calls) == {0}
+            assert len(failed_calls) <= elapsed / REPLICA_HOLD_OFF_S + 2, len(failed_calls)
+    finally:
+        server.stop(0)

@@ -1,0 +1,50 @@
+"""`speculant load`: a bounded load test of a running gateway, with figures a user can act on."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from gateway.load import is_loopback, percentile
+from speculant.cli import main
+from tests.e2e_fixtures import services  # noqa: F401  (fixture)
+from tests.test_up import free_ports
+
+
+def test_load_reports_latencies_throughput_errors_and_memory(services, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "load.json"
+    args = ["load", "--gateway", services.gateway_address, "--concurrency", "2"]
+    args += ["--duration", "2", "--max-tokens", "16", "--pids", str(os.getpid())]
+    assert main([*args, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["requests"] >= 2 and report["errors"] == {}
+    assert report["tokens"] == 16 * report["requests"]
+    assert report["tokens_per_second"] > 0
+    assert 0 < report["ttft_ms"]["p50"] <= report["ttft_ms"]["p99"]
+    assert 0 < report["itl_ms"]["p50"] <= report["itl_ms"]["p99"]
+    assert report["start"]["rss_bytes"][str(os.getpid())] > 0
+    assert "time to first token p50" in capsys.readouterr().out
+
+
+def test_load_counts_errors_by_status_code(tmp_path):
+    (port,) = free_ports(1)
+    out = tmp_path / "load.json"
+    args = ["load", "--gateway", f"127.0.0.1:{port}", "--concurrency", "1", "--duration", "0.5"]
+    assert main([*args, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["errors"]) == {"UNAVAILABLE"}
+    assert report["errors"]["UNAVAILABLE"] == report["requests"] > 0
+
+
+def test_load_stays_local_and_bounded(capsys):
+    assert main(["load", "--gateway", "10.1.2.3:50050"]) == 2
+    assert "not a loopback address" in capsys.readouterr().err
+    assert main(["load", "--gateway", "127.0.0.1:1", "--concurrency", "0"]) == 2
+    assert main(["load", "--gateway", "127.0.0.1:1", "--duration", "99999"]) == 2
+    assert is_loopback("localhost:1") and is_loopback("[::1]:5") and not is_loopback("example:1")
+
+
+def test_percentile_is_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
+    assert percentile([], 50) is None and percentile([7.0], 99) == 7.0
