@@ -55,7 +55,12 @@ from builder.publish import (
     remove_stale_run_dirs,
     remove_stale_temp_dirs,
 )
-from speculant.graph_format import FORMAT_VERSION, MAX_SUPPORTED_ORDER, GraphMeta
+from speculant.graph_format import (
+    FORMAT_VERSION,
+    MAX_SUPPORTED_ORDER,
+    GraphMeta,
+    write_manifest,
+)
 
 log = logging.getLogger("builder")
 
@@ -355,6 +360,7 @@ class GraphBuilder:
                 writer.write_meta(meta)
             finally:
                 writer.close()
+            write_manifest(tmp)
             publish(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

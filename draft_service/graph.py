@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ import numpy as np
 from speculant.graph_format import (
     DATA_FILE,
     KEY_DTYPE,
+    MANIFEST_FILE,
     MAX_SUPPORTED_ORDER,
     GraphFormatError,
     GraphMeta,
@@ -34,6 +36,7 @@ from speculant.graph_format import (
     open_graph_env,
     order_db_name,
     read_meta,
+    verify_manifest,
 )
 
 _MADV_DONTNEED = 4
@@ -54,6 +57,9 @@ def _load_madvise() -> Callable[..., int] | None:
 
 
 _MADVISE = _load_madvise()
+
+
+log = logging.getLogger(__name__)
 
 
 class NGramGraph:
@@ -84,6 +90,10 @@ class NGramGraph:
     def open(cls, path: str | Path) -> NGramGraph:
         """Open a published graph; GraphFormatError if missing, unfinished, corrupt or unknown."""
         path = Path(path)
+        if not path.is_dir():
+            raise GraphFormatError(f"graph not found: {path} is not a directory")
+        if not verify_manifest(path):
+            log.warning("graph %s has no %s: its data file is not verified", path, MANIFEST_FILE)
         env = open_graph_env(path)
         try:
             meta = read_meta(env, path)

@@ -70,7 +70,10 @@ def register(
         "serve-gateway", help="serve Generate/GenerateStream over draft and verifier services"
     )
     serve.add_argument(
-        "--draft", required=True, help="draft service address(es), comma separated: HOST:PORT,..."
+        "--draft",
+        required=True,
+        help="draft service address(es), comma separated: HOST:PORT,... (dns:NAME:PORT: one "
+        "replica per address NAME resolves to, at start-up)",
     )
     serve.add_argument("--verifier", required=True, help="verifier service address HOST:PORT")
     serve.add_argument("--host", default="127.0.0.1")

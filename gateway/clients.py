@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -18,7 +19,7 @@ from contextvars import ContextVar
 import grpc
 import numpy as np
 
-from speculant.errors import NotFoundError, RemoteError, UnavailableError
+from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls, open_channel
@@ -142,6 +143,28 @@ class _Watchdog:
                 for ticket in late:
                     self._in_flight.pop(ticket)[1].cancel()
             time.sleep(self._tick_s)
+
+
+def expand_addresses(addresses: Sequence[str]) -> list[str]:
+    """Replica addresses: HOST:PORT entries as given; ``dns:NAME:PORT`` becomes one replica per
+    address NAME resolves to (resolved once, at start-up: restart to pick up new ones)."""
+    out: list[str] = []
+    for address in addresses:
+        if not address.startswith("dns:"):
+            out.append(address)
+            continue
+        name, _, port = address.removeprefix("dns:").rpartition(":")
+        if not name or not port.isdigit():
+            raise InvalidArgumentError("--draft", f"{address!r} is not dns:NAME:PORT")
+        try:
+            infos = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise UnavailableError(f"--draft: cannot resolve {name}: {exc}") from exc
+        for family, *_, sockaddr in infos:
+            host = f"[{sockaddr[0]}]" if family == socket.AF_INET6 else sockaddr[0]
+            if f"{host}:{port}" not in out:
+                out.append(f"{host}:{port}")
+    return out
 
 
 # A draft replica that failed is asked last for this long (then it is back in the rotation).

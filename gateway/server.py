@@ -14,7 +14,12 @@ from collections.abc import Iterator, Sequence
 import grpc
 
 from gateway.alignment import check_tokenizer_alignment
-from gateway.clients import GrpcDraftClient, GrpcVerifierClient, request_deadline
+from gateway.clients import (
+    GrpcDraftClient,
+    GrpcVerifierClient,
+    expand_addresses,
+    request_deadline,
+)
 from gateway.coordinator import (
     Coordinator,
     GenerationRequest,
@@ -246,7 +251,9 @@ def start_gateway(
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS."""
     servicer = GatewayServicer(
-        GrpcDraftClient(draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls),
+        GrpcDraftClient(
+            expand_addresses(draft_addresses), timeout_s=draft_timeout_s, tls=backend_tls
+        ),
         GrpcVerifierClient(verifier_address, tls=backend_tls),
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,

@@ -21,6 +21,7 @@ No pickle: keys and values are fixed-width integers, the meta record is JSON.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import threading
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,9 @@ MAX_SUPPORTED_ORDER = 10
 META_DB = b"meta"
 META_KEY = b"meta"
 DATA_FILE = "data.mdb"
+# Written at publish: the size and SHA-256 of DATA_FILE, checked when a draft service opens the
+# graph, so a file damaged on disk or in a copy is refused instead of served.
+MANIFEST_FILE = "manifest.json"
 
 KEY_DTYPE = np.dtype(">u4")  # context ids in keys: big-endian so byte order == numeric order
 VALUE_DTYPE = np.dtype("<u4")  # successor ids and counts in values
@@ -212,3 +216,51 @@ def read_meta(env: lmdb.Environment | SharedGraphEnv, path: str | Path = "") -> 
             f"this version of speculant reads version {FORMAT_VERSION}: rebuild the graph"
         )
     return meta
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: str | Path) -> None:
+    """Record the size and SHA-256 of the graph's data file (before it is published)."""
+    directory = Path(directory)
+    data = directory / DATA_FILE
+    manifest = {"files": {DATA_FILE: {"bytes": data.stat().st_size, "sha256": _sha256(data)}}}
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def verify_manifest(path: str | Path) -> bool:
+    """Check the data file against the manifest: True when it matches, False when the graph
+    has no manifest (built before manifests existed), GraphFormatError when it differs."""
+    path = Path(path)
+    try:
+        raw = (path / MANIFEST_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise GraphFormatError(f"cannot read {path / MANIFEST_FILE}: {exc}") from exc
+    try:
+        expected = json.loads(raw)["files"][DATA_FILE]
+        size, digest = int(expected["bytes"]), str(expected["sha256"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise GraphFormatError(f"corrupt graph {path}: unreadable {MANIFEST_FILE}") from exc
+    data = path / DATA_FILE
+    if not data.is_file():
+        raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
+    actual = data.stat().st_size
+    if actual != size:
+        raise GraphFormatError(
+            f"corrupt graph {path}: {DATA_FILE} has {actual} bytes, the manifest says {size} "
+            "(truncated or modified after publishing)"
+        )
+    if _sha256(data) != digest:
+        raise GraphFormatError(
+            f"corrupt graph {path}: {DATA_FILE} does not match its checksum in {MANIFEST_FILE} "
+            "(damaged or modified after publishing)"
+        )
+    return True

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from gateway.clients import REPLICA_HOLD_OFF_S, GrpcDraftClient
+from gateway.clients import REPLICA_HOLD_OFF_S, GrpcDraftClient, expand_addresses
+from speculant.errors import InvalidArgumentError
 from speculant.health import wait_until_serving
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -135,3 +136,15 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
             assert len(failed_calls) <= elapsed / REPLICA_HOLD_OFF_S + 2, len(failed_calls)
     finally:
         server.stop(0)
+
+
+def test_a_dns_name_becomes_one_replica_per_address(services):  # noqa: F811
+    port = services.draft_address.rsplit(":", 1)[1]
+    expanded = expand_addresses([f"dns:localhost:{port}", "10.0.0.9:1"])
+    assert f"127.0.0.1:{port}" in expanded and expanded[-1] == "10.0.0.9:1"
+    assert len(expanded) == len(set(expanded))
+    with pytest.raises(InvalidArgumentError, match="dns:NAME:PORT"):
+        expand_addresses(["dns:no-port"])
+    client = GrpcDraftClient(expand_addresses([f"dns:localhost:{port}"]), timeout_s=5.0)
+    for _ in range(4):  # whatever else localhost resolves to (::1) is held off, not fatal
+        assert client.propose(CONTEXT, DraftParams(k=4)).token_ids

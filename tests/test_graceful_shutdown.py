@@ -1,0 +1,73 @@
+"""Graceful shutdown of the gateway: on SIGTERM it reports NOT_SERVING, refuses new calls, lets
+the generations in flight finish, then exits 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+
+from speculant.health import health_status, wait_until_serving
+from speculant.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.e2e_fixtures import services  # noqa: F401  (fixture)
+from tests.test_up import free_ports
+
+
+def test_sigterm_finishes_in_flight_generations_then_exits(services):  # noqa: F811
+    (port,) = free_ports(1)
+    address = f"127.0.0.1:{port}"
+    command = [sys.executable, "-m", "speculant.cli", "serve-gateway", "--port", str(port)]
+    command += ["--draft", services.draft_address, "--verifier", services.verifier_address]
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until_serving(address, timeout_s=60)
+        channel = grpc.insecure_channel(address)
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        long_request = gateway_pb2.GenerateRequest(
+            prompt="Once upon a time", max_tokens=480, temperature=0
+        )
+        chunks: list = []
+        first_chunk = threading.Event()
+        failure: list[BaseException] = []
+
+        def stream() -> None:
+            try:
+                for chunk in stub.GenerateStream(long_request, timeout=60):
+                    chunks.append(chunk)
+                    first_chunk.set()
+            except BaseException as exc:  # reported below
+                failure.append(exc)
+                first_chunk.set()
+
+        in_flight = threading.Thread(target=stream)
+        in_flight.start()
+        assert first_chunk.wait(30)
+        process.send_signal(signal.SIGTERM)
+        chunks_at_sigterm = len(chunks)
+        time.sleep(0.3)
+        # NOT_SERVING is set first; then the server takes no new calls, health checks included
+        assert health_status(address) in ("NOT_SERVING", "UNREACHABLE")
+        with grpc.insecure_channel(address) as fresh:
+            late = gateway_pb2_grpc.GatewayServiceStub(fresh)
+            try:
+                late.Generate(long_request, timeout=5)
+                refused = False
+            except grpc.RpcError as exc:
+                refused = exc.code() == grpc.StatusCode.UNAVAILABLE
+        assert refused, "a call after SIGTERM must be refused"
+        in_flight.join(timeout=60)
+        assert not failure, failure
+        assert len(chunks) > chunks_at_sigterm  # it went on after SIGTERM ...
+        final = chunks[-1]  # ... to the end
+        assert final.HasField("stats")
+        assert final.finish_reason == gateway_pb2.FINISH_REASON_MAX_TOKENS
+        assert sum(len(c.token_ids) for c in chunks) == 480
+        assert process.wait(timeout=30) == 0
+        channel.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
