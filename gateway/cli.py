@@ -94,8 +94,8 @@ def register(
         default=None,
         help="drafts the draft service prepares for the likeliest outcomes of each verification "
         "while the verifier runs, so the next round need not wait for a draft call "
-        "(default 0 = off: worth it where the draft service has a CPU core of its own; "
-        "the output is the same either way)",
+        "(default 0 = off: slower on a 2-core host; it can only pay where the draft service "
+        "has spare CPU; the output is the same either way)",
     )
     serve.add_argument(
         "--auth-token-file",
@@ -214,6 +214,23 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# The drafting flags of add_generation_arguments, named as DraftConfig / DraftOptions fields.
+_DRAFT_FLAGS = (
+    "k",
+    "strategy",
+    "attentive_mix",
+    "mixing",
+    "escape_weight",
+    "min_draft_prob",
+    "overlay_weight",
+    "tree_nodes",
+)
+
+
+def _draft_options(args: argparse.Namespace) -> dict[str, object]:
+    return {name: getattr(args, name) for name in _DRAFT_FLAGS}
+
+
 def _generate_embedded(args: argparse.Namespace) -> dict:
     from pydantic import ValidationError
 
@@ -221,16 +238,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     from speculant.errors import InvalidArgumentError
 
     try:
-        draft = DraftConfig(
-            k=args.k,
-            strategy=args.strategy,
-            attentive_mix=args.attentive_mix,
-            mixing=args.mixing,
-            escape_weight=args.escape_weight,
-            min_draft_prob=args.min_draft_prob,
-            overlay_weight=args.overlay_weight,
-            tree_nodes=args.tree_nodes,
-        )
+        draft = DraftConfig(**_draft_options(args))
         generation = GenerationConfig(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -260,28 +268,18 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
     from google.protobuf import json_format
 
     from speculant.auth import bearer_metadata, load_token
+    from speculant.client import generate_request
     from speculant.errors import RemoteError
     from speculant.tls import client_tls_from_args, open_channel
-    from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+    from speculant.v1 import gateway_pb2_grpc
 
-    request = gateway_pb2.GenerateRequest(
-        prompt=args.prompt,
+    request = generate_request(
+        args.prompt,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         seed=args.seed,
         stop=args.stop,
-        draft=common_pb2.DraftOptions(
-            k=args.k,
-            strategy=common_pb2.DRAFT_STRATEGY_SAMPLING
-            if args.strategy == "sampling"
-            else common_pb2.DRAFT_STRATEGY_GREEDY,
-            attentive_mix=args.attentive_mix,
-            mixing=args.mixing,
-            escape_weight=args.escape_weight,
-            min_draft_prob=args.min_draft_prob,
-            overlay_weight=args.overlay_weight,
-            tree_nodes=args.tree_nodes,
-        ),
+        **_draft_options(args),
     )
     metadata = bearer_metadata(load_token(args.auth_token_file))
     with open_channel(args.gateway, client_tls_from_args(args, "--tls")) as channel:

@@ -22,9 +22,9 @@ MAX_DRAFT_K = 64
 # Drafts the draft service prepares each round for the likeliest outcomes of the verification,
 # while the verifier runs (the gateway's --next-round-drafts; see gateway.coordinator). On the
 # tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
-# on a 2-core host the extra drafting competes with the verifier for CPU and costs more than
-# the waits it saves (see the README's benchmark notes), so it is off by default: turn it on
-# where the draft service has a core of its own.
+# on a 2-core host the extra drafting competes with the verifier and the gateway for CPU and
+# costs more than the waits it saves, pinned or not (see the README's benchmark notes), so it
+# is off by default; it can only pay where the draft service has spare CPU (not measured).
 DEFAULT_NEXT_ROUND_DRAFTS = 0
 
 

@@ -154,8 +154,11 @@ class DraftProposal:
         """Only the draft tokens at positions < k (a shorter chain with the same seed drafts the
         same prefix; a shallower tree keeps its top levels)."""
         keep = [i for i, depth in enumerate(self.depths()) if depth < k]
-        if len(keep) == len(self.token_ids):
-            return self
+        return self if len(keep) == len(self.token_ids) else self.select(keep)
+
+    def select(self, keep: list[int]) -> DraftProposal:
+        """The draft tokens at indices keep (ascending, every kept token's parent kept too),
+        with the tree's parent indices renumbered."""
         new_index = {old: new for new, old in enumerate(keep)}
 
         def pick(values: list) -> list:

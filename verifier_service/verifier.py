@@ -71,7 +71,7 @@ class LocalVerifier:
         with more than one torch thread want this: torch's OpenMP pool is per calling thread, so
         forwards from many RPC worker threads would each start a pool of spinning threads and
         starve the CPU. With one torch thread (no pool) or one in-process caller, a lock does
-        (the hand-off costs about 0.1 ms per call).
+        and saves a thread hand-off per call.
         """
         self.config = config
         self.model = model if model is not None else LoadedModel.load(config)
@@ -310,7 +310,8 @@ class LocalVerifier:
             kept = [i for i, depth in enumerate(tree.depths()) if depth < room]  # what fits
             if not self.model.supports_trees:
                 kept = _first_branch(parents, kept)
-            drafts, parents = _subtree(drafts, parents, kept)
+            kept_tree = tree.select(kept)
+            drafts, parents = kept_tree.token_ids, kept_tree.parents
 
             def run() -> RejectionOutput:
                 input_ids = torch.tensor(
@@ -370,9 +371,3 @@ def _first_branch(parents: list[int], kept: list[int]) -> list[int]:
         node = first_child[node]
         path.append(node)
     return path
-
-
-def _subtree(drafts: list[int], parents: list[int], kept: list[int]) -> tuple[list[int], list[int]]:
-    """(tokens, parents) of the kept nodes (ascending, closed under parents), renumbered."""
-    new_index = {old: new for new, old in enumerate(kept)}
-    return [drafts[i] for i in kept], [new_index.get(parents[i], -1) for i in kept]
