@@ -4,6 +4,8 @@
   the gRPC draft service (health NOT_SERVING until the graph is open; SIGINT/SIGTERM stop it).
 - ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
   [--json OUT]``: in-process and over-gRPC Propose latency, time to SERVING, server RSS.
+- ``speculant bench draft-tier --graph GRAPH_DIR [--processes 1,2] [--clients 4] [--json OUT]``:
+  Propose throughput as draft processes are added, and how much of the graph each one shares.
 
 Handlers import grpc, numpy and lmdb only when they run.
 """
@@ -62,6 +64,21 @@ def register(
     bench.add_argument("--seed", type=int, default=0, help="seed for the request contexts")
     bench.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
     bench.set_defaults(handler=bench_draft)
+
+    tier = bench_subparsers.add_parser(
+        "draft-tier",
+        help="Propose throughput of 1..N draft processes sharing one graph, and their memory",
+    )
+    tier.add_argument("--graph", required=True, help="graph directory")
+    tier.add_argument(
+        "--processes", default="1,2", help="comma-separated draft process counts (default 1,2)"
+    )
+    tier.add_argument("--clients", type=int, default=4, help="closed-loop client processes")
+    tier.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
+    tier.add_argument("--k", type=int, default=8, help="draft tokens per call")
+    tier.add_argument("--workers", type=int, default=8, help="server worker threads")
+    tier.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
+    tier.set_defaults(handler=bench_draft_tier)
 
 
 def _fail(command: str, message: str) -> int:
@@ -137,4 +154,36 @@ def bench_draft(args: argparse.Namespace) -> int:
         run_bench(options)
     except GraphFormatError as exc:
         return _fail("bench draft", str(exc))
+    return 0
+
+
+def bench_draft_tier(args: argparse.Namespace) -> int:
+    """Print (and optionally write as JSON) the draft tier's throughput by process count."""
+    from draft_service.tier_bench import TierBenchOptions, run_tier_bench
+    from speculant.graph_format import GraphFormatError
+
+    try:
+        processes = [int(p) for p in args.processes.split(",") if p.strip()]
+    except ValueError:
+        processes = []
+    if not processes or min(processes) < 1:
+        return _fail("bench draft-tier", f"--processes must be like 1,2,4, got {args.processes!r}")
+    for name in ("clients", "k", "workers"):
+        if getattr(args, name) < 1:
+            return _fail("bench draft-tier", f"--{name} must be >= 1")
+    if not args.seconds > 0:
+        return _fail("bench draft-tier", f"--seconds must be > 0, got {args.seconds}")
+    options = TierBenchOptions(
+        graph=args.graph,
+        processes=processes,
+        clients=args.clients,
+        seconds=args.seconds,
+        k=args.k,
+        workers=args.workers,
+        json_out=args.json,
+    )
+    try:
+        run_tier_bench(options)
+    except GraphFormatError as exc:
+        return _fail("bench draft-tier", str(exc))
     return 0

@@ -120,6 +120,49 @@ def test_bench_draft_refuses_a_bad_graph(tmp_path: Path) -> None:
     assert "graph not found" in result.stderr
 
 
+def test_bench_draft_tier_runs_each_process_count(graph_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tier.json"
+    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(graph_dir), "--processes", "1,2"]
+    cmd += ["--clients", "2", "--seconds", "0.5", "--k", "4", "--json", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(out.read_text())
+    assert [run["processes"] for run in figures["runs"]] == [1, 2]
+    for run in figures["runs"]:
+        assert run["calls"] > 0 and run["calls_per_s"] > 0
+        assert run["p99_ms"] >= run["p50_ms"] > 0
+        assert len(run["server_memory"]) == run["processes"]
+        # Every process maps the one graph file shared and read-only: no private copy of it.
+        assert all(m["graph_private_dirty"] == 0 and m["uss"] > 0 for m in run["server_memory"])
+    assert figures["runs"][0]["throughput_vs_first"] == 1.0
+
+
+def test_graph_mapping_dirty_bytes_counts_only_the_named_file(tmp_path: Path) -> None:
+    import mmap
+
+    from draft_service.tier_bench import graph_mapping_dirty_bytes
+
+    data = tmp_path / "data.mdb"
+    data.write_bytes(b"\0" * 65536)
+    with data.open("r+b") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE) as private:
+        assert graph_mapping_dirty_bytes(os.getpid()) == 0
+        private[:8192] = b"x" * 8192  # copy-on-write: two private dirty pages
+        assert graph_mapping_dirty_bytes(os.getpid()) == 8192
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--processes", "0,2", "--processes must be"), ("--seconds", "0", "--seconds must be")],
+)
+def test_bench_draft_tier_refuses_bad_numbers(
+    graph_dir: Path, flag: str, value: str, message: str
+) -> None:
+    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(graph_dir), flag, value]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
 # -- a real graph (built by builder.GraphBuilder from tinystories) -----------------------------
 
 
