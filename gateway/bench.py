@@ -10,6 +10,10 @@ tokens, as ``encode_prompt`` makes them):
   k). In transformers 5.x it works with ``do_sample`` True or False: candidates come without
   logits, so each candidate is kept iff it equals the token the target picks (argmax, or a
   sample from p), which is exact. It is token-identical to ``hf`` only at temperature 0.
+- ``plain``: no drafts: the embedded coordinator and verifier with an empty draft every round,
+  so one token per forward through the verifier's own forward path (the lean Llama forward
+  where it applies, see verifier_service.lean_llama). Its speedup over ``hf`` is what the
+  forward path alone gains; ``embedded`` over ``plain`` is what speculation adds.
 - ``embedded``: :class:`gateway.SpeculativeDecoder`'s verifier and graph, with one coordinator
   and Drafter per variant (k x attentive mixing on/off), so that the drafter's greedy step
   cache of one variant is not warmed by another variant's drafts of the same prompt.
@@ -86,7 +90,7 @@ from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
 DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
-SYSTEMS = ("hf", "hf-lookup", "embedded", "services")
+SYSTEMS = ("hf", "hf-lookup", "plain", "embedded", "services")
 RPC_TIMEOUT_S = 600.0
 
 
@@ -137,8 +141,8 @@ class Variant:
 
     @property
     def name(self) -> str:
-        if self.system == "hf":
-            return "hf"
+        if self.system in ("hf", "plain"):
+            return self.system
         if self.system == "hf-lookup":
             return f"hf-lookup k={self.k}"
         name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
@@ -165,8 +169,8 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
     for system in SYSTEMS:
         if system not in settings.systems:
             continue
-        if system == "hf":
-            rows.append(Variant("hf"))
+        if system in ("hf", "plain"):
+            rows.append(Variant(system))
         elif system == "hf-lookup":
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
         elif system == "embedded":
@@ -252,6 +256,16 @@ class ForwardCounter:
         self._handle.remove()
 
 
+class NoDrafts:
+    """A draft source that never drafts (the ``plain`` system): every round verifies only the
+    pending token, so the coordinator decodes one token per forward."""
+
+    def propose(self, context_ids: Sequence[int], params: Any, seed: int | None = None) -> Any:
+        from speculant.types import DraftProposal
+
+        return DraftProposal()
+
+
 class InProcessSystems:
     """hf, hf-lookup and embedded: one model, shared by the baseline and the embedded decoder."""
 
@@ -282,8 +296,9 @@ class InProcessSystems:
             from gateway.coordinator import Coordinator
 
             shared = self.decoder.coordinator
+            drafter = NoDrafts() if variant.system == "plain" else Drafter(self.decoder.graph)
             self._coordinators[variant] = Coordinator(
-                Drafter(self.decoder.graph),
+                drafter,
                 shared.verifier,
                 shared.tokenizer,
                 draft_context_window=shared.draft_context_window,
@@ -319,9 +334,9 @@ class InProcessSystems:
         from speculant.types import DraftParams
 
         draft = DraftConfig(
-            k=variant.k,
+            k=variant.k or 1,  # plain: its drafter ignores k
             strategy=self.settings.strategy,
-            attentive_mix=variant.mix,
+            attentive_mix=bool(variant.mix),
             tree_nodes=variant.tree_nodes,
         )
         request = GenerationRequest(
@@ -655,7 +670,7 @@ def _runner(in_process: InProcessSystems, services: ServiceStack | None) -> Runn
     def run(variant: Variant, prompt: str, prompt_ids: list[int], seed: int) -> RunRecord:
         if variant.system in ("hf", "hf-lookup"):
             return in_process.run_hf(variant, prompt_ids, seed)
-        if variant.system == "embedded":
+        if variant.system in ("embedded", "plain"):
             return in_process.run_embedded(variant, prompt_ids, seed)
         assert services is not None
         return services.run(variant, prompt, seed)

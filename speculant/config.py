@@ -90,6 +90,9 @@ class VerifierConfig(BaseSettings):
     max_sessions: int = Field(64, ge=1)
     # torch intra-op threads (None = torch's default). Small models on busy CPUs run best on 1.
     torch_threads: int | None = Field(None, ge=1)
+    # Run Llama models through verifier_service.lean_llama (the same torch operations without
+    # transformers' per-call Python; used only where a check at load shows identical logits).
+    lean_forward: bool = True
 
 
 class GenerationConfig(BaseSettings):

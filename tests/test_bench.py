@@ -81,9 +81,9 @@ def _check_speculative(figures: dict) -> None:
 def test_variants_and_rotation() -> None:
     settings = BenchSettings(graph="g", model="m", ks=(4, 8), mixes=(True, False))
     names = [v.name for v in variants_for(settings)]
-    assert names[:2] == ["hf", "hf-lookup k=8"]
+    assert names[:3] == ["hf", "hf-lookup k=8", "plain"]
     assert "embedded k=4 mix=off" in names and "services k=8 mix=on" in names
-    assert len(names) == 2 + 2 * 4
+    assert len(names) == 3 + 2 * 4
     items = [Variant("hf"), Variant("hf-lookup", 8), Variant("embedded", 4, True)]
     assert rotated(items, 1) == [items[1], items[2], items[0]]
     assert rotated(items, 3) == items
@@ -103,18 +103,23 @@ def test_cli_arguments() -> None:
 
 
 def test_bench_in_process(tinystories_graph, tmp_path) -> None:
-    result = run_benchmark(_settings(tinystories_graph, ("hf", "hf-lookup", "embedded")))
+    systems = ("hf", "hf-lookup", "plain", "embedded")
+    result = run_benchmark(_settings(tinystories_graph, systems))
     json.dumps(result)  # everything serialisable for --json
     summary = result["summary"]
     assert set(summary) == {
         "hf",
         "hf-lookup k=4",
+        "plain",
         "embedded k=4 mix=on",
         "embedded k=4 mix=off",
     }
     assert summary["hf"]["tau_total"] == pytest.approx(1.0)
     assert summary["hf"]["speedup_total"] == pytest.approx(1.0)
     assert summary["hf-lookup k=4"]["exact_mismatches"] == 0
+    # plain: one token per forward through the verifier's own path, the same tokens as hf
+    assert summary["plain"]["exact_mismatches"] == 0
+    assert summary["plain"]["tau_total"] == pytest.approx(1.0)
     for name in ("embedded k=4 mix=on", "embedded k=4 mix=off"):
         _check_speculative(summary[name])
         assert len(result["per_prompt"][name]) == 2

@@ -26,6 +26,7 @@ from transformers import (
 
 from speculant.config import VerifierConfig
 from speculant.errors import FailedPreconditionError
+from verifier_service.lean_llama import LeanLlama
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class LoadedModel:
     vocab_size: int  # logits width; valid token ids are 0..vocab_size-1
     max_context: int  # positions 0..max_context-1
     eos_token_ids: list[int]
+    use_lean: bool = True  # the lean forward where it is bit-identical (see `lean`)
 
     def __post_init__(self) -> None:
         self.model.eval()
@@ -144,6 +146,8 @@ class LoadedModel:
         self._positions = torch.arange(self.max_context, device=self.device).unsqueeze(0)
         self._crop_negative = _crop_uses_negative_count(DynamicCache(config=self.model.config))
         self._supports_trees: bool | None = None  # checked on first use
+        self._lean: LeanLlama | None = None
+        self._lean_checked = False
 
     @property
     def supports_trees(self) -> bool:
@@ -183,6 +187,7 @@ class LoadedModel:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         name: str = "",
+        use_lean: bool = True,
     ) -> LoadedModel:
         """Wrap an already-loaded model (tests, embedded callers)."""
         vocab = int(model.get_output_embeddings().weight.shape[0])
@@ -195,6 +200,7 @@ class LoadedModel:
             vocab_size=vocab,
             max_context=_max_context(model.config, tokenizer),
             eos_token_ids=_eos_ids(model, tokenizer),
+            use_lean=use_lean,
         )
 
     @classmethod
@@ -220,7 +226,9 @@ class LoadedModel:
                 f"cannot load model {config.model_name!r}{where}: {_first_line(exc)}"
             ) from exc
         model.to(device)
-        loaded = cls.from_model(model, tokenizer, name=config.model_name)
+        loaded = cls.from_model(
+            model, tokenizer, name=config.model_name, use_lean=config.lean_forward
+        )
         log.info(
             "loaded %s on %s (%s): vocab %d, context %d",
             loaded.name,
@@ -234,6 +242,47 @@ class LoadedModel:
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
+    @property
+    def lean(self) -> LeanLlama | None:
+        """The lean forward (verifier_service.lean_llama) when this model has one that gives
+        bit-identical logits and cache contents (checked once, on a scratch cache), else None."""
+        if not self._lean_checked:
+            self._lean_checked = True
+            candidate = LeanLlama.for_model(self.model) if self.use_lean else None
+            if candidate is not None:
+                try:
+                    same = self._lean_matches_reference(candidate)
+                except Exception as exc:  # any failure: keep the transformers forward
+                    log.info("lean forward off for %s: %s", self.name, exc)
+                    same = False
+                self._lean = candidate if same else None
+                log.info("lean forward %s for %s", "on" if same else "off", self.name)
+        return self._lean
+
+    def _lean_matches_reference(self, lean: LeanLlama) -> bool:
+        """Chains of 1 and 6 tokens and a small tree, each on a cached prefix: the lean forward's
+        logits and cache must equal the transformers forward's bit for bit."""
+        ids = torch.arange(13, device=self.device) * 7919 % self.vocab_size  # any valid ids
+        parents = [-1, -1, 1, 2]
+        for case in ("chain1", "chain6", "tree"):
+            caches = []
+            outputs = []
+            for candidate in (None, lean):  # None: the transformers forward
+                cache = self.new_cache()
+                self._run(candidate, cache, ids[:7], 0, 7)
+                if case == "tree":
+                    outputs.append(self._run_tree(candidate, cache, ids[7:12], 7, parents))
+                else:
+                    n = 1 if case == "chain1" else 6
+                    outputs.append(self._run(candidate, cache, ids[7 : 7 + n], 7, n))
+                caches.append(cache)
+            if not torch.equal(outputs[0], outputs[1]):
+                return False
+            for ref, got in zip(caches[0].layers, caches[1].layers, strict=True):
+                if not (torch.equal(ref.keys, got.keys) and torch.equal(ref.values, got.values)):
+                    return False
+        return True
+
     @torch.inference_mode()
     def forward(
         self, cache: DynamicCache, input_ids: torch.Tensor, start: int, logits_to_keep: int
@@ -242,10 +291,38 @@ class LoadedModel:
 
         Returns float logits [logits_to_keep, V] for the last logits_to_keep positions.
         """
+        return self._run(self.lean, cache, input_ids, start, logits_to_keep)
+
+    def _run(
+        self,
+        lean: LeanLlama | None,
+        cache: DynamicCache,
+        input_ids: torch.Tensor,
+        start: int,
+        logits_to_keep: int,
+    ) -> torch.Tensor:
         n = input_ids.shape[0]
+        positions = self._positions[0, start : start + n]  # [n]
+        # [n, start+n]: new token i sees positions 0..start+i; None for one token (sees all)
+        mask = None if n == 1 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
+        if lean is None:
+            return self._hf_forward(cache, input_ids, positions, None, logits_to_keep)
+        return lean.forward(cache, input_ids, positions, mask, logits_to_keep)
+
+    def _hf_forward(
+        self,
+        cache: DynamicCache,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        logits_to_keep: int,
+    ) -> torch.Tensor:
+        """The transformers forward: input_ids [n] at positions [n]; mask None (causal) or
+        additive [n, L]. Returns logits [logits_to_keep, V]."""
         out = self.model(
             input_ids=input_ids.unsqueeze(0),  # [1, n]
-            position_ids=self._positions[:, start : start + n],  # [1, n]
+            position_ids=positions.unsqueeze(0),  # [1, n]
+            attention_mask=None if mask is None else mask.to(self.device)[None, None],
             cache=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
@@ -261,6 +338,16 @@ class LoadedModel:
         the pending token when -1), at position start + 1 + its depth. Each token attends to the
         cache, its ancestors and itself (a 4D attention mask). Returns logits [n+1, V].
         """
+        return self._run_tree(self.lean, cache, input_ids, start, parents)
+
+    def _run_tree(
+        self,
+        lean: LeanLlama | None,
+        cache: DynamicCache,
+        input_ids: torch.Tensor,
+        start: int,
+        parents: list[int],
+    ) -> torch.Tensor:
         n = len(parents)
         rows = np.eye(n + 1, dtype=bool)  # [n+1, n+1]: row r sees itself and ...
         depth = np.zeros(n + 1, dtype=np.int64)
@@ -269,15 +356,11 @@ class LoadedModel:
             depth[i + 1] = depth[parent + 1] + 1
         mask = torch.zeros(n + 1, start + n + 1, dtype=self.dtype)  # [n+1, start+n+1]
         mask[:, start:].masked_fill_(torch.from_numpy(~rows), torch.finfo(self.dtype).min)
+        mask = mask.to(self.device)
         positions = torch.from_numpy(depth + start).to(self.device)  # [n+1]
-        out = self.model(
-            input_ids=input_ids.unsqueeze(0),  # [1, n+1]
-            position_ids=positions.unsqueeze(0),  # [1, n+1]
-            attention_mask=mask.to(self.device)[None, None],  # [1, 1, n+1, start+n+1]
-            cache=cache,
-            use_cache=True,
-        )
-        return out.logits[0]  # [n+1, V]
+        if lean is None:
+            return self._hf_forward(cache, input_ids, positions, mask, n + 1)
+        return lean.forward(cache, input_ids, positions, mask, n + 1)
 
     @torch.inference_mode()
     def keep_path(self, cache: DynamicCache, start: int, path: tuple[int, ...]) -> None:
