@@ -6,10 +6,13 @@
   [--partitions N | --partition-size MB] [--work-dir DIR]`` (``--corpus`` and ``--dataset``
   may be combined)
 - ``speculant graph-info GRAPH_DIR [--json]``
+- ``speculant graph-viz GRAPH_DIR --out PAGE.html [--max-nodes N] [--min-weight P]
+  [--context TEXT] [--tokenizer NAME_OR_DIR]``
 - ``speculant bench build --corpus ... --tokenizer ... [--json OUT]``
 
 Handlers import the builder (numpy, lmdb, transformers) only when they run. Errors print one
-line to stderr and exit with status 1; nothing is published by a failed build.
+line to stderr and exit with status 1 (graph-viz: ``error: ...``, status 2); nothing is
+published by a failed build.
 """
 
 from __future__ import annotations
@@ -38,6 +41,16 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
 
 
@@ -163,6 +176,44 @@ def register(
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(handler=run_graph_info)
 
+    viz = subparsers.add_parser(
+        "graph-viz",
+        help="draw part of a graph as a self-contained interactive HTML page",
+        description="Draw the contexts and successors around a text (or the most frequent "
+        "contexts) as one HTML file that works offline: context nodes coloured by order, "
+        "token nodes, edge width = P(token | context); hover for text and counts.",
+    )
+    viz.add_argument("graph", metavar="GRAPH_DIR")
+    viz.add_argument("--out", required=True, metavar="PAGE.html", help="the HTML file to write")
+    viz.add_argument(
+        "--max-nodes",
+        type=_positive,
+        default=100,
+        metavar="N",
+        help="draw at most N nodes (default 100)",
+    )
+    viz.add_argument(
+        "--min-weight",
+        type=_probability,
+        default=0.1,
+        metavar="P",
+        help="follow successors with P(token | context) >= P (0..1, default 0.1)",
+    )
+    viz.add_argument(
+        "--context",
+        default=None,
+        metavar="TEXT",
+        help="start from the last tokens of TEXT at every order (default: from the most "
+        "frequent context of every order, found by reading the whole graph)",
+    )
+    viz.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="NAME_OR_DIR",
+        help="the graph's tokenizer, if its name in the graph's meta does not load from here",
+    )
+    viz.set_defaults(handler=run_graph_viz)
+
     bench = bench_subparsers.add_parser(
         "build", help="time a graph build (wall, peak RSS, throughput, size)"
     )
@@ -281,6 +332,72 @@ def run_graph_info(args: argparse.Namespace) -> int:
         return _fail("graph-info", exc)
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_info(info))
     return 0
+
+
+def run_graph_viz(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from builder.graph_viz import VizError, select_subgraph
+    from builder.graph_viz_page import render_html
+    from draft_service.graph import NGramGraph
+    from speculant.graph_format import GraphFormatError
+    from speculant.tokenizer import TokenizerLoadError
+
+    try:
+        with NGramGraph.open(args.graph) as graph:
+            labels, tokenizer = _viz_labels(graph.meta, args)
+            context_ids = None if tokenizer is None else list(tokenizer(args.context).input_ids)
+            viz = select_subgraph(
+                graph,
+                labels,
+                context_ids=context_ids,
+                max_nodes=args.max_nodes,
+                min_weight=args.min_weight,
+            )
+            viz.context_text = args.context
+            meta = graph.meta
+        page = render_html(
+            viz,
+            title=f"n-gram graph {Path(args.graph).resolve().name}",
+            subtitle=f"{meta.tokenizer_name}, orders 1..{meta.max_order}, "
+            f"{meta.corpus_tokens:,} corpus tokens",
+        )
+        Path(args.out).write_text(page, encoding="utf-8")
+    except (GraphFormatError, TokenizerLoadError, VizError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    contexts = sum(1 for n in viz.nodes if n.kind == "context")
+    print(
+        f"wrote {args.out}: {len(viz.nodes)} nodes ({contexts} contexts, "
+        f"{len(viz.nodes) - contexts} tokens), {len(viz.edges)} edges"
+        + (" (cut at --max-nodes)" if viz.truncated else "")
+    )
+    return 0
+
+
+def _viz_labels(meta, args: argparse.Namespace):
+    """(labels, tokenizer): the graph's tokenizer, checked against its fingerprint.
+
+    The tokenizer is returned only when --context needs it. Without --tokenizer and --context a
+    tokenizer that does not load (a hub name offline) only costs the labels: they show ids.
+    """
+    from builder.graph_viz import id_labels, tokenizer_labels
+    from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
+
+    name = args.tokenizer or meta.tokenizer_name
+    try:
+        tokenizer = load_tokenizer(name)
+    except TokenizerLoadError as exc:
+        if args.tokenizer or args.context is not None:
+            raise
+        print(f"warning: {exc}; the page shows token ids (give --tokenizer)", file=sys.stderr)
+        return id_labels(), None
+    if tokenizer_fingerprint(tokenizer) != meta.tokenizer_fingerprint:
+        raise ValueError(
+            f"tokenizer {name} is not the one the graph was built with "
+            f"({meta.tokenizer_name}, fingerprint {meta.tokenizer_fingerprint})"
+        )
+    return tokenizer_labels(tokenizer), tokenizer if args.context is not None else None
 
 
 def run_bench_build(args: argparse.Namespace) -> int:
