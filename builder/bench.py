@@ -60,7 +60,7 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
             "corpus": list(args.corpus or [])
             + ([f"dataset:{args.dataset}"] if args.dataset else []),
             "tokenizer": args.tokenizer,
-            "max_order": args.max_order,
+            "max_order": meta.max_order,
             "doc_separator": args.doc_separator,
             "chunk_size": args.chunk_size,
             "engine": params["engine"],

@@ -3,8 +3,8 @@
 - ``speculant build (--corpus PATH [PATH ...] | --dataset NAME_OR_PATH [--dataset-config C]
   [--split S] [--data-files PATTERN ...] [--max-docs N]) --tokenizer NAME_OR_DIR
   --out GRAPH_DIR [...] [--engine local|dask] [--address ADDR] [--workers N]
-  [--partitions N | --partition-size MB] [--work-dir DIR]`` (``--corpus`` and ``--dataset``
-  may be combined)
+  [--partitions N | --partition-size MB] [--work-dir DIR] [--append]`` (``--corpus`` and
+  ``--dataset`` may be combined; ``--append`` adds the corpus to the graph at GRAPH_DIR)
 - ``speculant graph-info GRAPH_DIR [--json]``
 - ``speculant graph-viz GRAPH_DIR --out PAGE.html [--max-nodes N] [--min-weight P]
   [--context TEXT] [--tokenizer NAME_OR_DIR]``
@@ -23,6 +23,7 @@ import logging
 import sys
 
 MAX_ORDER_LIMIT = 10  # speculant.graph_format.MAX_SUPPORTED_ORDER (not imported: keep it light)
+DEFAULT_MAX_ORDER = 5
 
 
 def parse_escapes(text: str) -> str:
@@ -94,7 +95,12 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tokenizer", required=True, metavar="NAME_OR_DIR", help="Hugging Face tokenizer"
     )
-    p.add_argument("--max-order", type=_order, default=5, help="highest context length (1..10)")
+    p.add_argument(
+        "--max-order",
+        type=_order,
+        default=None,
+        help="highest context length (1..10; default 5, or the graph's own with --append)",
+    )
     p.add_argument(
         "--doc-separator",
         type=parse_escapes,
@@ -168,6 +174,12 @@ def register(
     )
     _add_corpus_args(build)
     build.add_argument("--out", required=True, metavar="GRAPH_DIR", help="graph directory")
+    build.add_argument(
+        "--append",
+        action="store_true",
+        help="add the corpus to the graph at --out (same tokenizer and max order) and publish "
+        "the sum as its next version, atomically",
+    )
     build.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
     build.set_defaults(handler=run_build)
 
@@ -252,7 +264,7 @@ def builder_kwargs(args: argparse.Namespace) -> dict:
         logging.getLogger("distributed").setLevel(logging.WARNING)
     return {
         "tokenizer_name": args.tokenizer,
-        "max_order": args.max_order,
+        "max_order": args.max_order if args.max_order is not None else DEFAULT_MAX_ORDER,
         "chunk_size": args.chunk_size,
         "hf_token": args.hf_token,
         "engine": args.engine,
@@ -305,21 +317,38 @@ def run_build(args: argparse.Namespace) -> int:
     try:
         from builder import GraphBuilder
 
+        if args.append and args.max_order is None:  # default: the graph's own max order
+            from builder.append import read_base_meta
+
+            args.max_order = read_base_meta(_absolute(args.out)).max_order
         builder = GraphBuilder(**builder_kwargs(args), progress=False if args.quiet else None)
         with builder:
+            base = builder.check_append(args.out) if args.append else None
             read_inputs(builder, args)
-            meta = builder.save(args.out)
+            meta = builder.save(args.out, append=args.append)
     except errors as exc:
         return _fail("build", exc)
     if not args.quiet:
+        added = (
+            f"appended {builder.stats.documents:,} documents, {builder.stats.tokens:,} tokens "
+            f"to {args.out} (version {base.version if base else '?'} -> {meta.version}): "
+            if args.append
+            else f"built {args.out}: "
+        )
         print(
-            f"built {args.out}: {meta.corpus_documents:,} documents, "
+            f"{added}{meta.corpus_documents:,} documents, "
             f"{meta.corpus_tokens:,} tokens, orders 1..{meta.max_order}, "
             f"{meta.build_seconds:.1f} s ({args.engine} engine, "
             f"{meta.build_params['partitioning']['partitions']} partition(s))",
             file=sys.stderr,
         )
     return 0
+
+
+def _absolute(path: str):
+    from pathlib import Path
+
+    return Path(path).expanduser().absolute()
 
 
 def run_graph_info(args: argparse.Namespace) -> int:

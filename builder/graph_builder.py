@@ -22,13 +22,16 @@ One code path, several executors:
    (:mod:`builder.merge`) and appends them to LMDB (:mod:`builder.lmdb_writer`) in a temporary
    directory that is published atomically (:mod:`builder.publish`).
 
-Counts are sums, so the graph does not depend on the engine or the partitioning.
+Counts are sums, so the graph does not depend on the engine or the partitioning, and an append
+(``save(path, append=True)``, :mod:`builder.append`) merges the published graph's counts, exported
+as runs, with the new corpus's: the result equals a build of both corpora.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -39,6 +42,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from builder.append import (
+    BaseGraph,
+    append_lock,
+    base_sources,
+    check_compatible,
+    export_base,
+    read_base_meta,
+    source_record,
+)
 from builder.corpus import resolve_inputs
 from builder.engines import Engine, make_engine
 from builder.errors import BuildError
@@ -332,15 +344,48 @@ class GraphBuilder:
 
     # -- writing --------------------------------------------------------------------------
 
-    def save(self, path: str | os.PathLike[str]) -> GraphMeta:
-        """Merge the runs, write the LMDB graph and publish it atomically at path."""
+    def check_append(self, path: str | os.PathLike[str]) -> GraphMeta:
+        """The meta of the graph at path; BuildError unless this build can be appended to it
+        (same tokenizer fingerprint and max order). Checked again by ``save(append=True)``."""
+        out = Path(path).expanduser().absolute()
+        meta = read_base_meta(out)
+        check_compatible(meta, out, **self._append_check())
+        return meta
+
+    def _append_check(self) -> dict[str, Any]:
+        return {
+            "tokenizer_name": self.tokenizer_name,
+            "fingerprint": self.fingerprint,
+            "max_order": self.max_order,
+        }
+
+    def save(self, path: str | os.PathLike[str], *, append: bool = False) -> GraphMeta:
+        """Merge the runs, write the LMDB graph and publish it atomically at path.
+
+        append: add this build's counts to those of the graph published at path (see
+        :mod:`builder.append`); the new graph's version is one more than that graph's.
+        """
         out = Path(path).expanduser().absolute()
         check_output(out)
         if self.stats.tokens == 0:
             raise BuildError("the corpus has no documents: nothing to build")
+        if not append:
+            return self._write(out, None)
+        with append_lock(out):
+            base_dir = self._run_dir / f"base-{secrets.token_hex(4)}"
+            try:
+                base = export_base(out, base_dir, self._bits, self._append_check())
+                return self._write(out, base)
+            finally:
+                shutil.rmtree(base_dir, ignore_errors=True)
+
+    def _write(self, out: Path, base: BaseGraph | None) -> GraphMeta:
+        """Merge this build's runs (and the base graph's), write and publish the graph."""
         remove_stale_temp_dirs(out)
         t0 = time.perf_counter()
         runs = self.runs
+        if base is not None:
+            runs = {o: base.runs.get(o, []) + runs[o] for o in runs}
         tmp = make_temp_dir(out)
         log.info("merging runs and writing graph to %s (building in %s)", out, tmp.name)
         try:
@@ -356,7 +401,7 @@ class GraphBuilder:
                     )
                     for o in range(1, self.max_order + 1)
                 ]
-                meta = self._meta(orders, time.perf_counter() - t0)
+                meta = self._meta(orders, base.meta if base is not None else None)
                 writer.write_meta(meta)
             finally:
                 writer.close()
@@ -367,19 +412,28 @@ class GraphBuilder:
             raise
         self.stats.write_seconds += time.perf_counter() - t0
         self.stats.graph_bytes = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-        log.info("published graph %s (%d bytes)", out, self.stats.graph_bytes)
+        log.info(
+            "published graph %s version %d (%d bytes)", out, meta.version, self.stats.graph_bytes
+        )
         return meta
 
-    def _meta(self, orders, write_seconds: float) -> GraphMeta:
+    def _meta(self, orders, base: GraphMeta | None) -> GraphMeta:
+        """The meta record of the graph written: this build's, added to the base graph's."""
         started = self._started if self._started is not None else time.perf_counter()
+        built_at = datetime.now(UTC).isoformat(timespec="seconds")
+        version = 1 if base is None else base.version + 1
+        sources = [] if base is None else base_sources(base)
+        sources.append(
+            source_record(version, self._inputs, self.stats.documents, self.stats.tokens, built_at)
+        )
         return GraphMeta(
             format_version=FORMAT_VERSION,
             max_order=self.max_order,
             tokenizer_name=self.tokenizer_name,
             tokenizer_fingerprint=self.fingerprint,
             vocab_size=self.vocab_size,
-            corpus_documents=self.stats.documents,
-            corpus_tokens=self.stats.tokens,
+            corpus_documents=self.stats.documents + (base.corpus_documents if base else 0),
+            corpus_tokens=self.stats.tokens + (base.corpus_tokens if base else 0),
             orders=orders,
             build_params={
                 "inputs": list(self._inputs),
@@ -402,8 +456,10 @@ class GraphBuilder:
                     k: round(v, 3) for k, v in asdict(self.stats).items() if k.endswith("seconds")
                 },
             },
-            built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            built_at=built_at,
             build_seconds=round(time.perf_counter() - started, 3),
+            version=version,
+            sources=sources,
         )
 
     def _workers_seen(self) -> int:

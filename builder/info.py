@@ -63,12 +63,23 @@ def format_info(info: dict[str, Any]) -> str:
         f"vocab size:     {info['vocab_size']:,}",
         f"max order:      {info['max_order']}",
         f"corpus:         {info['corpus_documents']:,} documents, {info['corpus_tokens']:,} tokens",
+        f"version:        {info.get('version', 1)}",
         f"built at:       {info['built_at']} in {info['build_seconds']:.1f} s",
         f"inputs:         {' '.join(params.get('inputs', []))}",
         f"doc separator:  {params.get('doc_separator')!r}   text field: "
         f"{params.get('text_field')!r}   chunk size: {params.get('chunk_size')}",
         f"size on disk:   {info['size_on_disk_bytes'] / 2**20:,.1f} MiB "
         f"({info['size_bytes']:,} bytes)",
+    ]
+    sources = info.get("sources") or []
+    if len(sources) > 1:  # an appended graph: what each version added
+        lines.append("sources:")
+        lines += [
+            f"  v{src['version']}: {src['documents']:,} documents, {src['tokens']:,} tokens "
+            f"from {' '.join(src['inputs'])} ({src['built_at']})"
+            for src in sources
+        ]
+    lines += [
         "",
         f"{'order':>5} {'contexts':>12} {'n-grams':>12} {'total count':>13}",
     ]

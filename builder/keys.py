@@ -47,6 +47,14 @@ class KeyCodec:
             keys[:, w] |= tokens[starts + j].astype(np.uint64) << np.uint64(shift)
         return keys
 
+    def pack_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Keys of whole rows: ``[n, length]`` ids -> ``[n, words]`` uint64."""
+        keys = np.zeros((rows.shape[0], self.words), dtype=np.uint64)
+        for j in range(self.length):
+            w, shift = self._place(j)
+            keys[:, w] |= rows[:, j].astype(np.uint64) << np.uint64(shift)
+        return keys
+
     def unpack(self, keys: np.ndarray, first: int = 0, stop: int | None = None) -> np.ndarray:
         """Ids first..stop-1 of each row: ``[n, words]`` -> ``[n, stop - first]`` uint32."""
         stop = self.length if stop is None else stop

@@ -1,7 +1,9 @@
 """Command-line subcommands of the draft_service package.
 
-- ``speculant serve-draft --graph GRAPH_DIR [--host 127.0.0.1] [--port 50051] [--workers N]``:
-  the gRPC draft service (health NOT_SERVING until the graph is open; SIGINT/SIGTERM stop it).
+- ``speculant serve-draft --graph GRAPH_DIR [--host 127.0.0.1] [--port 50051] [--workers N]
+  [--reload-interval S]``: the gRPC draft service (health NOT_SERVING until the graph is open;
+  SIGINT/SIGTERM stop it; a graph newly published at GRAPH_DIR is loaded without a restart,
+  checked every S seconds and on SIGHUP, see :mod:`draft_service.reload`).
 - ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
   [--json OUT]``: in-process and over-gRPC Propose latency, time to SERVING, server RSS.
 - ``speculant bench draft-tier --graph GRAPH_DIR [--processes 1,2] [--clients 4] [--json OUT]``:
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from speculant.config import MIXING_MODES, DraftConfig
@@ -21,6 +24,8 @@ from speculant.errors import InvalidArgumentError
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
 log = logging.getLogger(__name__)
+# draft_service.reload.DEFAULT_RELOAD_INTERVAL_S (not imported: it pulls in lmdb and numpy)
+DEFAULT_RELOAD_INTERVAL_S = 2.0
 
 
 def register(
@@ -34,6 +39,14 @@ def register(
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     serve.add_argument("--workers", type=int, default=8, help="gRPC worker threads")
+    serve.add_argument(
+        "--reload-interval",
+        type=float,
+        default=DEFAULT_RELOAD_INTERVAL_S,
+        metavar="S",
+        help="check every S seconds whether a new graph was published at --graph and switch to "
+        "it without a restart (0: only on SIGHUP; default %(default)s)",
+    )
     add_server_tls_arguments(serve)
     serve.set_defaults(handler=serve_draft)
 
@@ -97,6 +110,8 @@ def serve_draft(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         return _fail("serve-draft", f"--workers must be >= 1, got {args.workers}")
+    if not args.reload_interval >= 0:  # also refuses NaN
+        return _fail("serve-draft", f"--reload-interval must be >= 0, got {args.reload_interval}")
     try:
         defaults = DraftParams.from_config(DraftConfig()).validate()
     except (ValidationError, ValueError) as exc:
@@ -104,7 +119,14 @@ def serve_draft(args: argparse.Namespace) -> int:
         return _fail("serve-draft", f"bad SPECULANT_DRAFT__* setting: {' '.join(first[:3])}")
     try:
         tls = server_tls_from_args(args)
-        server = DraftServer(args.host, args.port, workers=args.workers, defaults=defaults, tls=tls)
+        server = DraftServer(
+            args.host,
+            args.port,
+            workers=args.workers,
+            defaults=defaults,
+            tls=tls,
+            reload_interval_s=args.reload_interval,
+        )
     except InvalidArgumentError as exc:
         return _fail("serve-draft", str(exc))
     except (OSError, RuntimeError) as exc:
@@ -122,6 +144,8 @@ def serve_draft(args: argparse.Namespace) -> int:
         graph.vocab_size,
         server.address,
     )
+    # SIGHUP: check the graph path now (the watcher thread does the work)
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: server.request_reload())
     server.wait_for_termination_signal()
     log.info("draft service stopped")
     return 0

@@ -107,6 +107,11 @@ class NGramGraph:
             )
         return cls(path, env, meta)
 
+    @property
+    def file_id(self) -> tuple[int, int]:
+        """(device, inode) of the data file this graph maps (a republished graph has another)."""
+        return self._env.file_id
+
     # -- lookups -------------------------------------------------------------------------------
 
     def _txn(self) -> lmdb.Transaction:

@@ -7,6 +7,7 @@ default strategy (greedy). Bad requests become INVALID_ARGUMENT naming the field
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,6 +20,8 @@ import grpc
 
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
+from draft_service.graph_slot import GraphSlot
+from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.tls import ServerTls
@@ -122,40 +125,58 @@ def next_round_response(drafts: list[NextRoundDraft], greedy: bool) -> draft_pb2
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run."""
+    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run.
+
+    The graph lives in a :class:`~draft_service.graph_slot.GraphSlot` and may be replaced while
+    serving (hot reload): each Propose call, each request on a ProposeStream (its draft and its
+    next-round drafts) and each GetGraphInfo call is answered wholly from the graph that was
+    current when it arrived; a stream opened before a reload uses the new graph from its next
+    request on.
+    """
 
     def __init__(self, defaults: DraftParams | None = None) -> None:
         self.defaults = (defaults or DraftParams()).validate()
-        self.graph: NGramGraph | None = None
-        self.drafter: Drafter | None = None
+        self.slot = GraphSlot()
 
     def load(self, graph: NGramGraph) -> None:
-        self.graph = graph
-        self.drafter = Drafter(graph)
+        """Serve graph (replacing the current one, which closes once no call uses it)."""
+        self.slot.install(graph)
 
-    def _ready(self) -> tuple[NGramGraph, Drafter]:
-        if self.graph is None or self.drafter is None:
-            raise UnavailableError("the draft service is still opening its graph")
-        return self.graph, self.drafter
+    @property
+    def graph(self) -> NGramGraph | None:
+        """The current graph (None before load)."""
+        loaded = self.slot.current
+        return loaded.graph if loaded is not None else None
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """The current graph's drafter (None before load)."""
+        loaded = self.slot.current
+        return loaded.drafter if loaded is not None else None
+
+    @drafter.setter
+    def drafter(self, drafter: Drafter) -> None:
+        self.slot.replace_drafter(drafter)
 
     @map_errors
     def Propose(
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
-        _, drafter = self._ready()
         params, seed = params_from_request(request, self.defaults)
         count, next_seed = next_round_request(request)
-        proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-        response = (
-            draft_pb2.ProposeResponse()
-            if count and request.next_round_only
-            else proposal_to_response(proposal)
-        )
-        if count:
-            drafts = drafter.next_round_drafts(
-                request.context_token_ids, proposal.token_ids, params, next_seed, count
+        with self.slot.use() as loaded:
+            drafter = loaded.drafter
+            proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+            response = (
+                draft_pb2.ProposeResponse()
+                if count and request.next_round_only
+                else proposal_to_response(proposal)
             )
-            response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
+            if count:
+                drafts = drafter.next_round_drafts(
+                    request.context_token_ids, proposal.token_ids, params, next_seed, count
+                )
+                response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
         return response
 
     @map_stream_errors
@@ -167,50 +188,61 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         A request with next_round_drafts gets its draft first, then a second response with the
         prepared drafts, computed while the client is busy verifying the first.
         """
-        _, drafter = self._ready()
+        if self.slot.current is None:
+            raise UnavailableError("the draft service is still opening its graph")
         for request in requests:
             params, seed = params_from_request(request, self.defaults)
             count, next_seed = next_round_request(request)
-            proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-            if not (count and request.next_round_only):
-                yield proposal_to_response(proposal)
-            if count:
-                drafts = drafter.next_round_drafts(
-                    request.context_token_ids, proposal.token_ids, params, next_seed, count
-                )
-                yield next_round_response(drafts, params.strategy == "greedy")
+            with self.slot.use() as loaded:
+                drafter = loaded.drafter
+                proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+                if not (count and request.next_round_only):
+                    yield proposal_to_response(proposal)
+                if count:
+                    drafts = drafter.next_round_drafts(
+                        request.context_token_ids, proposal.token_ids, params, next_seed, count
+                    )
+                    yield next_round_response(drafts, params.strategy == "greedy")
 
     @map_errors
     def GetGraphInfo(
         self, request: draft_pb2.GetGraphInfoRequest, context: grpc.ServicerContext
     ) -> draft_pb2.GetGraphInfoResponse:
-        graph, _ = self._ready()
-        meta = graph.meta
-        return draft_pb2.GetGraphInfoResponse(
-            format_version=meta.format_version,
-            max_order=meta.max_order,
-            tokenizer_name=meta.tokenizer_name,
-            tokenizer_fingerprint=meta.tokenizer_fingerprint,
-            vocab_size=meta.vocab_size,
-            corpus_documents=meta.corpus_documents,
-            corpus_tokens=meta.corpus_tokens,
-            orders=[
-                draft_pb2.OrderStats(
-                    order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
-                )
-                for o in meta.orders
-            ],
-            build_params_json=json.dumps(meta.build_params, sort_keys=True),
-            built_at=meta.built_at,
-            graph_path=str(graph.path.resolve()),
-        )
+        with self.slot.use() as loaded:
+            return graph_info_response(loaded.graph)
+
+
+def graph_info_response(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
+    """The GetGraphInfoResponse describing a graph (its meta record, path and version)."""
+    meta = graph.meta
+    return draft_pb2.GetGraphInfoResponse(
+        format_version=meta.format_version,
+        max_order=meta.max_order,
+        tokenizer_name=meta.tokenizer_name,
+        tokenizer_fingerprint=meta.tokenizer_fingerprint,
+        vocab_size=meta.vocab_size,
+        corpus_documents=meta.corpus_documents,
+        corpus_tokens=meta.corpus_tokens,
+        orders=[
+            draft_pb2.OrderStats(
+                order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
+            )
+            for o in meta.orders
+        ],
+        build_params_json=json.dumps(meta.build_params, sort_keys=True),
+        built_at=meta.built_at,
+        graph_path=str(graph.path.resolve()),
+        graph_version=meta.version,
+    )
 
 
 class DraftServer:
     """A running draft service: gRPC server (health, reflection) + servicer + graph.
 
-    start() binds and answers health NOT_SERVING; load_graph() opens the graph and switches
-    health to SERVING; stop() shuts down and closes the graph.
+    start() binds and answers health NOT_SERVING; load_graph() opens the graph, switches health
+    to SERVING and starts watching the graph path: a graph newly published there is loaded
+    without a restart (every ``reload_interval_s`` seconds, 0 = only on request_reload(); see
+    :mod:`draft_service.reload`); stop() shuts down and closes the graph.
     """
 
     def __init__(
@@ -222,13 +254,20 @@ class DraftServer:
         defaults: DraftParams | None = None,
         release_interval_s: float = RELEASE_INTERVAL_S,
         tls: ServerTls | None = None,
+        reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
     ) -> None:
+        if reload_interval_s < 0:
+            raise InvalidArgumentError(
+                "reload_interval_s", f"must be >= 0, got {reload_interval_s}"
+            )
         self.servicer = DraftServicer(defaults)
         self.server = ServiceServer(host, port, [SERVICE_NAME], max_workers=workers, tls=tls)
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
         self._stopped = threading.Event()
         self.release_interval_s = release_interval_s
+        self.reload_interval_s = reload_interval_s
         self._releaser: threading.Thread | None = None
+        self.watcher: GraphWatcher | None = None
 
     @property
     def address(self) -> str:
@@ -242,31 +281,50 @@ class DraftServer:
         self.server.start()
 
     def load_graph(self, graph_path: str | Path) -> NGramGraph:
-        """Open the graph (GraphFormatError if bad), then report SERVING."""
+        """Open the graph (GraphFormatError if bad), then report SERVING and watch its path."""
         graph = NGramGraph.open(graph_path)
         self.servicer.load(graph)
         self.server.set_serving()
-        if self.release_interval_s > 0:
+        if self.watcher is None:
+            self.watcher = GraphWatcher(graph_path, self.servicer.slot, self.reload_interval_s)
+            self.watcher.start()
+        if self.release_interval_s > 0 and self._releaser is None:
             self._releaser = threading.Thread(
-                target=self._release_loop, args=(graph,), name="graph-pages", daemon=True
+                target=self._release_loop, name="graph-pages", daemon=True
             )
             self._releaser.start()
         return graph
 
-    def _release_loop(self, graph: NGramGraph) -> None:
+    def reload_graph(self) -> bool:
+        """Load the graph now published at the graph path if it is a new one (True when it was
+        installed; a refused one is logged and the old graph keeps serving)."""
+        if self.watcher is None:
+            raise UnavailableError("the draft service is still opening its graph")
+        return self.watcher.check(retry=True)
+
+    def request_reload(self) -> None:
+        """Ask the watcher to check the graph path now (safe in a signal handler)."""
+        if self.watcher is not None:
+            self.watcher.trigger()
+
+    def _release_loop(self) -> None:
         """Keep RSS bounded: unmap the graph pages touched since the last pass, periodically."""
         while not self._stopped.wait(self.release_interval_s):
-            graph.release_pages()
+            if self.servicer.slot.current is None:
+                continue
+            with contextlib.suppress(UnavailableError), self.servicer.slot.use() as loaded:
+                loaded.graph.release_pages()
 
     def stop(self, grace: float | None = 5.0) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self.watcher is not None:
+            self.watcher.stop()
         self.server.stop(grace)
         if self._releaser is not None:
             self._releaser.join()
-        if self.servicer.graph is not None:
-            self.servicer.graph.close()
+        self.servicer.slot.close()
 
     def wait_for_termination_signal(self, grace: float = 5.0) -> None:
         self.server.wait_for_termination_signal(grace)
@@ -281,13 +339,22 @@ def start_server(
     workers: int = 8,
     defaults: DraftParams | None = None,
     tls: ServerTls | None = None,
+    reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
     Health is NOT_SERVING from the bind until the graph is open, then SERVING. A bad graph
-    raises GraphFormatError after the server has been stopped again.
+    raises GraphFormatError after the server has been stopped again. A graph published later at
+    graph_path is loaded without a restart (see :class:`DraftServer`).
     """
-    server = DraftServer(host, port, workers=workers, defaults=defaults, tls=tls)
+    server = DraftServer(
+        host,
+        port,
+        workers=workers,
+        defaults=defaults,
+        tls=tls,
+        reload_interval_s=reload_interval_s,
+    )
     server.start()
     try:
         server.load_graph(graph_path)

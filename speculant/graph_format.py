@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import json
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -99,6 +99,12 @@ class GraphMeta:
     build_params: dict[str, Any] = field(default_factory=dict)
     built_at: str = ""  # ISO 8601 UTC
     build_seconds: float = 0.0
+    # The graph's *version*: 1 for a build from scratch, one more for each ``build --append``
+    # (graphs built before versions existed read as 1).
+    version: int = 1
+    # One record per build that added corpus to this graph, oldest first: its version, inputs,
+    # datasets, documents, tokens and time (empty for graphs built before versions existed).
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -106,8 +112,12 @@ class GraphMeta:
     @classmethod
     def from_json(cls, raw: bytes) -> GraphMeta:
         data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise TypeError("the meta record is not a JSON object")
         data["orders"] = [OrderStats(**o) for o in data.get("orders", [])]
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        # Fields added by later versions of the format are ignored (they are optional).
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class SharedGraphEnv:
@@ -131,6 +141,11 @@ class SharedGraphEnv:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
+
+    @property
+    def file_id(self) -> tuple[int, int]:
+        """(device, inode) of the data file this environment maps."""
+        return self._key
 
     @classmethod
     def acquire(cls, path: Path) -> SharedGraphEnv:

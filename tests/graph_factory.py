@@ -38,11 +38,13 @@ def write_graph(
     max_order: int | None = None,
     format_version: int = FORMAT_VERSION,
     write_meta: bool = True,
+    version: int = 1,
 ) -> Path:
     """Write a graph directory at path and return it.
 
     max_order defaults to the highest order in chains; every order 1..max_order gets a database
-    (possibly empty). write_meta=False leaves an unfinished graph.
+    (possibly empty). write_meta=False leaves an unfinished graph. version: the meta's graph
+    version.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -81,6 +83,7 @@ def write_graph(
                 orders=orders,
                 build_params={"source": "tests/graph_factory.py"},
                 built_at=datetime.now(UTC).isoformat(),
+                version=version,
             )
             meta_db = env.open_db(META_DB)
             with env.begin(write=True, db=meta_db) as txn:

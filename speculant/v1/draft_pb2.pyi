@@ -94,7 +94,7 @@ class OrderStats(_message.Message):
     def __init__(self, order: _Optional[int] = ..., contexts: _Optional[int] = ..., ngrams: _Optional[int] = ..., total_count: _Optional[int] = ...) -> None: ...
 
 class GetGraphInfoResponse(_message.Message):
-    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path")
+    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_ORDER_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,7 @@ class GetGraphInfoResponse(_message.Message):
     BUILD_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     BUILT_AT_FIELD_NUMBER: _ClassVar[int]
     GRAPH_PATH_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     max_order: int
     tokenizer_name: str
@@ -117,4 +118,5 @@ class GetGraphInfoResponse(_message.Message):
     build_params_json: str
     built_at: str
     graph_path: str
-    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ...) -> None: ...
+    graph_version: int
+    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ...) -> None: ...

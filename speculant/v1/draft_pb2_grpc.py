@@ -73,7 +73,7 @@ class DraftServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetGraphInfo(self, request, context):
-        """The graph's meta record: tokenizer, max order, corpus and per-order counts.
+        """The graph's meta record: tokenizer, max order, corpus, per-order counts and version.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

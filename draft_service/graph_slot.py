@@ -1,0 +1,91 @@
+"""The graph a draft service answers from, replaceable while calls are running.
+
+Terms: a *loaded graph* is an opened graph with its Drafter (whose step caches belong to that
+graph alone). The *slot* holds the current one. A call takes it with :meth:`GraphSlot.use` and
+answers wholly from it; :meth:`GraphSlot.install` makes a new one current for the calls that
+start afterwards (a reference swap under a lock). The graph it replaces is *retired*: closed
+when the last call using it ends (reference counts), so a call in flight never sees a closed
+graph and never mixes two graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from draft_service.drafting import Drafter
+from draft_service.graph import NGramGraph
+from speculant.errors import UnavailableError
+
+
+@dataclass(eq=False)
+class LoadedGraph:
+    """An opened graph, its drafter, and how many calls use it now."""
+
+    graph: NGramGraph
+    drafter: Drafter
+    users: int = 0
+    retired: bool = False
+
+
+class GraphSlot:
+    """Holds the current loaded graph; swaps it atomically (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: LoadedGraph | None = None
+
+    @property
+    def current(self) -> LoadedGraph | None:
+        """The current loaded graph (None before the first install), without taking it."""
+        return self._current
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[LoadedGraph]:
+        """The current loaded graph, kept open until the block ends (UnavailableError if none)."""
+        with self._lock:
+            loaded = self._current
+            if loaded is None:
+                raise UnavailableError("the draft service is still opening its graph")
+            loaded.users += 1
+        try:
+            yield loaded
+        finally:
+            with self._lock:
+                loaded.users -= 1
+                close = loaded.retired and loaded.users == 0
+            if close:
+                loaded.graph.close()
+
+    def install(self, graph: NGramGraph, drafter: Drafter | None = None) -> LoadedGraph:
+        """Make graph (with drafter, default a new Drafter of it) the current one; the one it
+        replaces closes once no call uses it."""
+        loaded = LoadedGraph(graph, drafter if drafter is not None else Drafter(graph))
+        with self._lock:
+            old, self._current = self._current, loaded
+        self._retire(old)
+        return loaded
+
+    def replace_drafter(self, drafter: Drafter) -> None:
+        """Answer from the current graph with another drafter (e.g. a wrapper in tests)."""
+        with self._lock:
+            if self._current is None:
+                raise UnavailableError("the draft service is still opening its graph")
+            self._current.drafter = drafter
+
+    def close(self) -> None:
+        """Retire the current graph (closed now, or when its last call ends)."""
+        with self._lock:
+            old, self._current = self._current, None
+        self._retire(old)
+
+    def _retire(self, loaded: LoadedGraph | None) -> None:
+        if loaded is None:
+            return
+        with self._lock:
+            loaded.retired = True
+            close = loaded.users == 0
+        if close:
+            loaded.graph.close()

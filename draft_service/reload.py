@@ -1,0 +1,149 @@
+"""Hot reload: the draft service switches to a graph newly published at its path.
+
+Terms: a graph's *file id* is the (device, inode) of its ``data.mdb``, found through the graph
+path (following symlinks). Publishing a graph never rewrites a data file in place: ``speculant
+build`` (also with ``--append``) swaps the whole directory by an atomic rename, and a deployment
+that keeps versioned directories may flip a symlink (``ln -sfn graph.v2 graph.new && mv -T
+graph.new graph``). Either way the path's file id changes, which is what the watcher looks for.
+
+The watcher is a thread: every ``interval_s`` seconds (0: only when :meth:`GraphWatcher.trigger`
+is called, e.g. on SIGHUP) it stats the path. When the file id differs from the served graph's,
+it opens the new graph (which checks its manifest), refuses it unless its tokenizer fingerprint
+equals the served graph's (the gateway checked that one against the verifier's tokenizer), and
+installs it in the :class:`~draft_service.graph_slot.GraphSlot`: calls that start afterwards use
+it, calls in flight finish on the old one, which closes when the last of them ends. A refused or
+unreadable graph is logged once and the old graph keeps serving; the watcher tries again when
+another graph is published there, or on the next trigger().
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from draft_service.graph import NGramGraph
+from draft_service.graph_slot import GraphSlot
+from speculant.errors import SpeculantError
+from speculant.graph_format import DATA_FILE
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RELOAD_INTERVAL_S = 2.0
+
+Signature = tuple[int, int, int]
+
+
+def signature(path: Path) -> Signature | None:
+    """(device, inode, mtime in ns) of path/data.mdb, or None when there is none (e.g. in the
+    instant between the two renames of a publish without an atomic exchange)."""
+    try:
+        stat = os.stat(path / DATA_FILE)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_mtime_ns
+
+
+class GraphWatcher:
+    """Reloads the slot's graph when a new one is published at path (see the module docstring).
+
+    on_reload(graph) is called after a new graph is installed.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        slot: GraphSlot,
+        interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
+        on_reload: Callable[[NGramGraph], None] | None = None,
+    ) -> None:
+        if interval_s < 0:
+            raise ValueError(f"the reload interval must be >= 0, got {interval_s}")
+        self.path = Path(path)
+        self.slot = slot
+        self.interval_s = interval_s
+        self.on_reload = on_reload
+        self.reloads = 0  # graphs installed by this watcher
+        self._refused: Signature | None = None  # a graph already refused (logged once)
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._check_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="graph-reload", daemon=True)
+        self._thread.start()
+
+    def trigger(self) -> None:
+        """Check now (from a signal handler too: it only sets an event), retrying a graph that
+        was refused before."""
+        self._refused = None
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._wake.wait(self.interval_s if self.interval_s > 0 else None)
+            self._wake.clear()
+            if self._stopped.is_set():
+                return
+            try:
+                self.check()
+            except Exception:  # never let the watcher die: the old graph keeps serving
+                log.exception("graph reload of %s failed", self.path)
+
+    def check(self, retry: bool = False) -> bool:
+        """Install the graph published at path if it is a new one; True when one was installed.
+
+        retry: try again a graph that was refused before."""
+        with self._check_lock:
+            current = self.slot.current
+            found = signature(self.path)
+            if found is None or current is None:
+                return False
+            if found[:2] == current.graph.file_id or (found == self._refused and not retry):
+                return False
+            try:
+                graph = NGramGraph.open(self.path)
+            except (SpeculantError, OSError) as exc:
+                self._refuse(found, f"cannot open it: {exc}")
+                return False
+            old = current.graph.meta
+            if graph.meta.tokenizer_fingerprint != old.tokenizer_fingerprint:
+                graph.close()
+                self._refuse(
+                    found,
+                    f"its tokenizer {graph.meta.tokenizer_name!r} "
+                    f"({graph.meta.tokenizer_fingerprint[:23]}...) is not the served graph's "
+                    f"{old.tokenizer_name!r} ({old.tokenizer_fingerprint[:23]}...); restart the "
+                    "service (and the gateway) to change tokenizers",
+                )
+                return False
+            self.slot.install(graph)
+            self._refused = None
+            self.reloads += 1
+            log.info(
+                "reloaded graph %s: version %d -> %d, %d documents, %d tokens, max order %d",
+                self.path,
+                old.version,
+                graph.meta.version,
+                graph.meta.corpus_documents,
+                graph.meta.corpus_tokens,
+                graph.meta.max_order,
+            )
+        if self.on_reload is not None:
+            self.on_reload(graph)
+        return True
+
+    def _refuse(self, found: Signature, why: str) -> None:
+        self._refused = found
+        log.error(
+            "not reloading the graph published at %s: %s; still serving the old one", self.path, why
+        )
