@@ -103,6 +103,7 @@ def register(
         help="require clients to send 'authorization: Bearer <token>' with the token in this "
         "file (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
     )
+    add_http_arguments(serve)
     add_server_tls_arguments(serve)
     add_client_tls_arguments(serve, "--backend-tls", "the draft and verifier services")
     serve.set_defaults(handler=run_serve_gateway)
@@ -136,6 +137,23 @@ def register(
     register_bench(bench_subparsers)
 
 
+def add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    """The HTTP API flags of serve-gateway (and up, which passes them on)."""
+    parser.add_argument(
+        "--http-port",
+        type=_non_negative_int,
+        default=None,
+        help="also serve the HTTP API (/health, /generate, OpenAI-compatible /v1/completions, "
+        "/v1/chat/completions, /v1/models) on this port, same host, token and TLS "
+        "(default: off; 0 = a free port, printed)",
+    )
+    parser.add_argument(
+        "--http-model-name",
+        default=None,
+        help="the model name the HTTP API reports (default: the verifier's model name)",
+    )
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -149,17 +167,19 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def run_serve_gateway(args: argparse.Namespace) -> int:
+    from gateway.http_api import HttpApiServer
     from gateway.server import start_gateway
     from speculant.auth import load_token
     from speculant.errors import SpeculantError
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
+    server = None
     try:
         token = load_token(args.auth_token_file)
         tls = server_tls_from_args(args)
         backend_tls = client_tls_from_args(args, "--backend-tls")
-        server, _ = start_gateway(
+        server, servicer = start_gateway(
             drafts,
             args.verifier,
             host=args.host,
@@ -176,10 +196,26 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             tls=tls,
             backend_tls=backend_tls,
         )
+        http = None
+        if args.http_port is not None:
+            http = HttpApiServer(
+                servicer,
+                args.host,
+                args.http_port,
+                auth_token=token,
+                tls=tls,
+                model_name=args.http_model_name,
+            ).start()
     except (SpeculantError, OSError) as exc:
+        if server is not None:
+            server.stop(0)
         return _fail(str(exc), 2)
     print(f"gateway serving on {server.address}", file=sys.stderr, flush=True)
+    if http is not None:
+        print(f"HTTP API serving on {http.url}", file=sys.stderr, flush=True)
     server.wait_for_termination_signal()
+    if http is not None:
+        http.stop()
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
@@ -176,18 +176,37 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
     def _stream(
         self, request: gateway_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[StreamChunk | GenerationResult]:
+        return self.generation(
+            request,
+            time_remaining_s=context.time_remaining(),
+            cancelled=lambda: not context.is_active(),
+        )
+
+    def generation(
+        self,
+        request: gateway_pb2.GenerateRequest,
+        *,
+        time_remaining_s: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[StreamChunk | GenerationResult]:
+        """Run one request: StreamChunks as tokens are accepted, then one GenerationResult.
+
+        The entry point of every front end (gRPC here, HTTP in gateway.http_api): it takes a
+        slot of max_concurrent, validates and tokenizes the request (errors are raised before
+        the first item) and drives the coordinator. time_remaining_s: the request's deadline;
+        cancelled: polled between rounds. Closing the iterator early releases the verifier
+        session and the slot.
+        """
         if not self._slots.acquire(blocking=False):
             raise ResourceExhaustedError(
                 f"the gateway is running its limit of {self.max_concurrent} generations; "
                 "retry later"
             )
         try:
-            with request_deadline(context.time_remaining()):
+            with request_deadline(time_remaining_s):
                 coordinator = self.coordinator()
                 gen_request = self._to_request(request, coordinator)
-                yield from coordinator.stream(
-                    gen_request, cancelled=lambda: not context.is_active()
-                )
+                yield from coordinator.stream(gen_request, cancelled=cancelled)
         except RemoteError as exc:
             if exc.code == grpc.StatusCode.UNAVAILABLE:
                 self._forget_backends()

@@ -40,6 +40,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         help="give the verifier its own cores (one per torch thread; --torch-threads defaults "
         "to 1 then) and the draft service and gateway the others: faster rounds on small hosts",
     )
+    from gateway.cli import add_http_arguments
+
+    add_http_arguments(up)
     up.set_defaults(handler=run_up)
 
 
@@ -150,6 +153,7 @@ def run_up(args: argparse.Namespace) -> int:
                     host,
                     "--port",
                     str(args.gateway_port),
+                    *_http_flags(args),
                 ],
             )
         )
@@ -171,6 +175,8 @@ def run_up(args: argparse.Namespace) -> int:
             "speculant.v1.GatewayService/Generate",
             flush=True,
         )
+        if args.http_port:
+            print(f"HTTP API: http://{host}:{args.http_port} (OpenAI-compatible /v1)", flush=True)
         while not stop["requested"]:
             for child in children:
                 if child.process.poll() is not None:
@@ -183,6 +189,16 @@ def run_up(args: argparse.Namespace) -> int:
         return 0
     finally:
         stop_children(children)
+
+
+def _http_flags(args: argparse.Namespace) -> list[str]:
+    """The gateway's HTTP API flags, passed on as given."""
+    flags = []
+    if args.http_port is not None:
+        flags += ["--http-port", str(args.http_port)]
+    if args.http_model_name is not None:
+        flags += ["--http-model-name", args.http_model_name]
+    return flags
 
 
 def _wait_ready(child: Child, timeout_s: float, stop: dict[str, bool]) -> bool:

