@@ -69,6 +69,9 @@ def map_errors(handler: HandlerT) -> HandlerT:
         except Exception:
             if _aborted(context):
                 raise
+            if not context.is_active():  # the client cancelled or went away: nothing to answer
+                log.debug("%s ended: the client cancelled", handler.__qualname__)
+                return
             log.exception("unexpected error in %s", handler.__qualname__)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 
@@ -87,6 +90,9 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
         except Exception:
             if _aborted(context):
                 raise
+            if not context.is_active():  # the client cancelled or went away: nothing to answer
+                log.debug("%s ended: the client cancelled", handler.__qualname__)
+                return
             log.exception("unexpected error in %s", handler.__qualname__)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 

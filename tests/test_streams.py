@@ -3,6 +3,7 @@ ProposeStream. A session lives exactly as long as its stream."""
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 
@@ -55,13 +56,17 @@ def test_session_stream_prefill_verify_then_release_on_end(services):  # noqa: F
     assert wait_for_sessions(services, 0) == 0
 
 
-def test_cancelled_session_stream_releases_the_session(services):  # noqa: F811
+def test_cancelled_session_stream_releases_the_session(services, caplog):  # noqa: F811
     requests, _, responses = open_session(services)
     requests.put(prefill_message())
     next(responses)
     assert wait_for_sessions(services, 1) == 1
-    responses.cancel()
-    assert wait_for_sessions(services, 0, within_s=1.0) == 0
+    with caplog.at_level(logging.ERROR):
+        responses.cancel()
+        assert wait_for_sessions(services, 0, within_s=1.0) == 0
+        time.sleep(0.2)  # the handler's own exit, after the release
+    # A client that cancels is routine, not an error in the verifier's log.
+    assert not [r for r in caplog.records if "unexpected error" in r.getMessage()]
 
 
 @pytest.mark.parametrize(
