@@ -20,12 +20,15 @@ Terms:
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
   draft call after verification when the outcome is one of them.
-- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, greedy, no overlay, no
-  min_draft_prob) the draft is a tree of up to tree_nodes tokens, at most k deep, grown
-  best-first by path probability q(t_1) * ... * q(t_d) under the mixed q, each node offering
-  its TREE_WIDTH likeliest successors; the greedy chain is its first branch. The verifier
-  checks every branch in one forward pass and keeps the longest path it agrees with (each q
-  is a point mass).
+- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, no overlay, no min_draft_prob)
+  the draft is a tree of up to tree_nodes tokens, at most k deep, grown best-first by path
+  probability q(t_1) * ... * q(t_d) under the mixed q. ``greedy``: each node offers its
+  TREE_WIDTH likeliest successors (each q a point mass); the greedy chain is its first branch.
+  ``sampling``: each node's children are TREE_WIDTH draws from its q *without replacement*
+  (fewer where q has fewer tokens or the budget ends; how many is fixed before drawing), child
+  i reporting q_i = q without the earlier children, renormalised: what the verifier's recursive
+  rejection rule needs (verifier_service.rejection). The verifier checks every branch in one
+  forward pass and keeps the path it accepts.
 - *overlay*: with ``overlay_weight`` > 0 the whole context_ids (prompt + generated tokens) is a
   second source of n-grams; wherever it has successors for the tail, q is mixed from the combined
   counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
@@ -112,6 +115,8 @@ class Drafter:
         self.validate_context(context_ids)
         if seed is not None and seed < 0:
             raise InvalidArgumentError("seed", f"must be >= 0, got {seed}")
+        if params.drafts_tree and params.strategy == "sampling":
+            return self._propose_sampled_tree(context_ids, params, seed)
         if params.drafts_tree:
             return self._propose_tree(context_ids, params)
         max_order = self.max_order
@@ -215,6 +220,50 @@ class Drafter:
             if depth + 1 < params.k:
                 child_tail = (tail + _PACK_ONE(token))[-4 * max_order :]
                 offer_children(child_tail, index, depth + 1, -neg_prob)
+        return proposal
+
+    def _propose_sampled_tree(
+        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None
+    ) -> DraftProposal:
+        """A tree of sampled drafts (see the module's terms): nodes expanded best-first on path
+        probability, each with up to TREE_WIDTH children drawn from its q without replacement."""
+        max_order = self.max_order
+        root = struct.pack(
+            f">{min(len(context_ids), max_order)}I",
+            *[int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]],
+        )
+        txn, dbs = self.graph.raw_lookup()
+        every_order = params.effective_mixing != "backoff"
+        rng = np.random.default_rng(seed)
+        proposal = DraftProposal()
+        ties = itertools.count()
+        # max-heap of nodes to expand: (-path probability, tie, node index, depth, tail)
+        frontier: list[tuple[float, int, int, int, bytes]] = [(-1.0, next(ties), -1, 0, root)]
+        while frontier and len(proposal.token_ids) < params.tree_nodes:
+            neg_prob, _, node, depth, tail = heapq.heappop(frontier)
+            orders, values = _match(tail, txn, dbs, every_order)
+            if not orders:
+                continue  # a dead end: no children
+            ids, q = self._mixer.mix(orders, *_decode(values), params)
+            keep = q > 0
+            ids, q = ids[keep], q[keep] / q[keep].sum()  # [support]
+            draws = min(TREE_WIDTH, ids.size, params.tree_nodes - len(proposal.token_ids))
+            for _ in range(draws):  # fixed before drawing: exactness needs that
+                token, dist, _prob = _sample(ids, q, rng)  # dist: q_i, the q it came from
+                proposal.token_ids.append(token)
+                proposal.parents.append(node)
+                proposal.distributions.append(dist)
+                proposal.matched_orders.append(orders[0])
+                proposal.sources.append("graph")
+                if depth + 1 < params.k:
+                    path_prob = -neg_prob * float(dist.probs[dist.token_ids == token][0])
+                    child_tail = (tail + _PACK_ONE(token))[-4 * max_order :]
+                    index = len(proposal.token_ids) - 1
+                    heapq.heappush(frontier, (-path_prob, next(ties), index, depth + 1, child_tail))
+                others = ids != token  # without replacement: the next sibling's q_i
+                ids, q = ids[others], q[others]
+                if ids.size:
+                    q = q / q.sum()
         return proposal
 
     def _tree_step(self, tail: bytes, params: DraftParams) -> tuple[int, list[tuple[int, float]]]:

@@ -57,8 +57,8 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-nodes",
         type=int,
         default=_DRAFT_DEFAULTS["tree_nodes"].default,
-        help="draft a tree of up to this many tokens (greedy strategy, no overlay or "
-        "min-draft-prob), verified in one forward pass (0 = a chain of k)",
+        help="draft a tree of up to this many tokens (no overlay or min-draft-prob), "
+        "verified in one forward pass (0 = a chain of k)",
     )
 
 

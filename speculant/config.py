@@ -55,7 +55,7 @@ class DraftConfig(BaseSettings):
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
     ``tree_nodes`` (default 0 = a chain) drafts a tree of up to that many tokens, k levels
-    deep, with the greedy strategy, no overlay and no min_draft_prob (see draft_service.drafting).
+    deep, with no overlay and no min_draft_prob (see draft_service.drafting).
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")

@@ -55,14 +55,9 @@ class DraftParams:
 
     @property
     def drafts_tree(self) -> bool:
-        """Whether drafts are trees: tree_nodes > 0, greedy strategy, no overlay, no
-        min_draft_prob (sampled drafts, overlay drafts and adaptive-length drafts are chains)."""
-        return (
-            self.tree_nodes > 0
-            and self.strategy == "greedy"
-            and self.overlay_weight == 0
-            and self.min_draft_prob == 0
-        )
+        """Whether drafts are trees: tree_nodes > 0, no overlay, no min_draft_prob (overlay
+        drafts and adaptive-length drafts are chains)."""
+        return self.tree_nodes > 0 and self.overlay_weight == 0 and self.min_draft_prob == 0
 
     @property
     def effective_mixing(self) -> str:

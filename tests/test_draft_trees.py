@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from scipy.stats import chisquare
 
 import verifier_service.verifier as verifier_module
 from draft_service.drafting import TREE_WIDTH, Drafter
@@ -75,12 +76,41 @@ def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(drafter):
     assert all(d.probs.tolist() == [1.0] for d in tree.distributions)
 
 
-def test_sampled_and_overlay_drafts_stay_chains(drafter):
-    sampled = drafter.propose(CONTEXT, DraftParams(k=K, strategy="sampling", tree_nodes=TREE), 1)
+def test_overlay_drafts_stay_chains(drafter):
     overlaid = drafter.propose(CONTEXT * 3, DraftParams(k=K, tree_nodes=TREE, overlay_weight=1))
-    assert sampled.parents == [] and overlaid.parents == []
+    assert overlaid.parents == []
     with pytest.raises(InvalidArgumentError, match="tree_nodes"):
         DraftParams(tree_nodes=65).validate()
+
+
+def test_a_sampled_tree_draws_siblings_without_replacement(drafter):
+    params = DraftParams(k=K, strategy="sampling", tree_nodes=TREE)
+    tree = drafter.propose(CONTEXT, params, seed=3)
+    assert tree.token_ids == drafter.propose(CONTEXT, params, seed=3).token_ids  # seeded
+    assert 0 < len(tree.token_ids) <= TREE == params.tree_nodes
+    assert all(-1 <= p < i for i, p in enumerate(tree.parents))
+    assert max(tree.depths()) <= K - 1
+    siblings: dict[int, list[int]] = {}
+    for index, parent in enumerate(tree.parents):
+        siblings.setdefault(parent, []).append(index)
+    for group in siblings.values():
+        assert len(group) <= TREE_WIDTH
+        drawn: list[int] = []
+        for index in group:  # q_i: the node's q without the earlier siblings, renormalised
+            q = tree.distributions[index]
+            token = tree.token_ids[index]
+            assert abs(float(q.probs.sum()) - 1.0) < 1e-9
+            assert float(q.probs[q.token_ids == token].sum()) > 0
+            assert not set(drawn) & set(q.token_ids.tolist())
+            drawn.append(token)
+        first = tree.distributions[group[0]]
+        for index in group[1:]:  # the same q up to renormalisation
+            later = tree.distributions[index]
+            ratio = [
+                later.probs[later.token_ids == t][0] / first.probs[first.token_ids == t][0]
+                for t in later.token_ids
+            ]
+            assert np.allclose(ratio, ratio[0])
 
 
 def test_truncating_a_tree_keeps_its_top_levels(drafter):
@@ -183,12 +213,28 @@ def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
     assert rounds < 0.9 * totals(chain)[0], "trees should need fewer verifier forwards"
 
 
-def test_greedy_tree_output_is_plain_greedy_decoding_over_services(
-    services,  # noqa: F811
+def test_sampled_tree_output_at_temperature_0_is_plain_greedy_decoding(
+    embedded_decoder,  # noqa: F811
     prompts,
     references,
 ):
-    draft = common_pb2.DraftOptions(k=K, strategy=common_pb2.DRAFT_STRATEGY_GREEDY, tree_nodes=TREE)
+    draft = DraftConfig(k=K, tree_nodes=TREE, strategy="sampling")
+    subset = prompts[:8]
+    mismatches, stats = generate_embedded(embedded_decoder, subset, references[:8], draft)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_parallel(*totals(stats), "sampling")
+
+
+@pytest.mark.parametrize(
+    "strategy", [common_pb2.DRAFT_STRATEGY_GREEDY, common_pb2.DRAFT_STRATEGY_SAMPLING]
+)
+def test_tree_output_is_plain_greedy_decoding_over_services(
+    services,  # noqa: F811
+    prompts,
+    references,
+    strategy,
+):
+    draft = common_pb2.DraftOptions(k=K, strategy=strategy, tree_nodes=TREE)
     mismatches, stats = generate_over_gateway(services.gateway, prompts[:8], references[:8], draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
@@ -213,11 +259,64 @@ def test_sampling_through_a_tree_follows_the_model(embedded_decoder):  # noqa: F
     assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
 
 
+def test_sampling_through_a_sampled_tree_follows_the_model(embedded_decoder):  # noqa: F811
+    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
+    counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "sampling", tree_nodes=8)
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
+
+
+def _toy_rule_draws(rule, p: torch.Tensor, q: np.ndarray, runs: int) -> np.ndarray:
+    """How often each token is emitted first by `rule` (a tree_sample) on a one-level tree of
+    two children drawn from q without replacement; the target is p (a [V] distribution)."""
+    rng = np.random.default_rng(0)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.log(p).repeat(3, 1)  # [3, V]: the same p at every node
+    counts = np.zeros(p.shape[0])
+    for _ in range(runs):
+        first = int(rng.choice(q.size, p=q))
+        rest = q.copy()
+        rest[first] = 0.0
+        rest /= rest.sum()
+        second = int(rng.choice(q.size, p=rest))
+        dense = torch.tensor(np.stack([q, rest]), dtype=torch.float32)  # [2, V]: q_1, q_2
+        out = rule(logits, [first, second], [-1, -1], 1.0, generator, dense)
+        counts[out.token_ids[0]] += 1
+    return counts
+
+
+P_TOY = torch.tensor([0.05, 0.10, 0.15, 0.30, 0.40])
+Q_TOY = np.array([0.40, 0.30, 0.15, 0.10, 0.05])
+
+
+def test_the_recursive_rule_emits_draws_from_p():
+    runs = 20_000
+    counts = _toy_rule_draws(tree_sample, P_TOY, Q_TOY, runs)
+    assert chisquare(counts, P_TOY.numpy() * runs).pvalue > 1e-3
+
+
+def test_the_recursive_rule_without_residual_updates_is_caught():
+    """Negative control: judging the second sibling against p itself (no residual update)."""
+
+    def no_update(logits, drafts, parents, temperature, generator, draft_probs):
+        p = torch.softmax(logits[0], -1)
+        for child, token in enumerate(drafts):
+            accept = min(1.0, float(p[token] / draft_probs[child, token]))
+            if float(torch.rand(1, generator=generator)) < accept:
+                return RejectionOutput(1, [token, 0], (child,))
+        return RejectionOutput(0, [int(torch.multinomial(p, 1, generator=generator))])
+
+    runs = 20_000
+    counts = _toy_rule_draws(no_update, P_TOY, Q_TOY, runs)
+    assert chisquare(counts, P_TOY.numpy() * runs).pvalue < 1e-6
+
+
 def test_a_wrong_tree_rule_is_caught(embedded_decoder, monkeypatch):  # noqa: F811
     """Negative control: when the sampled token is any child, take the first child instead."""
 
-    def wrong_tree_sample(logits, drafts, parents, temperature, generator=None):
-        out = tree_sample(logits, drafts, parents, temperature, generator)
+    def wrong_tree_sample(logits, drafts, parents, temperature, generator=None, q=None):
+        out = tree_sample(logits, drafts, parents, temperature, generator, q)
         if out.accepted_count:
             first = drafts[0]
             return RejectionOutput(1, [first, *out.token_ids[1:]], (0,))

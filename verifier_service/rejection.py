@@ -15,12 +15,22 @@ Terms (see also :mod:`speculant.types`):
 Every call emits ``accepted + 1`` tokens, and the emitted sequence is distributed exactly as
 tokens sampled one at a time from the target model.
 
-*Draft tree* (point-mass drafts, :func:`tree_sample`): from the pending token, sample x from p at
-the current node; if a child of the node is x, it is accepted and the walk goes on from it,
+*Draft tree* of point-mass drafts (:func:`tree_sample`): from the pending token, sample x from p
+at the current node; if a child of the node is x, it is accepted and the walk goes on from it,
 else x is emitted and the walk ends (x is then the corrected token, or the bonus token at a
 leaf). Each emitted token is a plain draw from p given the tokens before it, so this is exact
 too; with a chain it is the point-mass rule above (accept d with probability p(d), else draw
 from p without d).
+
+*Draft tree* of sampled drafts (:func:`tree_sample` with q; recursive rejection sampling): the
+children x_1..x_m of a node were drawn from the node's q *without replacement*, child i from q_i
+= q with x_1..x_{i-1} removed and renormalised (the q each child reports). At the node, with r
+= p: for i = 1..m, accept x_i with probability min(1, r(x_i) / q_i(x_i)) and go on from it; else
+r = normalise(max(0, r - q_i)). When every child is rejected (or at a leaf) the emitted token is
+drawn from r. Exact by induction over i: the standard rule above, with target r and proposal
+q_i, emits a draw from r whatever x_i was rejected, and the later children are draws from q_i
+without x_i, where the new r has no mass either (Jeon et al. 2024, "Recursive Speculative
+Decoding"). With point masses it reduces to sample-and-match.
 
 Layout: ``logits[i]`` is the target's prediction for the token after
 ``[..., pending, d_1, ..., d_i]``, i.e. row i scores d_{i+1} (rows 0..k-1) and row k gives the
@@ -152,14 +162,20 @@ def tree_sample(
     parents: list[int],
     temperature: float,
     generator: torch.Generator | None = None,
+    draft_probs: torch.Tensor | None = None,
 ) -> RejectionOutput:
-    """Walk a tree of point-mass drafts from the pending token (see the module's terms).
+    """Walk a draft tree from the pending token (see the module's terms).
 
     logits: [n+1, V]: row 0 predicts the token after the pending token, row i + 1 the token
     after draft i (given its ancestors). draft_ids, parents: [n] each, parents[i] < i or -1 (a
-    child of the pending token). Returns the accepted path (accepted_nodes) and its tokens plus
-    one corrected or bonus token.
+    child of the pending token). draft_probs: [n, V] dense q_i of sampled drafts (siblings in
+    the order they were drawn), or None for point masses. Returns the accepted path
+    (accepted_nodes) and its tokens plus one corrected or bonus token.
     """
+    if draft_probs is not None and temperature > 0:
+        return _recursive_tree_sample(
+            logits, draft_ids, parents, temperature, generator, draft_probs
+        )
     children: dict[int, dict[int, int]] = {}  # node (-1 = pending) -> {token: draft index}
     for index, (token, parent) in enumerate(zip(draft_ids, parents, strict=True)):
         children.setdefault(parent, {}).setdefault(token, index)
@@ -174,3 +190,39 @@ def tree_sample(
             return RejectionOutput(len(path), tokens, tuple(path))
         path.append(child)
         node = child
+
+
+def _recursive_tree_sample(
+    logits: torch.Tensor,
+    draft_ids: list[int],
+    parents: list[int],
+    temperature: float,
+    generator: torch.Generator | None,
+    draft_probs: torch.Tensor,
+) -> RejectionOutput:
+    """tree_sample for sampled drafts: recursive rejection sampling over each node's children."""
+    children: dict[int, list[int]] = {}  # node (-1 = pending) -> its children, in drawn order
+    for index, parent in enumerate(parents):
+        children.setdefault(parent, []).append(index)
+    p = target_probs(logits, temperature)  # [n+1, V]
+    node, path, tokens = -1, [], []
+    while True:
+        residual = p[node + 1]  # [V] r: what is left of p at this node
+        for child in children.get(node, ()):
+            token = draft_ids[child]
+            q = draft_probs[child]  # [V] q_i
+            accept = torch.clamp_max(residual[token] / q[token], 1.0)
+            if bool(torch.rand(1, device=p.device, generator=generator) < accept):
+                path.append(child)
+                tokens.append(token)
+                node = child
+                break
+            leftover = torch.clamp_min(residual - q, 0.0)
+            if bool(leftover.sum() > 0):
+                residual = leftover / leftover.sum()
+            else:  # r == q up to rounding: a rejection had probability ~0; keep r without x_i
+                residual = residual.clone()
+                residual[token] = 0.0
+        else:
+            tokens.append(sample_index(residual, generator))
+            return RejectionOutput(len(path), tokens, tuple(path))

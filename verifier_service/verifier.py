@@ -239,8 +239,7 @@ class LocalVerifier:
     ) -> VerifyResult:
         """Score the drafts in ONE forward; return accepted drafts + a corrected/bonus token.
 
-        draft_parents: a draft tree of point-mass drafts (see speculant.types.DraftProposal);
-        None/empty: a chain.
+        draft_parents: a draft tree (see speculant.types.DraftProposal); None/empty: a chain.
 
         draft_distributions: the q of each draft token, or None/empty for point-mass (greedy)
         drafts. Drafts that would overflow the model's context are dropped from the end; when
@@ -248,13 +247,9 @@ class LocalVerifier:
         """
         drafts = [int(t) for t in draft_ids]
         self._check_ids(drafts, "draft_token_ids")
-        if draft_parents:
-            if draft_distributions:
-                raise InvalidArgumentError(
-                    "draft_distributions", "a draft tree takes point-mass drafts only (none)"
-                )
-            return self._verify_tree(session_id, drafts, [int(p) for p in draft_parents])
         q = self._dense_q(drafts, draft_distributions) if draft_distributions else None
+        if draft_parents:
+            return self._verify_tree(session_id, drafts, [int(p) for p in draft_parents], q)
         with self.sessions.use(session_id) as session:
             room = self.model.max_context - session.length - 1  # drafts that still fit
             if room < 0:
@@ -288,8 +283,11 @@ class LocalVerifier:
         self._count(forward=1, drafts=k, accepted=out.accepted_count)
         return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
 
-    def _verify_tree(self, session_id: str, drafts: list[int], parents: list[int]) -> VerifyResult:
-        """verify() for a draft tree: one forward over all branches, then the tree walk."""
+    def _verify_tree(
+        self, session_id: str, drafts: list[int], parents: list[int], q: torch.Tensor | None
+    ) -> VerifyResult:
+        """verify() for a draft tree: one forward over all branches, then the tree walk.
+        q: [n, V] dense q of sampled drafts, or None for point masses."""
         if len(parents) != len(drafts):
             raise InvalidArgumentError(
                 "draft_parents", f"has {len(parents)} entries for {len(drafts)} draft tokens"
@@ -312,13 +310,17 @@ class LocalVerifier:
                 kept = _first_branch(parents, kept)
             kept_tree = tree.select(kept)
             drafts, parents = kept_tree.token_ids, kept_tree.parents
+            if q is not None:
+                q = q[torch.tensor(kept, dtype=torch.long, device=q.device)]  # [kept, V]
 
             def run() -> RejectionOutput:
                 input_ids = torch.tensor(
                     [session.pending_token, *drafts], dtype=torch.long, device=self.model.device
                 )  # [n+1]: pending, then the tree's drafts
                 logits = self.model.forward_tree(session.cache, input_ids, session.length, parents)
-                out = tree_sample(logits, drafts, parents, session.temperature, session.generator)
+                out = tree_sample(
+                    logits, drafts, parents, session.temperature, session.generator, q
+                )
                 self.model.keep_path(session.cache, session.length, out.accepted_nodes)
                 return out
 
