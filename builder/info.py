@@ -69,9 +69,12 @@ def format_info(info: dict[str, Any]) -> str:
         f"{params.get('text_field')!r}   chunk size: {params.get('chunk_size')}",
         f"size on disk:   {info['size_on_disk_bytes'] / 2**20:,.1f} MiB "
         f"({info['size_bytes']:,} bytes)",
-        "",
-        f"{'order':>5} {'contexts':>12} {'n-grams':>12} {'total count':>13}",
     ]
+    tuned = info.get("tuned") or {}
+    if tuned.get("params"):
+        values = " ".join(f"{k}={v}" for k, v in sorted(tuned["params"].items()))
+        lines.append(f"tuned drafting: {values} (speculant tune, {tuned.get('tuned_at', '?')})")
+    lines += ["", f"{'order':>5} {'contexts':>12} {'n-grams':>12} {'total count':>13}"]
     for o in info["orders"]:
         lines.append(
             f"{o['order']:>5} {o['contexts']:>12,} {o['ngrams']:>12,} {o['total_count']:>13,}"

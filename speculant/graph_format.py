@@ -99,6 +99,10 @@ class GraphMeta:
     build_params: dict[str, Any] = field(default_factory=dict)
     built_at: str = ""  # ISO 8601 UTC
     build_seconds: float = 0.0
+    # Written by ``speculant tune --write``: {"params": {mixing parameter: value}, and how they
+    # were measured}. The drafter uses tuned["params"] for every mixing parameter a request
+    # leaves unset (see speculant.types.TUNABLE_FIELDS). Empty: the built-in defaults.
+    tuned: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
