@@ -188,8 +188,8 @@ def _best(scorer: Scorer, candidates: Iterable[DraftParams]) -> DraftParams:
 
 
 def search(scorer: Scorer, k: int, progress: Callable[[str], None]) -> dict[str, DraftParams]:
-    """The best candidate of every mode on the scorer's traces, keyed by mode, and "default"
-    (the built-in settings, tried first)."""
+    """The best candidate of every mode on the scorer's traces, keyed by mode, "default" (the
+    built-in settings, tried first) and "seed built-in" (the seed formula's built-in weights)."""
     default = explicit_params(k)
     scorer(default)
     best: dict[str, DraftParams] = {"default": default}
@@ -201,7 +201,7 @@ def search(scorer: Scorer, k: int, progress: Callable[[str], None]) -> dict[str,
     wb = _best(scorer, [wb, *(explicit_params(k, escape_weight=b * f) for f in (0.7, 1.4))])
     best["witten-bell"] = wb
     progress(f"witten-bell: {describe(wb)}: {scorer(wb):.3f}")
-    seed = explicit_params(k, mixing="seed")
+    seed = best["seed built-in"] = explicit_params(k, mixing="seed")
     for _ in range(SEED_PASSES):
         start = seed
         for name, values in SEED_GRID.items():
@@ -214,8 +214,8 @@ def search(scorer: Scorer, k: int, progress: Callable[[str], None]) -> dict[str,
 
 
 def pick(scorer: Scorer, best: dict[str, DraftParams]) -> DraftParams:
-    """The winner: the highest train score (ties: the default, then backoff, witten-bell,
-    seed)."""
+    """The winner: the highest train score (ties: the first in the table's order, the
+    default first)."""
     return _best(scorer, best.values())
 
 
@@ -298,6 +298,10 @@ def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None
         "seconds": time.perf_counter() - started,
         "graph_tuned_before": current,
         "rows": rows,
+        "candidates": [
+            {"describe": describe(params), "train": scorer.results[params].as_dict()}
+            for params in scorer.order
+        ],
         "best": mixing_of(winner),
     }
 
@@ -337,16 +341,17 @@ def format_table(result: dict) -> str:
     """One line per mode's best (and the built-in default): train and held-out figures."""
     metric = result["metric"]
     header = (
-        f"{'':2}{'setting':36} {'train ' + metric:>12} {'held-out ' + metric:>15} "
+        f"{'':2}{'setting':44} {'train ' + metric:>12} {'held-out ' + metric:>15} "
         f"{'held-out acc':>12} {'wasted':>7}"
     )
     lines = [header, "-" * len(header)]
     for row in result["rows"]:
         mark = "* " if row["chosen"] else "  "
-        name = f"{row['name']}: {row['describe']}" if row["name"] == "default" else row["describe"]
+        labelled = row["name"] in ("default", "seed built-in")
+        name = f"{row['name']}: {row['describe']}" if labelled else row["describe"]
         held = row["heldout"]
         lines.append(
-            f"{mark}{name:36} {row['train'][metric]:12.3f} {held[metric]:15.3f} "
+            f"{mark}{name:44} {row['train'][metric]:12.3f} {held[metric]:15.3f} "
             f"{held['acceptance']:12.1%} {held['wasted']:7d}"
         )
     p = result["prompts"]

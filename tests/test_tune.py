@@ -76,7 +76,13 @@ def test_tune_writes_the_meta_and_the_drafter_uses_it(graph_copy: Path, tmp_path
     result = json.loads(out.read_text())
     assert result["prompts"] == {"train": 2, "heldout": 2}
     assert sum(row["chosen"] for row in result["rows"]) == 1
-    assert {row["name"] for row in result["rows"]} == {"default", "backoff", "witten-bell", "seed"}
+    assert {row["name"] for row in result["rows"]} == {
+        "default",
+        "backoff",
+        "witten-bell",
+        "seed built-in",
+        "seed",
+    }
     assert verify_manifest(graph_copy)  # the manifest matches the rewritten data file
     graph = NGramGraph.open(graph_copy)
     try:
