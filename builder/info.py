@@ -79,10 +79,11 @@ def format_info(info: dict[str, Any]) -> str:
             f"from {' '.join(src['inputs'])} ({src['built_at']})"
             for src in sources
         ]
-    lines += [
-        "",
-        f"{'order':>5} {'contexts':>12} {'n-grams':>12} {'total count':>13}",
-    ]
+    tuned = info.get("tuned") or {}
+    if tuned.get("params"):
+        values = " ".join(f"{k}={v}" for k, v in sorted(tuned["params"].items()))
+        lines.append(f"tuned drafting: {values} (speculant tune, {tuned.get('tuned_at', '?')})")
+    lines += ["", f"{'order':>5} {'contexts':>12} {'n-grams':>12} {'total count':>13}"]
     for o in info["orders"]:
         lines.append(
             f"{o['order']:>5} {o['contexts']:>12,} {o['ngrams']:>12,} {o['total_count']:>13,}"

@@ -4,6 +4,8 @@
   [--reload-interval S]``: the gRPC draft service (health NOT_SERVING until the graph is open;
   SIGINT/SIGTERM stop it; a graph newly published at GRAPH_DIR is loaded without a restart,
   checked every S seconds and on SIGHUP, see :mod:`draft_service.reload`).
+- ``speculant tune --graph GRAPH_DIR --model M --prompts FILE [--write]``: fit the graph's mixing
+  parameters by replayed greedy speculative decoding (:mod:`draft_service.tune`).
 - ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
   [--json OUT]``: in-process and over-gRPC Propose latency, time to SERVING, server RSS.
 - ``speculant bench draft-tier --graph GRAPH_DIR [--processes 1,2] [--clients 4] [--json OUT]``:
@@ -49,6 +51,33 @@ def register(
     )
     add_server_tls_arguments(serve)
     serve.set_defaults(handler=serve_draft)
+
+    tune = subparsers.add_parser(
+        "tune",
+        help="fit the graph's mixing parameters by measured tokens per verifier forward on "
+        "prompts; --write stores them in the graph as its drafting defaults",
+    )
+    tune.add_argument("--graph", required=True, help="graph directory")
+    tune.add_argument("--model", required=True, help="the verifier model (name or folder)")
+    tune.add_argument(
+        "--prompts", required=True, help='JSON-lines file, one {"prompt": ...} a line'
+    )
+    tune.add_argument("--max-prompts", type=int, default=32, help="prompts read (train + held out)")
+    tune.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
+    tune.add_argument("--k", type=int, default=8, help="draft tokens per round")
+    tune.add_argument(
+        "--train-fraction", type=float, default=0.5, help="share of prompts fitted on"
+    )
+    tune.add_argument("--metric", choices=["tau", "acceptance"], default="tau")
+    tune.add_argument("--seed", type=int, default=0, help="seed of the train/held-out split")
+    tune.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    tune.add_argument("--json", default=None, metavar="OUT", help="write the result as JSON")
+    tune.add_argument(
+        "--write",
+        action="store_true",
+        help="store the best parameters in the graph's meta (atomically, new manifest)",
+    )
+    tune.set_defaults(handler=run_tune_command)
 
     bench = bench_subparsers.add_parser(
         "draft", help="Propose latency in-process and over gRPC, time to SERVING, server RSS"
@@ -148,6 +177,45 @@ def serve_draft(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, lambda _signum, _frame: server.request_reload())
     server.wait_for_termination_signal()
     log.info("draft service stopped")
+    return 0
+
+
+def run_tune_command(args: argparse.Namespace) -> int:
+    """Tune, print the table (and JSON), and with --write store the winner in the graph."""
+    import json
+    from pathlib import Path
+
+    from draft_service.tune import (
+        TuneOptions,
+        format_table,
+        print_progress,
+        run_tune,
+        write_tuned,
+    )
+    from speculant.errors import SpeculantError
+
+    options = TuneOptions(
+        graph=args.graph,
+        model=args.model,
+        prompts=args.prompts,
+        max_prompts=args.max_prompts,
+        max_tokens=args.max_tokens,
+        k=args.k,
+        train_fraction=args.train_fraction,
+        metric=args.metric,
+        seed=args.seed,
+        device=args.device,
+    )
+    try:
+        result = run_tune(options, print_progress)
+        print(format_table(result))
+        if args.write:
+            result["written"] = write_tuned(args.graph, result)
+            print(f"wrote the tuned parameters {result['written']['params']} to {args.graph}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    except (SpeculantError, OSError) as exc:
+        return _fail("tune", str(exc))
     return 0
 
 

@@ -81,6 +81,20 @@ class Drafter:
         # Draft trees: (tail, mixing parameters) -> (matched order, TREE_WIDTH likeliest
         # successors with their q), same bound.
         self._tree_cache: dict[tuple, tuple[int, list[tuple[int, float]]]] = {}
+        # request params -> the same with unset mixing parameters filled from the graph's tuned
+        # defaults (graph.draft_defaults) or the built-in ones; bounded like the step caches
+        self._resolved: dict[DraftParams, DraftParams] = {}
+
+    def resolve(self, params: DraftParams) -> DraftParams:
+        """params with every unset mixing parameter filled: the graph's tuned default where it
+        has one, else the built-in default (explicit values win)."""
+        resolved = self._resolved.get(params)
+        if resolved is None:
+            resolved = params.with_defaults(getattr(self.graph, "draft_defaults", None))
+            if len(self._resolved) >= 1024:
+                self._resolved.clear()
+            self._resolved[params] = resolved
+        return resolved
 
     def validate_context(self, context_ids: Sequence[int] | np.ndarray) -> None:
         """InvalidArgumentError naming ``context_token_ids`` unless every id is in [0, vocab)."""
@@ -111,7 +125,7 @@ class Drafter:
 
         seed only affects the sampling strategy (None: nondeterministic).
         """
-        params.validate()
+        params = self.resolve(params.validate())
         self.validate_context(context_ids)
         if seed is not None and seed < 0:
             raise InvalidArgumentError("seed", f"must be >= 0, got {seed}")
@@ -398,7 +412,7 @@ class Drafter:
 
         q here is the mixed (or highest-order) distribution itself, whatever the strategy.
         """
-        params.validate()
+        params = self.resolve(params.validate())
         self.validate_context(context_ids)
         tail_ids = [int(t) for t in list(context_ids)[-self.max_order :]]
         txn, dbs = self.graph.raw_lookup()

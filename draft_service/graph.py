@@ -20,10 +20,12 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import numpy as np
 
+from speculant.errors import InvalidArgumentError
 from speculant.graph_format import (
     DATA_FILE,
     KEY_DTYPE,
@@ -38,6 +40,7 @@ from speculant.graph_format import (
     read_meta,
     verify_manifest,
 )
+from speculant.types import TUNABLE_FIELDS, DraftParams
 
 _MADV_DONTNEED = 4
 
@@ -62,12 +65,33 @@ _MADVISE = _load_madvise()
 log = logging.getLogger(__name__)
 
 
+def tuned_draft_defaults(meta: GraphMeta, path: str | Path = "") -> dict[str, Any]:
+    """The graph's tuned mixing parameters (meta ``tuned.params``), checked: only
+    TUNABLE_FIELDS with valid values; {} when the graph was never tuned. GraphFormatError
+    otherwise."""
+    params = meta.tuned.get("params", {}) if isinstance(meta.tuned, dict) else None
+    if not isinstance(params, dict):
+        raise GraphFormatError(f"corrupt graph {path}: meta 'tuned' is not a JSON object")
+    unknown = sorted(set(params) - set(TUNABLE_FIELDS))
+    if unknown:
+        raise GraphFormatError(
+            f"corrupt graph {path}: tuned parameters {unknown} are not mixing parameters"
+        )
+    try:
+        DraftParams(**params).validate()
+    except (InvalidArgumentError, TypeError) as exc:
+        raise GraphFormatError(f"corrupt graph {path}: bad tuned parameter: {exc}") from exc
+    return dict(params)
+
+
 class NGramGraph:
     """A graph opened read-only: per-order successor lookups and its meta record."""
 
     def __init__(self, path: Path, env: SharedGraphEnv, meta: GraphMeta) -> None:
         self.path = path
         self.meta = meta
+        # the tuned mixing parameters (``speculant tune --write``), defaults for every request
+        self.draft_defaults = tuned_draft_defaults(meta, path)
         self.max_order = meta.max_order
         self.vocab_size = meta.vocab_size
         self._env = env
@@ -105,7 +129,11 @@ class NGramGraph:
             raise GraphFormatError(
                 f"corrupt graph {path}: max_order={meta.max_order}, vocab_size={meta.vocab_size}"
             )
-        return cls(path, env, meta)
+        try:
+            return cls(path, env, meta)
+        except GraphFormatError:
+            env.close()
+            raise
 
     @property
     def file_id(self) -> tuple[int, int]:

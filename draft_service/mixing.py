@@ -39,13 +39,24 @@ import numpy as np
 from speculant.types import DraftParams
 
 
+def _filled(params: DraftParams) -> DraftParams:
+    """params with unset mixing parameters at their built-in defaults (cheap when all set)."""
+    p = params
+    values = (p.escape_weight, p.order_bias, p.reliability_weight, p.entropy_penalty)
+    if None in values or p.mix_temperature is None or p.mixing is None:
+        return params.with_defaults()
+    return params
+
+
 def order_weights(
     orders: list[int], totals: list[float], entropies: list[float], params: DraftParams
 ) -> list[float]:
     """The ``seed`` weights: w = softmax(score / mix_temperature) over the matching orders.
 
-    Plain floats, m <= 10 orders, highest order first (as every list here).
+    Plain floats, m <= 10 orders, highest order first (as every list here). Unset (None)
+    weights take the built-in defaults (the drafter fills them before, see Drafter.resolve).
     """
+    params = _filled(params)
     scores = [
         params.order_bias * math.log(o)
         + params.reliability_weight * math.log1p(c)
@@ -85,6 +96,7 @@ def mixture_weights(
     counts [N] float64 is the concatenation of the orders' counts, order i at
     counts[starts[i] : starts[i] + lens[i]].
     """
+    params = _filled(params)
     totals = np.add.reduceat(counts, starts).tolist()  # [m] C_o
     mode = params.effective_mixing
     if mode == "witten-bell":

@@ -126,6 +126,8 @@ class BenchSettings:
     next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
     # draft tree sizes (0 = chain), embedded and services; default: DraftConfig's
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
+    # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
+    adaptive_ks: tuple[bool, ...] = (False,)
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
 
 
@@ -138,6 +140,7 @@ class Variant:
     mix: bool | None = None
     next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
     tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
+    adaptive_k: bool = False  # draft length from the acceptance history
 
     @property
     def name(self) -> str:
@@ -148,6 +151,8 @@ class Variant:
         name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
         if self.tree_nodes != DEFAULT_TREE_NODES:
             name += f" tree={self.tree_nodes}"
+        if self.adaptive_k:
+            name += " adaptive"
         if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
             name += f" prep={self.next_round_drafts}"
         return name
@@ -175,18 +180,20 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
         elif system == "embedded":
             rows.extend(
-                Variant(system, k, mix, tree_nodes=tree)
+                Variant(system, k, mix, tree_nodes=tree, adaptive_k=adaptive)
                 for k in settings.ks
                 for mix in settings.mixes
                 for tree in settings.tree_nodes
+                for adaptive in settings.adaptive_ks
             )
         else:
             rows.extend(
-                Variant(system, k, mix, prep, tree)
+                Variant(system, k, mix, prep, tree, adaptive)
                 for k in settings.ks
                 for mix in settings.mixes
                 for tree in settings.tree_nodes
                 for prep in settings.next_round_drafts
+                for adaptive in settings.adaptive_ks
             )
     return rows
 
@@ -338,6 +345,7 @@ class InProcessSystems:
             strategy=self.settings.strategy,
             attentive_mix=bool(variant.mix),
             tree_nodes=variant.tree_nodes,
+            adaptive_k=variant.adaptive_k,
         )
         request = GenerationRequest(
             prompt_ids=prompt_ids,
@@ -481,6 +489,7 @@ class ServiceStack:
                 strategy=strategy,
                 attentive_mix=variant.mix,
                 tree_nodes=variant.tree_nodes,
+                adaptive_k=variant.adaptive_k,
             ),
         )
         started = time.perf_counter()
@@ -599,6 +608,7 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             "accepted_from_overlay",
             "accepted_from_both",
             "prepared_drafts_used",
+            "wasted_draft_tokens",
         ):
             if key in stats[0]:
                 row[key] = int(stats[0][key])
@@ -807,6 +817,7 @@ TABLE_COLUMNS = (
     ("verify ms", 9, "verify_seconds_median", ".1f"),
     ("other ms", 8, "other_seconds_median", ".1f"),
     ("rpc ms", 6, "client_overhead_seconds_median", ".1f"),
+    ("wasted", 6, "wasted_draft_tokens", "d"),
     ("mismatch", 8, "exact_mismatches", "d"),
 )
 
@@ -926,6 +937,13 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_TREE_NODES}, DraftConfig's)",
     )
     p.add_argument(
+        "--adaptive-k",
+        dest="adaptive_ks",
+        type=_csv(_on_off),
+        default=(False,),
+        help="adaptive draft length: off, on, or off,on to compare side by side (default off)",
+    )
+    p.add_argument(
         "--pin-cpus",
         action="store_true",
         help="run model forwards (this process's hf and embedded runs, the verifier service) "
@@ -963,6 +981,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         device=args.device,
         next_round_drafts=tuple(args.next_round_drafts),
         tree_nodes=tuple(args.tree_nodes),
+        adaptive_ks=tuple(args.adaptive_ks),
         pin_cpus=args.pin_cpus,
     )
 

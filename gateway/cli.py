@@ -29,15 +29,18 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mixing",
         choices=list(MIXING_MODES),
-        default=_DRAFT_DEFAULTS["mixing"].default,
-        help="how the matching orders are mixed into q (--no-attentive-mix forces backoff)",
+        default=None,
+        help="how the matching orders are mixed into q (--no-attentive-mix forces backoff; "
+        "default: the graph's tuned mode, else "
+        f"{_DRAFT_DEFAULTS['mixing'].default})",
     )
     parser.add_argument(
         "--escape-weight",
         type=float,
-        default=_DRAFT_DEFAULTS["escape_weight"].default,
+        default=None,
         help="witten-bell: weight of an order's distinct successors in the mass it lends to the "
-        "lower orders (1 = classic)",
+        "lower orders (1 = classic; default: the graph's tuned value, else "
+        f"{_DRAFT_DEFAULTS['escape_weight'].default:g})",
     )
     parser.add_argument(
         "--min-draft-prob",
@@ -59,6 +62,12 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         default=_DRAFT_DEFAULTS["tree_nodes"].default,
         help="draft a tree of up to this many tokens (no overlay or min-draft-prob), "
         "verified in one forward pass (0 = a chain of k)",
+    )
+    parser.add_argument(
+        "--adaptive-k",
+        action="store_true",
+        help="adapt each round's draft length (1..k) to the request's acceptance history; "
+        "the output is the same",
     )
 
 
@@ -260,11 +269,14 @@ _DRAFT_FLAGS = (
     "min_draft_prob",
     "overlay_weight",
     "tree_nodes",
+    "adaptive_k",
 )
 
 
 def _draft_options(args: argparse.Namespace) -> dict[str, object]:
-    return {name: getattr(args, name) for name in _DRAFT_FLAGS}
+    """The drafting flags given (a mixing flag left out takes the graph's tuned default)."""
+    values = {name: getattr(args, name, None) for name in _DRAFT_FLAGS}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def _generate_embedded(args: argparse.Namespace) -> dict:

@@ -8,6 +8,9 @@ One request:
 3. tokens are checked one by one against EOS, stop strings, max_tokens and the context length,
    and never emitted past them.
 
+With ``draft.adaptive_k`` the draft length of each round follows the request's acceptance
+history (:mod:`gateway.adaptive_k`), between 1 and draft.k; otherwise it is draft.k.
+
 Drafts are only an optimisation: if the drafter fails, the round goes on with an empty draft
 (the verifier then emits exactly one token) and the output is unchanged.
 """
@@ -23,6 +26,7 @@ from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
+from gateway.adaptive_k import next_draft_length
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.interfaces import DraftCall, DraftSource, PreparingDraftSource, TargetVerifier
 from gateway.stats import GenerationStats
@@ -303,11 +307,12 @@ class Coordinator:
             context = list(request.prompt_ids) + output.token_ids
             prepared: dict[tuple[int, int], DraftProposal] = {}  # by (accepted, next token)
             outcome = (-1, -1)  # (accepted drafts, last emitted token) of the last round
+            draft_length = request.draft.k  # with draft.adaptive_k: set round by round
             while output.finish_reason is None:
                 if cancelled is not None and cancelled():
                     log.info("generation cancelled after %d tokens", len(output.token_ids))
                     return
-                k = min(request.draft.k, output.remaining - 1)
+                k = min(draft_length, output.remaining - 1)
                 t0 = time.perf_counter()
                 ready = prepared.get(outcome) if k > 0 else None  # prepared last round?
                 call = self._start_draft(context, request, k, stats, ready is not None)
@@ -335,12 +340,17 @@ class Coordinator:
                 }
                 stats.draft_seconds += time.perf_counter() - t0
                 outcome = (result.accepted_count, result.token_ids[-1])
+                positions = max(proposal.depths(), default=-1) + 1  # a chain's length
                 stats.record_round(
                     len(proposal.token_ids),
                     result.accepted_count,
                     _accepted_sources(proposal, result),
-                    max(proposal.depths(), default=-1) + 1,
+                    positions,
                 )
+                if request.draft.adaptive_k and k > 0:
+                    draft_length = next_draft_length(
+                        k, positions, result.accepted_count, request.draft.k
+                    )
                 before = len(output.token_ids)
                 output.add(result.token_ids)
                 context.extend(output.token_ids[before:])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 
 import grpc
 
@@ -65,10 +66,14 @@ def stats_to_proto(stats: GenerationStats) -> gateway_pb2.GenerationStats:
 
 
 def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftConfig) -> DraftParams:
-    """Request draft options over the configured defaults (unset optional field = default)."""
+    """Request draft options over the configured defaults (unset optional field = default).
+
+    Mixing parameters set neither in the request nor in the gateway's configuration stay unset
+    (None): the draft service then uses its graph's tuned defaults.
+    """
     if options.strategy not in STRATEGY_FROM_PROTO:
         raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
-    values = defaults.model_dump()
+    values = asdict(DraftParams.from_config(defaults))
     for name in (
         "k",
         "attentive_mix",
@@ -81,6 +86,7 @@ def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftCon
         "min_draft_prob",
         "overlay_weight",
         "tree_nodes",
+        "adaptive_k",
     ):
         if options.HasField(name):
             values[name] = getattr(options, name)

@@ -34,6 +34,11 @@ class GenerationStats:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
     @property
+    def wasted_draft_tokens(self) -> int:
+        """Draft tokens the verifier checked and rejected (drafted - accepted)."""
+        return self.draft_tokens - self.accepted_tokens
+
+    @property
     def tokens_per_second(self) -> float:
         return self.generated_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
@@ -97,4 +102,5 @@ class GenerationStats:
             "accepted_from_overlay": self.accepted_from_overlay,
             "accepted_from_both": self.accepted_from_both,
             "prepared_drafts_used": self.prepared_drafts_used,
+            "wasted_draft_tokens": self.wasted_draft_tokens,
         }

@@ -56,6 +56,12 @@ class DraftConfig(BaseSettings):
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
     ``tree_nodes`` (default 0 = a chain) drafts a tree of up to that many tokens, k levels
     deep, with no overlay and no min_draft_prob (see draft_service.drafting).
+    ``adaptive_k`` (default off) lets the coordinator set each round's draft length from the
+    request's acceptance history, between 1 and k (see gateway.adaptive_k).
+
+    Graph defaults: the mixing parameters (mixing, escape_weight and the four ``seed`` weights)
+    that are not set explicitly (as arguments or SPECULANT_DRAFT__* variables) take the values
+    ``speculant tune --write`` stored in the graph, else the defaults below.
     """
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
@@ -72,6 +78,7 @@ class DraftConfig(BaseSettings):
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
     overlay_weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
     tree_nodes: int = Field(0, ge=0, le=MAX_DRAFT_K)
+    adaptive_k: bool = False
 
 
 class VerifierConfig(BaseSettings):

@@ -105,6 +105,10 @@ class GraphMeta:
     # One record per build that added corpus to this graph, oldest first: its version, inputs,
     # datasets, documents, tokens and time (empty for graphs built before versions existed).
     sources: list[dict[str, Any]] = field(default_factory=list)
+    # Written by ``speculant tune --write``: {"params": {mixing parameter: value}, and how they
+    # were measured}. The drafter uses tuned["params"] for every mixing parameter a request
+    # leaves unset (see speculant.types.TUNABLE_FIELDS). Empty: the built-in defaults.
+    tuned: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

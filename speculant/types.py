@@ -13,8 +13,9 @@ Each verification therefore emits accepted + 1 tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 
@@ -22,6 +23,21 @@ from speculant.config import MAX_DRAFT_K, MIXING_MODES, DraftConfig, MixingName
 from speculant.errors import InvalidArgumentError
 
 DraftStrategyName = Literal["greedy", "sampling"]
+
+# The mixing parameters a graph may carry tuned defaults for (``speculant tune``, stored in its
+# meta record under ``tuned.params``). In DraftParams they are None when the request did not
+# set them: the drafter then takes the graph's tuned value, else the built-in default below.
+TUNABLE_FIELDS: tuple[str, ...] = (
+    "mixing",
+    "escape_weight",
+    "order_bias",
+    "reliability_weight",
+    "entropy_penalty",
+    "mix_temperature",
+)
+BUILTIN_TUNABLE_DEFAULTS: dict[str, Any] = {
+    name: DraftConfig.model_fields[name].default for name in TUNABLE_FIELDS
+}
 
 
 @dataclass(frozen=True)
@@ -38,20 +54,26 @@ class DraftParams:
     mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
     ``tree_nodes`` (0..64; 0 = a chain) drafts a tree of up to that many tokens when
     :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
+    ``adaptive_k`` (a gateway-side choice): the coordinator adapts each round's draft length to
+    the request's acceptance history, between 1 and k (see :mod:`gateway.adaptive_k`).
+
+    The mixing parameters (TUNABLE_FIELDS) are None when not set: the drafter fills them with
+    its graph's tuned defaults, else the built-in ones (:meth:`with_defaults`).
     """
 
     k: int = 5
     strategy: DraftStrategyName = "greedy"
     attentive_mix: bool = True
-    order_bias: float = 1.0
-    mix_temperature: float = 1.0
-    reliability_weight: float = 1.0
-    entropy_penalty: float = 0.5
-    mixing: MixingName = "witten-bell"
-    escape_weight: float = 8.0
+    order_bias: float | None = None
+    mix_temperature: float | None = None
+    reliability_weight: float | None = None
+    entropy_penalty: float | None = None
+    mixing: MixingName | None = None
+    escape_weight: float | None = None
     min_draft_prob: float = 0.0
     overlay_weight: float = 0.0
     tree_nodes: int = 0
+    adaptive_k: bool = False
 
     @property
     def drafts_tree(self) -> bool:
@@ -61,12 +83,38 @@ class DraftParams:
 
     @property
     def effective_mixing(self) -> str:
-        """The mixing actually used: "backoff" when attentive_mix is off, else ``mixing``."""
-        return self.mixing if self.attentive_mix else "backoff"
+        """The mixing actually used: "backoff" when attentive_mix is off, else ``mixing``
+        (the built-in default mode while it is unset)."""
+        if not self.attentive_mix:
+            return "backoff"
+        return self.mixing or BUILTIN_TUNABLE_DEFAULTS["mixing"]
+
+    @property
+    def unset_fields(self) -> tuple[str, ...]:
+        """The mixing parameters this request left to the drafter's defaults."""
+        return tuple(name for name in TUNABLE_FIELDS if getattr(self, name) is None)
+
+    def with_defaults(self, graph_defaults: Mapping[str, Any] | None = None) -> DraftParams:
+        """Every unset mixing parameter filled: from graph_defaults (a graph's tuned values)
+        where they have it, else the built-in default. Explicit values are kept."""
+        unset = self.unset_fields
+        if not unset:
+            return self
+        graph_defaults = graph_defaults or {}
+        return replace(
+            self,
+            **{name: graph_defaults.get(name, BUILTIN_TUNABLE_DEFAULTS[name]) for name in unset},
+        )
 
     @classmethod
     def from_config(cls, config: DraftConfig) -> DraftParams:
-        return cls(**config.model_dump())
+        """The config's values; its mixing parameters only where set explicitly (as arguments
+        or SPECULANT_DRAFT__* variables), else None (the graph's tuned or built-in default)."""
+        values = config.model_dump()
+        for name in TUNABLE_FIELDS:
+            if name not in config.model_fields_set:
+                values[name] = None
+        return cls(**values)
 
     def validate(self) -> DraftParams:
         """Raise InvalidArgumentError naming the first bad field; return self when valid."""
@@ -82,17 +130,13 @@ class DraftParams:
             )
         for name in ("order_bias", "reliability_weight", "entropy_penalty"):
             value = getattr(self, name)
-            if not (value >= 0 and np.isfinite(value)):
+            if value is not None and not (value >= 0 and np.isfinite(value)):
                 raise InvalidArgumentError(name, f"must be a finite number >= 0, got {value}")
-        if not (self.mix_temperature > 0 and np.isfinite(self.mix_temperature)):
-            raise InvalidArgumentError(
-                "mix_temperature", f"must be a finite number > 0, got {self.mix_temperature}"
-            )
-        if not (self.escape_weight > 0 and np.isfinite(self.escape_weight)):
-            raise InvalidArgumentError(
-                "escape_weight", f"must be a finite number > 0, got {self.escape_weight}"
-            )
-        if self.mixing not in MIXING_MODES:
+        for name in ("mix_temperature", "escape_weight"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and np.isfinite(value)):
+                raise InvalidArgumentError(name, f"must be a finite number > 0, got {value}")
+        if self.mixing is not None and self.mixing not in MIXING_MODES:
             raise InvalidArgumentError(
                 "mixing", f"must be one of {', '.join(MIXING_MODES)}, got {self.mixing!r}"
             )

@@ -64,6 +64,7 @@ def hand_q(
     context: list[int], params: DraftParams, chains: dict = CHAINS
 ) -> tuple[dict[int, float], int]:
     """Reference q (dict id -> prob) and matched order, straight from the formula."""
+    params = params.with_defaults()  # unset mixing parameters: the built-in defaults
     matching = []
     for order in range(min(len(context), max(chains)), 0, -1):
         succ = chains.get(order, {}).get(tuple(context[len(context) - order :]))

@@ -25,7 +25,7 @@ class SparseDistribution(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class DraftOptions(_message.Message):
-    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "tree_nodes")
+    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "tree_nodes", "adaptive_k")
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ATTENTIVE_MIX_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class DraftOptions(_message.Message):
     ESCAPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     OVERLAY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     TREE_NODES_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_K_FIELD_NUMBER: _ClassVar[int]
     k: int
     strategy: DraftStrategy
     attentive_mix: bool
@@ -50,4 +51,5 @@ class DraftOptions(_message.Message):
     escape_weight: float
     overlay_weight: float
     tree_nodes: int
-    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., tree_nodes: _Optional[int] = ...) -> None: ...
+    adaptive_k: bool
+    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., tree_nodes: _Optional[int] = ..., adaptive_k: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,142 @@
+"""Replaying speculative decoding at temperature 0 without the model: drafts against a known
+greedy continuation.
+
+At temperature 0 the verifier accepts a draft token exactly when it is the model's argmax, so
+the output of speculative decoding is the model's greedy continuation whatever is drafted, and
+the rounds it takes depend only on the drafts. Given a prompt's greedy continuation (computed
+once, e.g. with Hugging Face ``generate``), :func:`simulate` replays the coordinator's rounds
+(:mod:`gateway.coordinator`): each round drafts up to k tokens from the last ``window`` context
+tokens, accepts the longest prefix that matches the continuation and emits one more token (the
+correction or the bonus). It gives the same rounds, drafted and accepted counts as a real run
+(``tests/test_tune.py`` checks it) at the cost of the drafting alone, so many draft settings can
+be scored against one set of continuations.
+
+Terms: *tau* = generated tokens / verifier forwards (the prefill included); *acceptance* =
+accepted / drafted; *wasted* = drafted - accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from draft_service.drafting import Drafter
+from gateway.adaptive_k import next_draft_length
+from speculant.errors import InvalidArgumentError
+from speculant.types import DraftParams
+
+
+@dataclass(frozen=True)
+class GreedyTrace:
+    """A prompt and the model's greedy continuation of it (at most max_tokens tokens, no EOS);
+    ended_by_eos: the model emitted EOS right after the last token."""
+
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    ended_by_eos: bool
+
+
+@dataclass
+class SimResult:
+    """Totals of replayed generations."""
+
+    tokens: int = 0  # generated tokens (EOS not counted)
+    forwards: int = 0  # verifier forward passes (prefill included)
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def tau(self) -> float:
+        return self.tokens / self.forwards if self.forwards else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def wasted(self) -> int:
+        return self.drafted - self.accepted
+
+    def add(self, other: SimResult) -> None:
+        self.tokens += other.tokens
+        self.forwards += other.forwards
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "tau": self.tau,
+            "acceptance": self.acceptance,
+            "tokens": self.tokens,
+            "forwards": self.forwards,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "wasted": self.wasted,
+        }
+
+
+def simulate(
+    drafter: Drafter,
+    params: DraftParams,
+    trace: GreedyTrace,
+    max_tokens: int,
+    window: int,
+    max_context_length: int | None = None,
+) -> SimResult:
+    """The rounds the coordinator takes for trace at temperature 0 with these greedy chain
+    drafts (params.adaptive_k included); window: the context tokens the drafter sees
+    (the graph's max order; the whole context with an overlay)."""
+    if params.strategy != "greedy" or params.drafts_tree:
+        raise InvalidArgumentError("draft", "the replay covers greedy chain drafts only")
+    emitted = list(trace.tokens[:max_tokens])
+    ends_with_eos = trace.ended_by_eos and len(emitted) == len(trace.tokens)
+    total = len(emitted) + (1 if ends_with_eos else 0)  # tokens the verifier emits, EOS too
+    limit = max_tokens
+    if max_context_length is not None:
+        limit = min(limit, max_context_length - len(trace.prompt_ids))
+    if max_tokens == 0:
+        return SimResult()
+    result = SimResult(forwards=1)  # the prefill emits the first token
+    if total == 0:
+        return result  # the first token was EOS
+    done = 1
+    context = list(trace.prompt_ids) + emitted[:1]
+    length = params.k
+    while done < total and done < limit:
+        k = min(length, limit - done - 1)
+        draft: Sequence[int] = ()
+        if k > 0:
+            ask = params if k == params.k else replace(params, k=k)
+            tail = context if params.overlay_weight > 0 else context[-window:]
+            draft = drafter.propose(tail, ask).token_ids
+        accepted = 0
+        while (
+            accepted < len(draft)
+            and done + accepted < len(emitted)
+            and draft[accepted] == emitted[done + accepted]
+        ):
+            accepted += 1
+        result.forwards += 1
+        result.drafted += len(draft)
+        result.accepted += accepted
+        context.extend(emitted[done : done + accepted + 1])
+        done += accepted + 1
+        if params.adaptive_k and k > 0:
+            length = next_draft_length(k, len(draft), accepted, params.k)
+    result.tokens = min(done, len(emitted))
+    return result
+
+
+def simulate_all(
+    drafter: Drafter,
+    params: DraftParams,
+    traces: Sequence[GreedyTrace],
+    max_tokens: int,
+    window: int,
+    max_context_length: int | None = None,
+) -> SimResult:
+    """The totals of :func:`simulate` over traces."""
+    total = SimResult()
+    for trace in traces:
+        total.add(simulate(drafter, params, trace, max_tokens, window, max_context_length))
+    return total
