@@ -82,7 +82,14 @@ def register(
         "--draft",
         required=True,
         help="draft service address(es), comma separated: HOST:PORT,... (dns:NAME:PORT: one "
-        "replica per address NAME resolves to, at start-up)",
+        "replica per address NAME resolves to, resolved again every --draft-refresh seconds)",
+    )
+    serve.add_argument(
+        "--draft-refresh",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="resolve dns:NAME:PORT draft addresses again this often (0 = only at start-up)",
     )
     serve.add_argument("--verifier", required=True, help="verifier service address HOST:PORT")
     serve.add_argument("--host", default="127.0.0.1")
@@ -183,6 +190,8 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
+    if not args.draft_refresh >= 0:
+        return _fail(f"--draft-refresh must be >= 0 seconds, got {args.draft_refresh}", 2)
     server = None
     try:
         token = load_token(args.auth_token_file)
@@ -195,6 +204,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             port=args.port,
             tokenizer_name=args.tokenizer,
             draft_timeout_s=args.draft_timeout,
+            draft_refresh_s=args.draft_refresh,
             max_concurrent=args.max_concurrent,
             **(
                 {}

@@ -12,9 +12,10 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -147,7 +148,7 @@ class _Watchdog:
 
 def expand_addresses(addresses: Sequence[str]) -> list[str]:
     """Replica addresses: HOST:PORT entries as given; ``dns:NAME:PORT`` becomes one replica per
-    address NAME resolves to (resolved once, at start-up: restart to pick up new ones)."""
+    address NAME resolves to now (GrpcDraftClient resolves again every refresh interval)."""
     out: list[str] = []
     for address in addresses:
         if not address.startswith("dns:"):
@@ -169,71 +170,141 @@ def expand_addresses(addresses: Sequence[str]) -> list[str]:
 
 # A draft replica that failed is asked last for this long (then it is back in the rotation).
 REPLICA_HOLD_OFF_S = 1.0
+# How often `dns:NAME:PORT` draft addresses are resolved again (replicas come and go).
+DEFAULT_DRAFT_REFRESH_S = 10.0
+
+
+@dataclass(eq=False)
+class _Replica:
+    """One draft service: its stub, its idle open streams, and its hold-off after a failure."""
+
+    address: str
+    stub: draft_pb2_grpc.DraftServiceStub
+    idle: list[StreamExchange] = field(default_factory=list)
+    held_off_until: float = 0.0  # time.monotonic()
 
 
 class GrpcDraftClient:
     """Drafts from one or more draft-service replicas over open streams (ProposeStream), round
     robin, failing over to the next replica on an error or a timeout. A replica that failed goes
     to the back of the order for REPLICA_HOLD_OFF_S (a passive health check), so a dead replica
-    costs one failed call per hold-off, not one per round."""
+    costs one failed call per hold-off, not one per round.
+
+    The replica set can change while calls run (``refresh``): with ``dns:NAME:PORT`` entries
+    (see expand_addresses) a background thread resolves them again every ``refresh_s`` seconds,
+    so replicas a scaler adds are used and removed ones are dropped without a restart."""
 
     def __init__(
-        self, addresses: Sequence[str], timeout_s: float = 0.25, tls: ClientTls | None = None
+        self,
+        addresses: Sequence[str],
+        timeout_s: float = 0.25,
+        tls: ClientTls | None = None,
+        refresh_s: float = DEFAULT_DRAFT_REFRESH_S,
+        resolve: Callable[[Sequence[str]], list[str]] = expand_addresses,
     ) -> None:
-        """tls: connect over TLS (see speculant.tls), else plaintext."""
+        """addresses: HOST:PORT and dns:NAME:PORT entries. tls: connect over TLS (see
+        speculant.tls), else plaintext. refresh_s: resolve dns: entries again this often
+        (0 = only at start-up). resolve: entries -> HOST:PORT replicas (tests replace it)."""
         if not addresses:
             raise ValueError("at least one draft service address is needed")
-        self.addresses = list(addresses)
+        self._entries = list(addresses)
+        self._resolve = resolve
+        self._tls = tls
         self.timeout_s = timeout_s
-        self._stubs = [draft_pb2_grpc.DraftServiceStub(_channel(a, tls)) for a in self.addresses]
-        self._idle: list[list[StreamExchange]] = [[] for _ in self.addresses]
-        self._next = itertools.cycle(range(len(self._stubs)))
-        self._held_off_until = [0.0] * len(self._stubs)  # time.monotonic() per replica
         self._lock = threading.Lock()
+        self._replicas: list[_Replica] = []
+        self._turn = itertools.count()
         self._watchdog = _Watchdog()
+        self._stopped = threading.Event()
+        self.refresh()
+        if refresh_s > 0 and any(a.startswith("dns:") for a in self._entries):
+            threading.Thread(
+                target=self._refresh_loop, args=(refresh_s,), name="draft-dns", daemon=True
+            ).start()
 
-    def _replica_order(self) -> list[int]:
+    @property
+    def addresses(self) -> list[str]:
+        """The current replicas' HOST:PORT addresses."""
+        return [replica.address for replica in self._replicas]
+
+    def refresh(self) -> None:
+        """Resolve the entries again and switch to that replica set: known replicas keep their
+        streams and hold-off, new ones are added, gone ones stop getting calls (their idle
+        streams are closed; calls in flight on them finish)."""
+        addresses = self._resolve(self._entries)
+        if not addresses:
+            raise UnavailableError(f"--draft: {', '.join(self._entries)} resolved to nothing")
+        with self._lock:
+            known = {replica.address: replica for replica in self._replicas}
+            replicas = [
+                known.get(a) or _Replica(a, draft_pb2_grpc.DraftServiceStub(_channel(a, self._tls)))
+                for a in addresses
+            ]
+            gone = [r for r in self._replicas if r.address not in set(addresses)]
+            self._replicas = replicas
+        for replica in gone:
+            log.info("draft replica %s left the set", replica.address)
+            for exchange in replica.idle:
+                exchange.close()
+        for replica in replicas:
+            if replica.address not in known and known:
+                log.info("draft replica %s joined the set", replica.address)
+
+    def _refresh_loop(self, interval_s: float) -> None:
+        while not self._stopped.wait(interval_s):
+            try:
+                self.refresh()
+            except (InvalidArgumentError, UnavailableError) as exc:  # keep the current set
+                log.warning("draft replicas not refreshed: %s", exc)
+
+    def close(self) -> None:
+        """Stop refreshing the replica set."""
+        self._stopped.set()
+
+    def _replica_order(self) -> list[_Replica]:
         """Round robin, replicas held off after a failure last."""
         with self._lock:
-            first = next(self._next)
-            held_off = self._held_off_until
-        n = len(self._stubs)
-        order = [(first + i) % n for i in range(n)]
+            replicas = self._replicas
+            first = next(self._turn) % len(replicas)
+        order = replicas[first:] + replicas[:first]
         now = time.monotonic()
-        return sorted(order, key=lambda index: held_off[index] > now)  # stable: keeps rotation
+        return sorted(order, key=lambda r: r.held_off_until > now)  # stable: keeps rotation
 
-    def _hold_off(self, index: int) -> None:
+    def _hold_off(self, replica: _Replica) -> None:
         with self._lock:
-            self._held_off_until[index] = time.monotonic() + REPLICA_HOLD_OFF_S
+            replica.held_off_until = time.monotonic() + REPLICA_HOLD_OFF_S
 
-    def _checkout(self, index: int) -> StreamExchange:
-        """An idle open stream to replica `index` (a new one when none is idle)."""
+    def _checkout(self, replica: _Replica) -> StreamExchange:
+        """An idle open stream to the replica (a new one when none is idle)."""
         with self._lock:
-            idle = self._idle[index]
-            exchange = idle.pop() if idle else None
+            exchange = replica.idle.pop() if replica.idle else None
         if exchange is None:
-            exchange = StreamExchange(self._stubs[index].ProposeStream, timeout_s=None)
+            exchange = StreamExchange(replica.stub.ProposeStream, timeout_s=None)
         return exchange
 
-    def _checkin(self, index: int, exchange: StreamExchange) -> None:
+    def _checkin(self, replica: _Replica, exchange: StreamExchange) -> None:
         with self._lock:
-            self._idle[index].append(exchange)
+            current = replica in self._replicas
+            if current:
+                replica.idle.append(exchange)
+        if not current:  # the replica left the set while this call ran
+            exchange.close()
 
-    def _receive(self, index: int, exchange: StreamExchange) -> draft_pb2.ProposeResponse:
+    def _receive(self, replica: _Replica, exchange: StreamExchange) -> draft_pb2.ProposeResponse:
         """The next response on `exchange`, cancelled by the watchdog past the draft timeout."""
         ticket = self._watchdog.watch(exchange, remaining_time(self.timeout_s))
         try:
-            return exchange.receive(f"draft service {self.addresses[index]}")
+            return exchange.receive(f"draft service {replica.address}")
         finally:
             self._watchdog.done(ticket)
 
     def _propose_on(
-        self, index: int, request: draft_pb2.ProposeRequest
+        self, replica: _Replica, request: draft_pb2.ProposeRequest
     ) -> draft_pb2.ProposeResponse:
-        exchange = self._checkout(index)
+        exchange = self._checkout(replica)
         exchange.send(request)
-        response = self._receive(index, exchange)  # a failed stream is dropped, not checked in
-        self._checkin(index, exchange)
+        response = self._receive(replica, exchange)  # a failed stream is dropped, not checked in
+        self._checkin(replica, exchange)
         return response
 
     def propose(
@@ -241,19 +312,21 @@ class GrpcDraftClient:
     ) -> DraftProposal:
         return self._propose(propose_request(context_ids, params, seed))
 
-    def _propose(self, request: draft_pb2.ProposeRequest, skip: int | None = None) -> DraftProposal:
+    def _propose(
+        self, request: draft_pb2.ProposeRequest, skip: _Replica | None = None
+    ) -> DraftProposal:
         """Ask each replica in turn (but `skip`) until one answers."""
         last_error: Exception | None = None
-        for index in self._replica_order():
-            if index == skip:
+        for replica in self._replica_order():
+            if replica is skip:
                 continue
             try:
-                response = self._propose_on(index, request)
+                response = self._propose_on(replica, request)
                 return proposal_from_message(response, _is_greedy(request))
             except (RemoteError, UnavailableError) as exc:
                 last_error = exc
-                self._hold_off(index)
-                log.debug("draft replica %s failed: %s", self.addresses[index], exc)
+                self._hold_off(replica)
+                log.debug("draft replica %s failed: %s", replica.address, exc)
         if last_error is None:
             raise UnavailableError("no other draft service replica to ask")
         raise last_error
@@ -275,17 +348,17 @@ class GrpcDraftClient:
             request.next_round_only = draft_known
             if next_round_seed is not None:
                 request.next_round_seed = next_round_seed
-        index = self._replica_order()[0]
-        exchange = self._checkout(index)
+        replica = self._replica_order()[0]
+        exchange = self._checkout(replica)
         exchange.send(request)
-        return GrpcDraftCall(self, index, exchange, request)
+        return GrpcDraftCall(self, replica, exchange, request)
 
     def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
         """The graph meta of the first replica that answers."""
         last_error: grpc.RpcError | None = None
-        for index in self._replica_order():
+        for replica in self._replica_order():
             try:
-                return self._stubs[index].GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=5.0)
+                return replica.stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=5.0)
             except grpc.RpcError as exc:
                 last_error = exc
         raise UnavailableError(
@@ -321,12 +394,12 @@ class GrpcDraftCall:
     def __init__(
         self,
         client: GrpcDraftClient,
-        index: int,
+        replica: _Replica,
         exchange: StreamExchange,
         request: draft_pb2.ProposeRequest,
     ) -> None:
         self._client = client
-        self._index = index
+        self._replica = replica
         self._exchange: StreamExchange | None = exchange
         self._request = request
         self._expects_next_round = request.next_round_drafts > 0
@@ -341,13 +414,14 @@ class GrpcDraftCall:
             try:
                 if exchange is None:
                     raise UnavailableError("the draft call was discarded")
-                response = self._client._receive(self._index, exchange)
+                response = self._client._receive(self._replica, exchange)
                 self._draft = proposal_from_message(response, _is_greedy(self._request))
             except (RemoteError, UnavailableError) as exc:
                 self.discard()
-                self._client._hold_off(self._index)
-                log.debug("draft replica %s failed: %s", self._client.addresses[self._index], exc)
-                self._draft = self._client._propose(self._request_without_next_round(), self._index)
+                self._client._hold_off(self._replica)
+                log.debug("draft replica %s failed: %s", self._replica.address, exc)
+                request = self._request_without_next_round()
+                self._draft = self._client._propose(request, skip=self._replica)
             else:
                 self._finish_unless_next_round()
         return self._draft
@@ -357,9 +431,9 @@ class GrpcDraftCall:
             return []
         try:
             if self._expects_draft and self._draft is None:  # the draft's response comes first
-                first = self._client._receive(self._index, self._exchange)
+                first = self._client._receive(self._replica, self._exchange)
                 self._draft = proposal_from_message(first, _is_greedy(self._request))
-            response = self._client._receive(self._index, self._exchange)
+            response = self._client._receive(self._replica, self._exchange)
         except (RemoteError, UnavailableError) as exc:
             log.debug("no next-round drafts: %s", exc)
             self.discard()
@@ -379,7 +453,7 @@ class GrpcDraftCall:
 
     def _finish_unless_next_round(self) -> None:
         if self._exchange is not None and not self._expects_next_round:
-            self._client._checkin(self._index, self._exchange)
+            self._client._checkin(self._replica, self._exchange)
             self._exchange = None
 
     def _request_without_next_round(self) -> draft_pb2.ProposeRequest:

@@ -16,9 +16,9 @@ import grpc
 
 from gateway.alignment import check_tokenizer_alignment
 from gateway.clients import (
+    DEFAULT_DRAFT_REFRESH_S,
     GrpcDraftClient,
     GrpcVerifierClient,
-    expand_addresses,
     request_deadline,
 )
 from gateway.coordinator import (
@@ -265,6 +265,7 @@ def start_gateway(
     port: int = 50050,
     tokenizer_name: str | None = None,
     draft_timeout_s: float = 0.25,
+    draft_refresh_s: float = DEFAULT_DRAFT_REFRESH_S,
     check_backends: bool = True,
     max_concurrent: int = 64,
     next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
@@ -277,7 +278,7 @@ def start_gateway(
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS."""
     servicer = GatewayServicer(
         GrpcDraftClient(
-            expand_addresses(draft_addresses), timeout_s=draft_timeout_s, tls=backend_tls
+            draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
         ),
         GrpcVerifierClient(verifier_address, tls=backend_tls),
         tokenizer_name=tokenizer_name,

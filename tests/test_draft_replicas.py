@@ -95,9 +95,9 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
     failed_calls = []
     hold_off = client._hold_off
 
-    def counting_hold_off(index: int) -> None:
-        failed_calls.append(index)
-        hold_off(index)
+    def counting_hold_off(replica) -> None:
+        failed_calls.append(replica.address)
+        hold_off(replica)
 
     client._hold_off = counting_hold_off
 
@@ -132,7 +132,7 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
             # the dead replica is held off: one failed call per hold-off period at most, not
             # one in three rounds (6 generations of about 35 rounds each)
             elapsed = time.monotonic() - started
-            assert failed_calls and set(failed_calls) == {0}
+            assert failed_calls and set(failed_calls) == {addresses[0]}
             assert len(failed_calls) <= elapsed / REPLICA_HOLD_OFF_S + 2, len(failed_calls)
     finally:
         server.stop(0)
@@ -148,3 +148,48 @@ def test_a_dns_name_becomes_one_replica_per_address(services):  # noqa: F811
     client = GrpcDraftClient(expand_addresses([f"dns:localhost:{port}"]), timeout_s=5.0)
     for _ in range(4):  # whatever else localhost resolves to (::1) is held off, not fatal
         assert client.propose(CONTEXT, DraftParams(k=4)).token_ids
+
+
+def test_the_replica_set_follows_the_resolver(tinystories_graph):
+    """What a scaler does to a headless service: a replica joins, then another leaves; the client
+    (refreshing in the background, as the gateway does for dns: entries) follows both."""
+    from draft_service.server import start_server
+
+    servers = [start_server(tinystories_graph, port=0) for _ in range(2)]
+    counters = []
+    for server in servers:
+        counters.append(CountingDrafter(server.servicer.drafter))
+        server.servicer.drafter = counters[-1]
+    a, b = (server.address for server in servers)
+    current = [a]
+    client = GrpcDraftClient(
+        ["dns:draft.example:50051"], timeout_s=5.0, refresh_s=0.05, resolve=lambda _: current
+    )
+
+    def calls_after(n: int) -> list[int]:
+        before = [c.calls for c in counters]
+        for _ in range(n):
+            assert client.propose(CONTEXT, DraftParams(k=4)).token_ids
+        return [c.calls - was for c, was in zip(counters, before, strict=True)]
+
+    def wait_for(addresses: list[str]) -> None:
+        deadline = time.monotonic() + 5
+        while client.addresses != addresses:
+            assert time.monotonic() < deadline, client.addresses
+            time.sleep(0.01)
+
+    try:
+        assert calls_after(20) == [20, 0]
+        current = [a, b]  # a replica joins
+        wait_for([a, b])
+        assert calls_after(20) == [10, 10]
+        current = [b]  # the first one leaves
+        wait_for([b])
+        assert calls_after(20) == [0, 20]
+        current = []  # resolving to nothing keeps the last set
+        time.sleep(0.2)
+        assert client.addresses == [b] and calls_after(4) == [0, 4]
+    finally:
+        client.close()
+        for server in servers:
+            server.stop(0)
