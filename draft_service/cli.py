@@ -1,7 +1,8 @@
 """Command-line subcommands of the draft_service package.
 
-- ``speculant serve-draft --graph GRAPH_DIR [--host 127.0.0.1] [--port 50051] [--workers N]``:
-  the gRPC draft service (health NOT_SERVING until the graph is open; SIGINT/SIGTERM stop it).
+- ``speculant serve-draft --graph GRAPH_DIR [--host 127.0.0.1] [--port 50051] [--workers N]
+  [--metrics-port P] [--log-format text|json]``: the gRPC draft service (health NOT_SERVING
+  until the graph is open; SIGINT/SIGTERM stop it).
 - ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
   [--json OUT]``: in-process and over-gRPC Propose latency, time to SERVING, server RSS.
 
@@ -13,10 +14,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from speculant.config import MIXING_MODES, DraftConfig
 from speculant.errors import InvalidArgumentError
+from speculant.metrics import add_metrics_arguments
+from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
+
+if TYPE_CHECKING:
+    from speculant.metrics import Metrics
+    from speculant.types import DraftParams
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +41,8 @@ def register(
     serve.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     serve.add_argument("--workers", type=int, default=8, help="gRPC worker threads")
     add_server_tls_arguments(serve)
+    add_metrics_arguments(serve)
+    add_log_format_argument(serve)
     serve.set_defaults(handler=serve_draft)
 
     bench = bench_subparsers.add_parser(
@@ -73,9 +83,8 @@ def serve_draft(args: argparse.Namespace) -> int:
     """Run the draft service; exit code 2 with a one-line message for a bad graph or port."""
     from pydantic import ValidationError
 
-    from draft_service.server import DraftServer
     from speculant.config import DraftConfig
-    from speculant.graph_format import GraphFormatError
+    from speculant.metrics import metrics_from_args
     from speculant.types import DraftParams
 
     if args.workers < 1:
@@ -86,8 +95,30 @@ def serve_draft(args: argparse.Namespace) -> int:
         first = str(exc).splitlines()
         return _fail("serve-draft", f"bad SPECULANT_DRAFT__* setting: {' '.join(first[:3])}")
     try:
+        metrics = metrics_from_args(args)
+    except OSError as exc:
+        return _fail("serve-draft", str(exc))
+    try:
+        return _serve(args, defaults, metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _serve(args: argparse.Namespace, defaults: DraftParams, metrics: Metrics | None) -> int:
+    from draft_service.server import DraftServer
+    from speculant.graph_format import GraphFormatError
+
+    try:
         tls = server_tls_from_args(args)
-        server = DraftServer(args.host, args.port, workers=args.workers, defaults=defaults, tls=tls)
+        server = DraftServer(
+            args.host,
+            args.port,
+            workers=args.workers,
+            defaults=defaults,
+            tls=tls,
+            metrics=metrics,
+        )
     except InvalidArgumentError as exc:
         return _fail("serve-draft", str(exc))
     except (OSError, RuntimeError) as exc:

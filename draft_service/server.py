@@ -19,8 +19,11 @@ import grpc
 
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
+from draft_service.metrics import DraftMetrics
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.metrics import Metrics
+from speculant.request_context import clean_request_id, request_id_scope
 from speculant.tls import ServerTls
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -122,10 +125,15 @@ def next_round_response(drafts: list[NextRoundDraft], greedy: bool) -> draft_pb2
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run."""
+    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run.
+    Each proposal is logged (DEBUG) under the request id it names (ProposeRequest.request_id,
+    else the call's)."""
 
-    def __init__(self, defaults: DraftParams | None = None) -> None:
+    def __init__(
+        self, defaults: DraftParams | None = None, metrics: DraftMetrics | None = None
+    ) -> None:
         self.defaults = (defaults or DraftParams()).validate()
+        self.metrics = metrics
         self.graph: NGramGraph | None = None
         self.drafter: Drafter | None = None
 
@@ -138,25 +146,42 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             raise UnavailableError("the draft service is still opening its graph")
         return self.graph, self.drafter
 
+    def _served(
+        self, request: draft_pb2.ProposeRequest, proposal: DraftProposal, next_round: int
+    ) -> None:
+        """Log and count one proposal (DEBUG: one line per round)."""
+        log.debug(
+            "proposed %d draft tokens for %d context tokens (k=%s, %d next-round drafts)",
+            len(proposal.token_ids),
+            len(request.context_token_ids),
+            request.k if request.HasField("k") else "default",
+            next_round,
+        )
+        if self.metrics is not None:
+            self.metrics.observe(len(proposal.token_ids), next_round)
+
     @map_errors
     def Propose(
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
         _, drafter = self._ready()
-        params, seed = params_from_request(request, self.defaults)
-        count, next_seed = next_round_request(request)
-        proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-        response = (
-            draft_pb2.ProposeResponse()
-            if count and request.next_round_only
-            else proposal_to_response(proposal)
-        )
-        if count:
-            drafts = drafter.next_round_drafts(
-                request.context_token_ids, proposal.token_ids, params, next_seed, count
+        with request_id_scope(clean_request_id(request.request_id)):
+            params, seed = params_from_request(request, self.defaults)
+            count, next_seed = next_round_request(request)
+            proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+            response = (
+                draft_pb2.ProposeResponse()
+                if count and request.next_round_only
+                else proposal_to_response(proposal)
             )
-            response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
-        return response
+            drafts: list[NextRoundDraft] = []
+            if count:
+                drafts = drafter.next_round_drafts(
+                    request.context_token_ids, proposal.token_ids, params, next_seed, count
+                )
+                response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
+            self._served(request, proposal, len(drafts))
+            return response
 
     @map_stream_errors
     def ProposeStream(
@@ -169,15 +194,21 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         """
         _, drafter = self._ready()
         for request in requests:
-            params, seed = params_from_request(request, self.defaults)
-            count, next_seed = next_round_request(request)
-            proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-            if not (count and request.next_round_only):
-                yield proposal_to_response(proposal)
-            if count:
+            with request_id_scope(clean_request_id(request.request_id)):
+                params, seed = params_from_request(request, self.defaults)
+                count, next_seed = next_round_request(request)
+                proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+                if not count:
+                    self._served(request, proposal, 0)
+                    yield proposal_to_response(proposal)
+                    continue
+                if not request.next_round_only:
+                    yield proposal_to_response(proposal)
+                # Prepared after the draft went out, while the client verifies it.
                 drafts = drafter.next_round_drafts(
                     request.context_token_ids, proposal.token_ids, params, next_seed, count
                 )
+                self._served(request, proposal, len(drafts))
                 yield next_round_response(drafts, params.strategy == "greedy")
 
     @map_errors
@@ -222,9 +253,14 @@ class DraftServer:
         defaults: DraftParams | None = None,
         release_interval_s: float = RELEASE_INTERVAL_S,
         tls: ServerTls | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
-        self.servicer = DraftServicer(defaults)
-        self.server = ServiceServer(host, port, [SERVICE_NAME], max_workers=workers, tls=tls)
+        """metrics: count calls and drafts in it (its /metrics endpoint is the caller's)."""
+        self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
+        self.servicer = DraftServicer(defaults, self.metrics)
+        self.server = ServiceServer(
+            host, port, [SERVICE_NAME], max_workers=workers, tls=tls, metrics=metrics
+        )
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
         self._stopped = threading.Event()
         self.release_interval_s = release_interval_s
@@ -245,6 +281,8 @@ class DraftServer:
         """Open the graph (GraphFormatError if bad), then report SERVING."""
         graph = NGramGraph.open(graph_path)
         self.servicer.load(graph)
+        if self.metrics is not None:
+            self.metrics.watch_readers(graph.read_transactions)
         self.server.set_serving()
         if self.release_interval_s > 0:
             self._releaser = threading.Thread(
@@ -281,13 +319,14 @@ def start_server(
     workers: int = 8,
     defaults: DraftParams | None = None,
     tls: ServerTls | None = None,
+    metrics: Metrics | None = None,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
     Health is NOT_SERVING from the bind until the graph is open, then SERVING. A bad graph
     raises GraphFormatError after the server has been stopped again.
     """
-    server = DraftServer(host, port, workers=workers, defaults=defaults, tls=tls)
+    server = DraftServer(host, port, workers=workers, defaults=defaults, tls=tls, metrics=metrics)
     server.start()
     try:
         server.load_graph(graph_path)

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from speculant.config import MIXING_MODES, DraftConfig
+from speculant.metrics import add_metrics_arguments
+from speculant.request_context import add_log_format_argument
 from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
 
 _DRAFT_DEFAULTS = DraftConfig.model_fields
+log = logging.getLogger(__name__)
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +109,8 @@ def register(
     )
     add_server_tls_arguments(serve)
     add_client_tls_arguments(serve, "--backend-tls", "the draft and verifier services")
+    add_metrics_arguments(serve)
+    add_log_format_argument(serve)
     serve.set_defaults(handler=run_serve_gateway)
 
     generate = subparsers.add_parser(
@@ -152,10 +158,13 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from gateway.server import start_gateway
     from speculant.auth import load_token
     from speculant.errors import SpeculantError
+    from speculant.metrics import metrics_from_args
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
+    metrics = None
     try:
+        metrics = metrics_from_args(args)
         token = load_token(args.auth_token_file)
         tls = server_tls_from_args(args)
         backend_tls = client_tls_from_args(args, "--backend-tls")
@@ -175,11 +184,18 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             auth_token=token,
             tls=tls,
             backend_tls=backend_tls,
+            metrics=metrics,
         )
     except (SpeculantError, OSError) as exc:
+        if metrics is not None:
+            metrics.close()
         return _fail(str(exc), 2)
-    print(f"gateway serving on {server.address}", file=sys.stderr, flush=True)
-    server.wait_for_termination_signal()
+    log.info("gateway serving on %s", server.address)
+    try:
+        server.wait_for_termination_signal()
+    finally:
+        if metrics is not None:
+            metrics.close()
     return 0
 
 
