@@ -1,9 +1,10 @@
 """Command-line subcommands of the draft_service package.
 
 - ``speculant serve-draft --graph GRAPH_DIR [--host 127.0.0.1] [--port 50051] [--workers N]
-  [--reload-interval S]``: the gRPC draft service (health NOT_SERVING until the graph is open;
-  SIGINT/SIGTERM stop it; a graph newly published at GRAPH_DIR is loaded without a restart,
-  checked every S seconds and on SIGHUP, see :mod:`draft_service.reload`).
+  [--reload-interval S] [--metrics-port P] [--log-format text|json]``: the gRPC draft service
+  (health NOT_SERVING until the graph is open; SIGINT/SIGTERM stop it; a graph newly published
+  at GRAPH_DIR is loaded without a restart, checked every S seconds and on SIGHUP, see
+  :mod:`draft_service.reload`).
 - ``speculant tune --graph GRAPH_DIR --model M --prompts FILE [--write]``: fit the graph's mixing
   parameters by replayed greedy speculative decoding (:mod:`draft_service.tune`).
 - ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
@@ -20,10 +21,17 @@ import argparse
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from speculant.config import MIXING_MODES, DraftConfig
 from speculant.errors import InvalidArgumentError
+from speculant.metrics import add_metrics_arguments
+from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
+
+if TYPE_CHECKING:
+    from speculant.metrics import Metrics
+    from speculant.types import DraftParams
 
 log = logging.getLogger(__name__)
 # draft_service.reload.DEFAULT_RELOAD_INTERVAL_S (not imported: it pulls in lmdb and numpy)
@@ -50,6 +58,8 @@ def register(
         "it without a restart (0: only on SIGHUP; default %(default)s)",
     )
     add_server_tls_arguments(serve)
+    add_metrics_arguments(serve)
+    add_log_format_argument(serve)
     serve.set_defaults(handler=serve_draft)
 
     tune = subparsers.add_parser(
@@ -132,9 +142,8 @@ def serve_draft(args: argparse.Namespace) -> int:
     """Run the draft service; exit code 2 with a one-line message for a bad graph or port."""
     from pydantic import ValidationError
 
-    from draft_service.server import DraftServer
     from speculant.config import DraftConfig
-    from speculant.graph_format import GraphFormatError
+    from speculant.metrics import metrics_from_args
     from speculant.types import DraftParams
 
     if args.workers < 1:
@@ -147,6 +156,21 @@ def serve_draft(args: argparse.Namespace) -> int:
         first = str(exc).splitlines()
         return _fail("serve-draft", f"bad SPECULANT_DRAFT__* setting: {' '.join(first[:3])}")
     try:
+        metrics = metrics_from_args(args)
+    except OSError as exc:
+        return _fail("serve-draft", str(exc))
+    try:
+        return _serve(args, defaults, metrics)
+    finally:
+        if metrics is not None:
+            metrics.close()
+
+
+def _serve(args: argparse.Namespace, defaults: DraftParams, metrics: Metrics | None) -> int:
+    from draft_service.server import DraftServer
+    from speculant.graph_format import GraphFormatError
+
+    try:
         tls = server_tls_from_args(args)
         server = DraftServer(
             args.host,
@@ -155,6 +179,7 @@ def serve_draft(args: argparse.Namespace) -> int:
             defaults=defaults,
             tls=tls,
             reload_interval_s=args.reload_interval,
+            metrics=metrics,
         )
     except InvalidArgumentError as exc:
         return _fail("serve-draft", str(exc))

@@ -154,6 +154,11 @@ class NGramGraph:
             self._local.txn = txn
         return txn
 
+    def read_transactions(self) -> int:
+        """How many read transactions are open on the graph (one per thread that looked up)."""
+        with self._txns_lock:
+            return len(self._txns)
+
     def raw_lookup(self) -> tuple[lmdb.Transaction, list[lmdb._Database | None]]:
         """(this thread's transaction, db handle per order) for the drafter's hot loop.
 

@@ -21,9 +21,12 @@ import grpc
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from draft_service.graph_slot import GraphSlot
+from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.metrics import Metrics
+from speculant.request_context import clean_request_id, request_id_scope
 from speculant.tls import ServerTls
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -131,11 +134,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     serving (hot reload): each Propose call, each request on a ProposeStream (its draft and its
     next-round drafts) and each GetGraphInfo call is answered wholly from the graph that was
     current when it arrived; a stream opened before a reload uses the new graph from its next
-    request on.
+    request on. Each proposal is logged (DEBUG) under the request id it names
+    (ProposeRequest.request_id, else the call's).
     """
 
-    def __init__(self, defaults: DraftParams | None = None) -> None:
+    def __init__(
+        self, defaults: DraftParams | None = None, metrics: DraftMetrics | None = None
+    ) -> None:
         self.defaults = (defaults or DraftParams()).validate()
+        self.metrics = metrics
         self.slot = GraphSlot()
 
     def load(self, graph: NGramGraph) -> None:
@@ -158,13 +165,27 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def drafter(self, drafter: Drafter) -> None:
         self.slot.replace_drafter(drafter)
 
+    def _served(
+        self, request: draft_pb2.ProposeRequest, proposal: DraftProposal, next_round: int
+    ) -> None:
+        """Log and count one proposal (DEBUG: one line per round)."""
+        log.debug(
+            "proposed %d draft tokens for %d context tokens (k=%s, %d next-round drafts)",
+            len(proposal.token_ids),
+            len(request.context_token_ids),
+            request.k if request.HasField("k") else "default",
+            next_round,
+        )
+        if self.metrics is not None:
+            self.metrics.observe(len(proposal.token_ids), next_round)
+
     @map_errors
     def Propose(
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
-        params, seed = params_from_request(request, self.defaults)
-        count, next_seed = next_round_request(request)
-        with self.slot.use() as loaded:
+        with request_id_scope(clean_request_id(request.request_id)), self.slot.use() as loaded:
+            params, seed = params_from_request(request, self.defaults)
+            count, next_seed = next_round_request(request)
             drafter = loaded.drafter
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
             response = (
@@ -172,12 +193,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 if count and request.next_round_only
                 else proposal_to_response(proposal)
             )
+            drafts: list[NextRoundDraft] = []
             if count:
                 drafts = drafter.next_round_drafts(
                     request.context_token_ids, proposal.token_ids, params, next_seed, count
                 )
                 response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
-        return response
+            self._served(request, proposal, len(drafts))
+            return response
 
     @map_stream_errors
     def ProposeStream(
@@ -191,17 +214,23 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         if self.slot.current is None:
             raise UnavailableError("the draft service is still opening its graph")
         for request in requests:
-            params, seed = params_from_request(request, self.defaults)
-            count, next_seed = next_round_request(request)
-            with self.slot.use() as loaded:
-                drafter = loaded.drafter
-                proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-                if not (count and request.next_round_only):
-                    yield proposal_to_response(proposal)
-                if count:
+            with request_id_scope(clean_request_id(request.request_id)):
+                params, seed = params_from_request(request, self.defaults)
+                count, next_seed = next_round_request(request)
+                with self.slot.use() as loaded:
+                    drafter = loaded.drafter
+                    proposal = drafter.propose(request.context_token_ids, params, seed=seed)
+                    if not count:
+                        self._served(request, proposal, 0)
+                        yield proposal_to_response(proposal)
+                        continue
+                    if not request.next_round_only:
+                        yield proposal_to_response(proposal)
+                    # Prepared after the draft went out, while the client verifies it.
                     drafts = drafter.next_round_drafts(
                         request.context_token_ids, proposal.token_ids, params, next_seed, count
                     )
+                    self._served(request, proposal, len(drafts))
                     yield next_round_response(drafts, params.strategy == "greedy")
 
     @map_errors
@@ -255,13 +284,18 @@ class DraftServer:
         release_interval_s: float = RELEASE_INTERVAL_S,
         tls: ServerTls | None = None,
         reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
+        metrics: Metrics | None = None,
     ) -> None:
+        """metrics: count calls and drafts in it (its /metrics endpoint is the caller's)."""
         if reload_interval_s < 0:
             raise InvalidArgumentError(
                 "reload_interval_s", f"must be >= 0, got {reload_interval_s}"
             )
-        self.servicer = DraftServicer(defaults)
-        self.server = ServiceServer(host, port, [SERVICE_NAME], max_workers=workers, tls=tls)
+        self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
+        self.servicer = DraftServicer(defaults, self.metrics)
+        self.server = ServiceServer(
+            host, port, [SERVICE_NAME], max_workers=workers, tls=tls, metrics=metrics
+        )
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
         self._stopped = threading.Event()
         self.release_interval_s = release_interval_s
@@ -284,6 +318,8 @@ class DraftServer:
         """Open the graph (GraphFormatError if bad), then report SERVING and watch its path."""
         graph = NGramGraph.open(graph_path)
         self.servicer.load(graph)
+        if self.metrics is not None:  # the current graph's, after reloads too
+            self.metrics.watch_readers(self._read_transactions)
         self.server.set_serving()
         if self.watcher is None:
             self.watcher = GraphWatcher(graph_path, self.servicer.slot, self.reload_interval_s)
@@ -294,6 +330,10 @@ class DraftServer:
             )
             self._releaser.start()
         return graph
+
+    def _read_transactions(self) -> int:
+        current = self.servicer.slot.current
+        return current.graph.read_transactions() if current is not None else 0
 
     def reload_graph(self) -> bool:
         """Load the graph now published at the graph path if it is a new one (True when it was
@@ -340,6 +380,7 @@ def start_server(
     defaults: DraftParams | None = None,
     tls: ServerTls | None = None,
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
+    metrics: Metrics | None = None,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
@@ -354,6 +395,7 @@ def start_server(
         defaults=defaults,
         tls=tls,
         reload_interval_s=reload_interval_s,
+        metrics=metrics,
     )
     server.start()
     try:

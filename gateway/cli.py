@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from speculant.config import MIXING_MODES, DraftConfig
+from speculant.metrics import add_metrics_arguments
+from speculant.request_context import add_log_format_argument
 from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
 
 _DRAFT_DEFAULTS = DraftConfig.model_fields
+log = logging.getLogger(__name__)
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -122,6 +126,8 @@ def register(
     add_http_arguments(serve)
     add_server_tls_arguments(serve)
     add_client_tls_arguments(serve, "--backend-tls", "the draft and verifier services")
+    add_metrics_arguments(serve)
+    add_log_format_argument(serve)
     serve.set_defaults(handler=run_serve_gateway)
 
     generate = subparsers.add_parser(
@@ -187,13 +193,15 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from gateway.server import start_gateway
     from speculant.auth import load_token
     from speculant.errors import SpeculantError
+    from speculant.metrics import metrics_from_args
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
     if not args.draft_refresh >= 0:
         return _fail(f"--draft-refresh must be >= 0 seconds, got {args.draft_refresh}", 2)
-    server = None
+    server = metrics = None
     try:
+        metrics = metrics_from_args(args)
         token = load_token(args.auth_token_file)
         tls = server_tls_from_args(args)
         backend_tls = client_tls_from_args(args, "--backend-tls")
@@ -214,6 +222,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             auth_token=token,
             tls=tls,
             backend_tls=backend_tls,
+            metrics=metrics,
         )
         http = None
         if args.http_port is not None:
@@ -228,13 +237,19 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     except (SpeculantError, OSError) as exc:
         if server is not None:
             server.stop(0)
+        if metrics is not None:
+            metrics.close()
         return _fail(str(exc), 2)
-    print(f"gateway serving on {server.address}", file=sys.stderr, flush=True)
+    log.info("gateway serving on %s", server.address)
     if http is not None:
-        print(f"HTTP API serving on {http.url}", file=sys.stderr, flush=True)
-    server.wait_for_termination_signal()
-    if http is not None:
-        http.stop()
+        log.info("HTTP API serving on %s", http.url)
+    try:
+        server.wait_for_termination_signal()
+    finally:
+        if http is not None:
+            http.stop()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
+from speculant.request_context import REQUEST_ID, request_metadata
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls, open_channel
 from speculant.types import (
@@ -90,8 +91,10 @@ def _channel(address: str, tls: ClientTls | None) -> grpc.Channel:
 def propose_request(
     context_ids: Sequence[int], params: DraftParams, seed: int | None
 ) -> draft_pb2.ProposeRequest:
-    """The ProposeRequest for a drafting call (every parameter explicit)."""
+    """The ProposeRequest for a drafting call (every parameter explicit), naming the request
+    being served (see speculant.request_context)."""
     return draft_pb2.ProposeRequest(
+        request_id=REQUEST_ID.get() or "",
         context_token_ids=context_ids,
         k=params.k,
         strategy=STRATEGY_TO_PROTO[params.strategy],
@@ -358,7 +361,9 @@ class GrpcDraftClient:
         last_error: grpc.RpcError | None = None
         for replica in self._replica_order():
             try:
-                return replica.stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=5.0)
+                return replica.stub.GetGraphInfo(
+                    draft_pb2.GetGraphInfoRequest(), timeout=5.0, metadata=request_metadata()
+                )
             except grpc.RpcError as exc:
                 last_error = exc
         raise UnavailableError(
@@ -487,7 +492,9 @@ class GrpcVerifierClient:
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         try:
             return getattr(self._stub, method)(
-                request, timeout=remaining_time(timeout or self.timeout_s)
+                request,
+                timeout=remaining_time(timeout or self.timeout_s),
+                metadata=request_metadata(),
             )
         except grpc.RpcError as exc:
             raise RemoteError.from_rpc_error(exc, f"verifier {method}") from exc
@@ -520,7 +527,9 @@ class GrpcVerifierClient:
         seed: int | None = None,
     ) -> int:
         stream = StreamExchange(
-            self._stub.Session, timeout_s=remaining_time(self.session_timeout_s)
+            self._stub.Session,
+            timeout_s=remaining_time(self.session_timeout_s),
+            metadata=request_metadata(),
         )
         with self._lock:
             self._sessions[session_id] = stream

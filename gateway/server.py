@@ -28,6 +28,7 @@ from gateway.coordinator import (
     StreamChunk,
     encode_prompt,
 )
+from gateway.metrics import GatewayMetrics
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig, GenerationConfig
@@ -38,6 +39,7 @@ from speculant.errors import (
     ResourceExhaustedError,
 )
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.metrics import Metrics
 from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams
@@ -107,10 +109,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         generation_defaults: GenerationConfig | None = None,
         max_concurrent: int = 64,
         next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         """max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
         next_round_drafts: drafts the draft service prepares for the next round while the
-        verifier runs (see Coordinator; 0 = off)."""
+        verifier runs (see Coordinator; 0 = off). metrics: count generations in it."""
+        self.metrics = metrics
         if next_round_drafts < 0:
             raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
         self.max_concurrent = max_concurrent
@@ -208,17 +212,39 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 f"the gateway is running its limit of {self.max_concurrent} generations; "
                 "retry later"
             )
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
         try:
             with request_deadline(time_remaining_s):
                 coordinator = self.coordinator()
                 gen_request = self._to_request(request, coordinator)
-                yield from coordinator.stream(gen_request, cancelled=cancelled)
+                for item in coordinator.stream(gen_request, cancelled=cancelled):
+                    if isinstance(item, GenerationResult):
+                        self._finished(item)
+                    yield item
         except RemoteError as exc:
             if exc.code == grpc.StatusCode.UNAVAILABLE:
                 self._forget_backends()
             raise
         finally:
             self._slots.release()
+            if self.metrics is not None:
+                self.metrics.in_flight.dec()
+
+    def _finished(self, result: GenerationResult) -> None:
+        """Log (one line per generation) and count a finished generation."""
+        stats = result.stats
+        log.info(
+            "generated %d tokens (prompt %d) in %.3f s: %d rounds, acceptance %.2f, finish %s",
+            stats.generated_tokens,
+            stats.prompt_tokens,
+            stats.total_seconds,
+            stats.rounds,
+            stats.acceptance_rate,
+            result.finish_reason.value,
+        )
+        if self.metrics is not None:
+            self.metrics.observe(stats, result.finish_reason.value)
 
     def _forget_backends(self) -> None:
         """The verifier went away: check the tokenizers again when it is back (it may have
@@ -272,10 +298,12 @@ def start_gateway(
     auth_token: str | None = None,
     tls: ServerTls | None = None,
     backend_tls: ClientTls | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
-    tls: serve TLS; backend_tls: reach the draft and verifier services over TLS."""
+    tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
+    metrics: count calls and generations in it (its /metrics endpoint is the caller's)."""
     servicer = GatewayServicer(
         GrpcDraftClient(
             draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
@@ -284,6 +312,7 @@ def start_gateway(
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,
+        metrics=None if metrics is None else GatewayMetrics(metrics.registry),
     )
     if check_backends:
         try:
@@ -301,6 +330,7 @@ def start_gateway(
         max_workers=max_concurrent + 8,
         auth_token=auth_token,
         tls=tls,
+        metrics=metrics,
     )
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
     server.start()

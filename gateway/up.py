@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from speculant.affinity import pin_process, split_cores
 from speculant.health import wait_until_serving
+from speculant.request_context import add_log_format_argument
 
 PR_SET_PDEATHSIG = 1
 
@@ -43,7 +44,24 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     from gateway.cli import add_http_arguments
 
     add_http_arguments(up)
+    up.add_argument(
+        "--metrics-port-base",
+        type=int,
+        default=None,
+        metavar="P",
+        help="serve Prometheus metrics: the gateway's on port P, the draft service's on P+1, "
+        "the verifier's on P+2 (default: off)",
+    )
+    add_log_format_argument(up)
     up.set_defaults(handler=run_up)
+
+
+def _observability_args(args: argparse.Namespace, offset: int) -> list[str]:
+    """--log-format, and --metrics-port P+offset with --metrics-port-base P, for a child."""
+    extra = ["--log-format", args.log_format]
+    if args.metrics_port_base is not None:
+        extra += ["--metrics-port", str(args.metrics_port_base + offset)]
+    return extra
 
 
 def _cpu_list(cores: frozenset[int]) -> str:
@@ -85,6 +103,11 @@ def stop_children(children: list[Child], grace_s: float = 10.0) -> None:
 
 def run_up(args: argparse.Namespace) -> int:
     host = args.host
+    base = args.metrics_port_base
+    verbose = ["-v"] if getattr(args, "verbose", False) else []  # DEBUG logs in the children
+    if base is not None and not 1 <= base <= 65533:
+        print(f"error: --metrics-port-base must be in 1..65533, got {base}", file=sys.stderr)
+        return 2
     draft = f"{host}:{args.draft_port}"
     verifier = f"{host}:{args.verifier_port}"
     gateway = f"{host}:{args.gateway_port}"
@@ -108,6 +131,7 @@ def run_up(args: argparse.Namespace) -> int:
                 "draft",
                 draft,
                 [
+                    *verbose,
                     "serve-draft",
                     "--graph",
                     args.graph,
@@ -115,6 +139,7 @@ def run_up(args: argparse.Namespace) -> int:
                     host,
                     "--port",
                     str(args.draft_port),
+                    *_observability_args(args, 1),
                 ],
             )
         )
@@ -123,6 +148,7 @@ def run_up(args: argparse.Namespace) -> int:
                 "verifier",
                 verifier,
                 [
+                    *verbose,
                     "serve-verifier",
                     "--model",
                     args.model,
@@ -133,6 +159,7 @@ def run_up(args: argparse.Namespace) -> int:
                     "--device",
                     args.device,
                     *(["--torch-threads", str(args.torch_threads)] if args.torch_threads else []),
+                    *_observability_args(args, 2),
                 ],
             )
         )
@@ -144,6 +171,7 @@ def run_up(args: argparse.Namespace) -> int:
                 "gateway",
                 gateway,
                 [
+                    *verbose,
                     "serve-gateway",
                     "--draft",
                     draft,
@@ -154,6 +182,7 @@ def run_up(args: argparse.Namespace) -> int:
                     "--port",
                     str(args.gateway_port),
                     *_http_flags(args),
+                    *_observability_args(args, 0),
                 ],
             )
         )
@@ -177,6 +206,12 @@ def run_up(args: argparse.Namespace) -> int:
         )
         if args.http_port:
             print(f"HTTP API: http://{host}:{args.http_port} (OpenAI-compatible /v1)", flush=True)
+        if base is not None:
+            print(
+                f"metrics: http://{host}:{base}/metrics (gateway), :{base + 1} (draft), "
+                f":{base + 2} (verifier)",
+                flush=True,
+            )
         while not stop["requested"]:
             for child in children:
                 if child.process.poll() is not None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from builder import cli as builder_cli
 from draft_service import cli as draft_cli
 from gateway import cli as gateway_cli
+from speculant.request_context import configure_logging
 from verifier_service import cli as verifier_cli
 
 
@@ -34,10 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    configure_logging(
+        logging.DEBUG if args.verbose else logging.INFO, getattr(args, "log_format", "text")
     )
     try:
         return int(args.handler(args) or 0)

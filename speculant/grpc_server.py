@@ -21,6 +21,8 @@ from grpc_reflection.v1alpha import reflection
 
 from speculant.auth import BearerTokenInterceptor
 from speculant.errors import InvalidArgumentError, SpeculantError
+from speculant.metrics import Metrics
+from speculant.request_context import RequestIdInterceptor
 from speculant.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -90,8 +92,8 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
         except Exception:
             if _aborted(context):
                 raise
-            if not context.is_active():  # the client cancelled or went away: nothing to answer
-                log.debug("%s ended: the client cancelled", handler.__qualname__)
+            if not context.is_active():  # the client cancelled: its request stream raised
+                log.debug("%s: the client went away", handler.__qualname__)
                 return
             log.exception("unexpected error in %s", handler.__qualname__)
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
@@ -217,14 +219,23 @@ class ServiceServer:
         max_workers: int = 16,
         auth_token: str | None = None,
         tls: ServerTls | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """auth_token: require ``authorization: Bearer <auth_token>`` on every call but health
         checks (UNAUTHENTICATED otherwise); None = no authentication. tls: serve TLS (mutual
-        with a client CA) instead of plaintext."""
+        with a client CA) instead of plaintext. metrics: count and time every call in it
+        (see speculant.metrics). Every call is served under its request id (see
+        speculant.request_context)."""
         self.service_names = list(service_names)
-        interceptors: list[grpc.ServerInterceptor] = [MalformedRequestInterceptor()]
+        self.metrics = metrics
+        # Outermost first: the request id is set for everything below, and the metrics see
+        # calls refused by authentication too.
+        interceptors: list[grpc.ServerInterceptor] = [RequestIdInterceptor()]
+        if metrics is not None:
+            interceptors.append(metrics.interceptor())
         if auth_token is not None:
-            interceptors.insert(0, BearerTokenInterceptor(auth_token))
+            interceptors.append(BearerTokenInterceptor(auth_token))
+        interceptors.append(MalformedRequestInterceptor())
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
             options=GRPC_OPTIONS,

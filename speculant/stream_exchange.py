@@ -18,9 +18,16 @@ class StreamExchange:
     cost of a round trip on loopback). Not thread-safe: one caller at a time.
     """
 
-    def __init__(self, method: grpc.StreamStreamMultiCallable, timeout_s: float | None) -> None:
+    def __init__(
+        self,
+        method: grpc.StreamStreamMultiCallable,
+        timeout_s: float | None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._responses = method(iter(self._requests.get, _END_OF_STREAM), timeout=timeout_s)
+        self._responses = method(
+            iter(self._requests.get, _END_OF_STREAM), timeout=timeout_s, metadata=metadata or None
+        )
         self.broken = False
 
     def call(self, request: object, backend: str) -> object:
@@ -48,6 +55,15 @@ class StreamExchange:
         self.broken = True
         self._responses.cancel()
 
-    def close(self) -> None:
-        """End the request stream; the server finishes its side (and frees what it held)."""
+    def close(self, wait_s: float = 5.0) -> None:
+        """End the request stream and wait (up to wait_s, then cancel) for the server to end
+        the call: its side is finished, and what it held freed, when this returns. (A call
+        dropped before its end would also be cancelled by gRPC, and the server would see
+        CANCELLED instead of a normal end.)"""
         self._requests.put(_END_OF_STREAM)
+        try:
+            self._responses.exception(timeout=wait_s)
+        except grpc.FutureTimeoutError:
+            self.cancel()
+        except grpc.FutureCancelledError:
+            pass

@@ -1,6 +1,7 @@
 """Command-line subcommands of the verifier_service package.
 
-- ``speculant serve-verifier --model NAME_OR_DIR ...``: the gRPC verifier service.
+- ``speculant serve-verifier --model NAME_OR_DIR [--metrics-port P] [--log-format text|json]
+  ...``: the gRPC verifier service.
 - ``speculant bench verifier --model NAME_OR_DIR [--json OUT]``: Prefill/Verify costs.
 """
 
@@ -11,6 +12,8 @@ import logging
 import sys
 
 from speculant.errors import InvalidArgumentError
+from speculant.metrics import add_metrics_arguments
+from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,8 @@ def register(
     )
     serve.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
     add_server_tls_arguments(serve)
+    add_metrics_arguments(serve)
+    add_log_format_argument(serve)
     serve.set_defaults(handler=serve_verifier)
 
     bench = bench_subparsers.add_parser(
@@ -97,21 +102,31 @@ def _config(args: argparse.Namespace) -> object:
 
 
 def serve_verifier(args: argparse.Namespace) -> int:
+    from speculant.metrics import metrics_from_args
     from verifier_service.model import ModelLoadError
     from verifier_service.server import start_server
 
     config = _config(args)
+    if args.log_format == "json":  # keep stderr to JSON lines: no model-loading progress bar
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    metrics = None
     try:
+        metrics = metrics_from_args(args)
         tls = server_tls_from_args(args)
-        server, verifier = start_server(config, args.host, args.port, tls=tls)  # type: ignore[arg-type]
+        server, verifier = start_server(config, args.host, args.port, tls=tls, metrics=metrics)  # type: ignore[arg-type]
     except (ModelLoadError, OSError, InvalidArgumentError) as exc:
+        if metrics is not None:
+            metrics.close()
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"verifier listening on {server.address}", file=sys.stderr, flush=True)
     try:
         server.wait_for_termination_signal()
     finally:
         verifier.close()
+        if metrics is not None:
+            metrics.close()
     return 0
 
 

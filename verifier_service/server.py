@@ -12,9 +12,11 @@ import torch
 from speculant.config import VerifierConfig
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.metrics import Metrics
 from speculant.tls import ServerTls
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.metrics import VerifierCollector
 from verifier_service.verifier import LocalVerifier, new_session_id
 
 log = logging.getLogger(__name__)
@@ -85,8 +87,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def Session(
         self, requests: Iterator[verifier_pb2.SessionRequest], context: grpc.ServicerContext
     ) -> Iterator[verifier_pb2.SessionResponse]:
-        """A prefill, then verifies, on one stream; the session is released when it ends."""
+        """A prefill, then verifies, on one stream; the session is released when it ends.
+        Its opening and end are logged (DEBUG) under the call's request id."""
         session_id = ""
+        verifies = 0
         try:
             for request in requests:
                 if request.HasField("prefill"):
@@ -98,18 +102,25 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                     prefill.session_id = new_session_id()
                     response = self._prefill(prefill)
                     session_id = response.session_id
+                    log.debug(
+                        "session %s: prefilled %d prompt tokens",
+                        session_id,
+                        len(prefill.prompt_token_ids),
+                    )
                     yield verifier_pb2.SessionResponse(prefill=response)
                 elif request.HasField("verify"):
                     if not session_id:
                         raise InvalidArgumentError("verify", "the first message must be a prefill")
                     verify = request.verify
                     verify.session_id = session_id
+                    verifies += 1
                     yield verifier_pb2.SessionResponse(verify=self._verify(verify))
                 else:
                     raise InvalidArgumentError("step", "a message must be a prefill or a verify")
         finally:
             if session_id and self._verifier is not None:
                 self._verifier.release(session_id)
+                log.debug("session %s: released after %d verifies", session_id, verifies)
 
     @map_errors
     def Release(
@@ -156,13 +167,15 @@ def start_server(
     *,
     verifier: LocalVerifier | None = None,
     tls: ServerTls | None = None,
+    metrics: Metrics | None = None,
 ) -> tuple[ServiceServer, LocalVerifier]:
     """Start the server (health NOT_SERVING), load the model, then report SERVING.
 
     Pass ``verifier`` to serve an already-built one (tests). ModelLoadError propagates after
-    the server is stopped.
+    the server is stopped. metrics: count calls in it, and the verifier's stats once loaded
+    (its /metrics endpoint is the caller's).
     """
-    server = ServiceServer(host, port, [SERVICE_NAME], tls=tls)
+    server = ServiceServer(host, port, [SERVICE_NAME], tls=tls, metrics=metrics)
     servicer = VerifierServicer()
     verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
@@ -175,6 +188,8 @@ def start_server(
         server.stop(grace=0)
         raise
     servicer.verifier = verifier
+    if metrics is not None:
+        metrics.registry.register(VerifierCollector(verifier.stats))
     verifier.warm_up()
     server.set_serving()
     log.info("verifier serving %s on %s", verifier.info.model_name, server.address)

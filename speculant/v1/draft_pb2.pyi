@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes")
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes", "request_id")
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class ProposeRequest(_message.Message):
     NEXT_ROUND_SEED_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_ONLY_FIELD_NUMBER: _ClassVar[int]
     TREE_NODES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     context_token_ids: _containers.RepeatedScalarFieldContainer[int]
     k: int
     strategy: _common_pb2.DraftStrategy
@@ -43,7 +44,8 @@ class ProposeRequest(_message.Message):
     next_round_seed: int
     next_round_only: bool
     tree_nodes: int
-    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class NextRoundDraft(_message.Message):
     __slots__ = ("accepted_count", "next_token_id", "draft_token_ids", "distributions", "matched_orders", "draft_sources")

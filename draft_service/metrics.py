@@ -1,0 +1,45 @@
+"""The draft service's own Prometheus metrics (beside speculant.metrics' gRPC ones).
+
+- ``speculant_draft_proposals_total``: drafts proposed (one per Propose request, or per
+  ProposeStream message);
+- ``speculant_draft_tokens_total``: draft tokens in them;
+- ``speculant_draft_next_round_drafts_total``: next-round drafts prepared;
+- ``speculant_draft_lmdb_readers``: open LMDB read transactions on the graph (one per worker
+  thread that has drafted; the graph is opened without a lock file, so LMDB's own reader table,
+  ``Environment.readers()``, stays empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class DraftMetrics:
+    """Counters of the drafts served, and a gauge of the graph's LMDB readers."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.proposals = Counter("speculant_draft_proposals", "Drafts proposed", registry=registry)
+        self.tokens = Counter("speculant_draft_tokens", "Draft tokens proposed", registry=registry)
+        self.next_round_drafts = Counter(
+            "speculant_draft_next_round_drafts",
+            "Next-round drafts prepared while the client verifies",
+            registry=registry,
+        )
+        self.lmdb_readers = Gauge(
+            "speculant_draft_lmdb_readers",
+            "Open LMDB read transactions on the graph (one per drafting thread)",
+            registry=registry,
+        )
+
+    def watch_readers(self, readers: Callable[[], float]) -> None:
+        """Report readers() as the LMDB readers gauge at every scrape."""
+        self.lmdb_readers.set_function(readers)
+
+    def observe(self, draft_tokens: int, next_round_drafts: int = 0) -> None:
+        self.proposals.inc()
+        self.tokens.inc(draft_tokens)
+        if next_round_drafts:
+            self.next_round_drafts.inc(next_round_drafts)

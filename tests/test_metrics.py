@@ -1,0 +1,385 @@
+"""Prometheus metrics, request ids and JSON logs of the three services.
+
+The services run in-process on free localhost ports, each with its own metrics endpoint; the
+figures are scraped over HTTP and parsed with prometheus_client's parser. The services are
+shared by the module, so checks compare scrapes taken before and after a call.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from speculant.health import wait_until_serving
+from speculant.metrics import Metrics
+from speculant.request_context import REQUEST_ID_HEADER, log_handler
+from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from tests.conftest import ROOT
+from tests.e2e_fixtures import verifier_config
+
+GATEWAY = "speculant.v1.GatewayService"
+VERIFIER = "speculant.v1.VerifierService"
+DRAFT = "speculant.v1.DraftService"
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample at http://127.0.0.1:port/metrics: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """The sample's value (0 if absent: a labelled counter appears on first use)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def total(samples: Samples, name: str) -> float:
+    """The sum of a metric over all its label values."""
+    return sum(v for (n, _), v in samples.items() if n == name)
+
+
+def calls(samples: Samples, service: str, method: str, code: str) -> float:
+    return value(
+        samples, "speculant_grpc_requests_total", service=service, method=method, code=code
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    """Whether condition() became true within timeout_s (for work that ends asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
+
+
+@dataclass
+class Observed:
+    gateway: gateway_pb2_grpc.GatewayServiceStub
+    verifier_address: str
+    gateway_port: int  # metrics ports
+    draft_port: int
+    verifier_port: int
+
+
+@pytest.fixture(scope="module")
+def observed(tinystories_graph) -> Iterator[Observed]:
+    from draft_service.server import start_server as start_draft
+    from gateway.server import start_gateway
+    from verifier_service.server import start_server as start_verifier
+
+    metrics = [Metrics(), Metrics(), Metrics()]  # gateway, draft, verifier: one registry each
+    ports = [m.serve(0) for m in metrics]
+    draft = start_draft(tinystories_graph, port=0, metrics=metrics[1])
+    verifier_server, local_verifier = start_verifier(verifier_config(), port=0, metrics=metrics[2])
+    # A generous draft timeout: no round may lose its draft on a busy machine (counts below
+    # compare the draft service's figures with the gateway's).
+    gateway_server, _ = start_gateway(
+        [draft.address], verifier_server.address, port=0, draft_timeout_s=30.0, metrics=metrics[0]
+    )
+    channel = grpc.insecure_channel(gateway_server.address)
+    try:
+        yield Observed(
+            gateway_pb2_grpc.GatewayServiceStub(channel), verifier_server.address, *ports
+        )
+    finally:
+        channel.close()
+        gateway_server.stop(0)
+        verifier_server.stop(0)
+        local_verifier.close()
+        draft.stop(0)
+        for m in metrics:
+            m.close()
+
+
+def _generate(observed: Observed, **fields: object) -> gateway_pb2.GenerateResponse:
+    request = gateway_pb2.GenerateRequest(
+        **{"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0.0, **fields}
+    )
+    return observed.gateway.Generate(request, timeout=120)
+
+
+def test_generate_is_counted_on_every_service(observed):
+    before = [
+        scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
+    ]
+    stats = _generate(observed).stats
+    gateway, draft, verifier = (
+        scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
+    )
+    gw0, draft0, ver0 = before
+
+    def delta(now: Samples, then: Samples, name: str, **labels: str) -> float:
+        return value(now, name, **labels) - value(then, name, **labels)
+
+    # The gateway: one call, OK, timed; its generation's figures.
+    assert calls(gateway, GATEWAY, "Generate", "OK") - calls(gw0, GATEWAY, "Generate", "OK") == 1
+    assert (
+        delta(
+            gateway,
+            gw0,
+            "speculant_grpc_request_duration_seconds_count",
+            service=GATEWAY,
+            method="Generate",
+        )
+        == 1
+    )
+    assert stats.accepted_tokens > 0
+    for name, expected in [
+        ("speculant_gateway_generated_tokens_total", stats.generated_tokens),
+        ("speculant_gateway_rounds_total", stats.rounds),
+        ("speculant_gateway_draft_tokens_total", stats.draft_tokens),
+        ("speculant_gateway_accepted_tokens_total", stats.accepted_tokens),
+        ("speculant_gateway_accepted_by_position_total", stats.accepted_tokens),
+        ("speculant_gateway_drafted_by_position_total", sum(stats.drafted_by_position)),
+    ]:
+        assert total(gateway, name) - total(gw0, name) == expected, name
+    for position, accepted in enumerate(stats.accepted_by_position, start=1):
+        assert (
+            delta(
+                gateway,
+                gw0,
+                "speculant_gateway_accepted_by_position_total",
+                position=str(position),
+            )
+            == accepted
+        )
+    assert delta(gateway, gw0, "speculant_gateway_tokens_per_second_count") == 1
+    assert value(gateway, "speculant_gateway_generations_in_flight") == 0
+
+    # The verifier: one message per round on the session stream, one session.
+    assert (
+        delta(
+            verifier,
+            ver0,
+            "speculant_grpc_stream_messages_total",
+            service=VERIFIER,
+            method="Session",
+            direction="received",
+        )
+        == stats.rounds
+    )
+    assert delta(verifier, ver0, "speculant_verifier_sessions_created_total") == 1
+    assert delta(verifier, ver0, "speculant_verifier_forward_passes_total") == stats.rounds
+
+    # The draft service: one proposal per message on its stream; its graph has a reader.
+    proposals = delta(draft, draft0, "speculant_draft_proposals_total")
+    assert proposals >= 1
+    assert (
+        delta(
+            draft,
+            draft0,
+            "speculant_grpc_stream_messages_total",
+            service=DRAFT,
+            method="ProposeStream",
+            direction="received",
+        )
+        == proposals
+    )
+    assert value(draft, "speculant_draft_lmdb_readers") >= 1
+
+
+def test_live_sessions_return_to_zero(observed):
+    before = scrape(observed.verifier_port)
+    _generate(observed)
+    # The gateway ends its session stream, and the verifier the call, before Generate returns.
+    after = scrape(observed.verifier_port)
+    assert value(after, "speculant_verifier_live_sessions") == 0
+    for code, expected in [("OK", 1), ("CANCELLED", 0)]:
+        assert (
+            calls(after, VERIFIER, "Session", code) - calls(before, VERIFIER, "Session", code)
+            == expected
+        )
+    assert value(after, "speculant_verifier_sessions_released_total") == value(
+        after, "speculant_verifier_sessions_created_total"
+    )
+
+
+def test_errors_are_counted_by_code(observed):
+    before = scrape(observed.gateway_port)
+    with pytest.raises(grpc.RpcError) as error:
+        _generate(observed, max_tokens=(1 << 20) + 1)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    after = scrape(observed.gateway_port)
+    for code, expected in [("INVALID_ARGUMENT", 1), ("OK", 0)]:
+        assert (
+            calls(after, GATEWAY, "Generate", code) - calls(before, GATEWAY, "Generate", code)
+            == expected
+        )
+
+
+@pytest.fixture
+def json_logs() -> Iterator[io.StringIO]:
+    """Everything logged meanwhile (DEBUG and up), as JSON lines."""
+    out = io.StringIO()
+    handler = log_handler("json", out)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield out
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def test_request_id_reaches_the_backends(observed, json_logs):
+    request_id = "test-request-42"
+    _, call = observed.gateway.Generate.with_call(
+        gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=32, temperature=0.0),
+        metadata=((REQUEST_ID_HEADER, request_id),),
+        timeout=120,
+    )
+    assert (REQUEST_ID_HEADER, request_id) in tuple(call.initial_metadata())
+    records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    assert records
+    for record in records:
+        assert {"time", "level", "logger", "message", "request_id"} <= set(record)
+    loggers = {r["logger"] for r in records if r["request_id"] == request_id}
+    assert {"gateway.server", "draft_service.server", "verifier_service.server"} <= loggers
+
+
+def test_a_request_id_is_made_when_none_is_given(observed):
+    _, call = observed.gateway.Generate.with_call(
+        gateway_pb2.GenerateRequest(prompt="Once", max_tokens=2, temperature=0.0), timeout=120
+    )
+    given = dict(call.initial_metadata()).get(REQUEST_ID_HEADER, "")
+    assert len(given) == 32 and int(given, 16) >= 0  # a uuid4 in hex
+
+
+def test_a_cancelled_stream_is_counted_cancelled(observed, json_logs):
+    before = scrape(observed.verifier_port)
+    requests: queue.SimpleQueue = queue.SimpleQueue()
+    with grpc.insecure_channel(observed.verifier_address) as channel:
+        responses = verifier_pb2_grpc.VerifierServiceStub(channel).Session(
+            iter(requests.get, None), timeout=60
+        )
+        prefill = verifier_pb2.PrefillRequest(prompt_token_ids=[1, 403, 407], temperature=0.0)
+        requests.put(verifier_pb2.SessionRequest(prefill=prefill))
+        next(responses)
+        # Let the server wait for the next message: there, a cancel makes its request stream
+        # raise (the path that must not be logged as an error).
+        time.sleep(0.5)
+        responses.cancel()
+        requests.put(None)
+
+    def settled() -> bool:
+        now = scrape(observed.verifier_port)
+        return (
+            calls(now, VERIFIER, "Session", "CANCELLED")
+            == calls(before, VERIFIER, "Session", "CANCELLED") + 1
+            and value(now, "speculant_verifier_live_sessions") == 0
+        )
+
+    assert wait_for(settled)
+    records = [json.loads(line) for line in json_logs.getvalue().splitlines()]
+    assert not [r for r in records if r["level"] == "ERROR"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _speculant(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "speculant.cli", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_serve_draft_metrics_port_and_json_logs(tinystories_graph):
+    grpc_port, metrics_port = _free_port(), _free_port()
+    process = _speculant(
+        "serve-draft",
+        "--graph",
+        str(tinystories_graph),
+        "--port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+        "--log-format",
+        "json",
+    )
+    try:
+        assert wait_until_serving(f"127.0.0.1:{grpc_port}", timeout_s=60)
+        samples = scrape(metrics_port)
+        assert calls(samples, "grpc.health.v1.Health", "Check", "OK") >= 1
+        assert ("speculant_draft_lmdb_readers", ()) in samples
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    records = [json.loads(line) for line in stderr.splitlines()]
+    messages = [r["message"] for r in records]
+    assert any(m.startswith("metrics at http://127.0.0.1:") for m in messages), messages
+    assert any(m.startswith("draft service serving") for m in messages), messages
+
+
+def test_serve_draft_metrics_port_in_use(tinystories_graph):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = _speculant(
+            "serve-draft", "--graph", str(tinystories_graph), "--port", "0",
+            "--metrics-port", str(port),
+        )  # fmt: skip
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert "error: cannot serve metrics on 127.0.0.1:" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_up_gives_each_service_its_metrics_port():
+    from gateway.up import _observability_args
+    from speculant.cli import build_parser
+
+    args = build_parser().parse_args(
+        [
+            "up",
+            "--graph",
+            "g",
+            "--model",
+            "m",
+            "--metrics-port-base",
+            "9100",
+            "--log-format",
+            "json",
+        ]
+    )
+    assert [_observability_args(args, offset) for offset in (0, 1, 2)] == [
+        ["--log-format", "json", "--metrics-port", "9100"],
+        ["--log-format", "json", "--metrics-port", "9101"],
+        ["--log-format", "json", "--metrics-port", "9102"],
+    ]
+    default = build_parser().parse_args(["up", "--graph", "g", "--model", "m"])
+    assert _observability_args(default, 0) == ["--log-format", "text"]
