@@ -175,7 +175,7 @@ MUTATIONS: dict[str, tuple[Callable[[Bundle], None], str]] = {
     ),
     "service targetPort": (
         lambda b: k8s(b, "Service", "speculant-verifier")["spec"]["ports"][0].update(
-            targetPort="metrics"
+            targetPort="no-such-port"
         ),
         "targetPort",
     ),
