@@ -303,10 +303,12 @@ class LoadedModel:
     ) -> torch.Tensor:
         n = input_ids.shape[0]
         positions = self._positions[0, start : start + n]  # [n]
-        # [n, start+n]: new token i sees positions 0..start+i; None for one token (sees all)
-        mask = None if n == 1 else torch.ones(n, start + n, dtype=torch.bool).tril(start)
         if lean is None:
             return self._hf_forward(cache, input_ids, positions, None, logits_to_keep)
+        # [n, start+n]: new token i sees positions 0..start+i; None for one token (sees all)
+        mask = None
+        if n > 1:
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
         return lean.forward(cache, input_ids, positions, mask, logits_to_keep)
 
     def _hf_forward(
