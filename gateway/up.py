@@ -33,6 +33,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--verifier-port", type=int, default=50052)
     up.add_argument("--device", default="auto")
     up.add_argument("--torch-threads", type=int, default=None, help="verifier torch threads")
+    up.add_argument(
+        "--max-batch", type=int, default=None, help="verifier: Verify calls per forward pass"
+    )
     up.add_argument("--startup-timeout", type=float, default=300.0)
     up.add_argument(
         "--pin-cpus",
@@ -130,6 +133,7 @@ def run_up(args: argparse.Namespace) -> int:
                     "--device",
                     args.device,
                     *(["--torch-threads", str(args.torch_threads)] if args.torch_threads else []),
+                    *(["--max-batch", str(args.max_batch)] if args.max_batch else []),
                 ],
             )
         )

@@ -90,6 +90,9 @@ class VerifierConfig(BaseSettings):
     max_sessions: int = Field(64, ge=1)
     # torch intra-op threads (None = torch's default). Small models on busy CPUs run best on 1.
     torch_threads: int | None = Field(None, ge=1)
+    # Verify calls of concurrent sessions run together in one forward pass, up to this many
+    # (1 = every call on its own); see verifier_service.batching.
+    max_batch: int = Field(8, ge=1, le=256)
 
 
 class GenerationConfig(BaseSettings):

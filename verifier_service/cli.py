@@ -51,6 +51,13 @@ def register(
         "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
     )
     serve.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="Verify calls of concurrent sessions run in one forward pass, up to this many"
+        " (default 8; 1 runs each call on its own)",
+    )
     add_server_tls_arguments(serve)
     serve.set_defaults(handler=serve_verifier)
 
@@ -85,6 +92,8 @@ def _config(args: argparse.Namespace) -> object:
         overrides["session_ttl_s"] = args.session_ttl
     if getattr(args, "max_sessions", None) is not None:
         overrides["max_sessions"] = args.max_sessions
+    if getattr(args, "max_batch", None) is not None:
+        overrides["max_batch"] = args.max_batch
     if getattr(args, "torch_threads", None) is not None:
         overrides["torch_threads"] = args.torch_threads
     try:
