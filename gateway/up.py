@@ -34,6 +34,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--verifier-port", type=int, default=50052)
     up.add_argument("--device", default="auto")
     up.add_argument("--torch-threads", type=int, default=None, help="verifier torch threads")
+    up.add_argument(
+        "--max-batch", type=int, default=None, help="verifier: Verify calls per forward pass"
+    )
     up.add_argument("--startup-timeout", type=float, default=300.0)
     up.add_argument(
         "--pin-cpus",
@@ -160,6 +163,7 @@ def run_up(args: argparse.Namespace) -> int:
                     args.device,
                     *(["--torch-threads", str(args.torch_threads)] if args.torch_threads else []),
                     *_observability_args(args, 2),
+                    *(["--max-batch", str(args.max_batch)] if args.max_batch else []),
                 ],
             )
         )

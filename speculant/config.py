@@ -100,6 +100,9 @@ class VerifierConfig(BaseSettings):
     # Run Llama models through verifier_service.lean_llama (the same torch operations without
     # transformers' per-call Python; used only where a check at load shows identical logits).
     lean_forward: bool = True
+    # Verify calls of concurrent sessions run together in one forward pass, up to this many
+    # (1 = every call on its own); see verifier_service.batching.
+    max_batch: int = Field(8, ge=1, le=256)
 
 
 class GenerationConfig(BaseSettings):

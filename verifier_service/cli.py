@@ -54,6 +54,13 @@ def register(
         "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
     )
     serve.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=None,
+        help="Verify calls of concurrent sessions run in one forward pass, up to this many"
+        " (default 8; 1 runs each call on its own)",
+    )
     add_server_tls_arguments(serve)
     add_metrics_arguments(serve)
     add_log_format_argument(serve)
@@ -90,6 +97,8 @@ def _config(args: argparse.Namespace) -> object:
         overrides["session_ttl_s"] = args.session_ttl
     if getattr(args, "max_sessions", None) is not None:
         overrides["max_sessions"] = args.max_sessions
+    if getattr(args, "max_batch", None) is not None:
+        overrides["max_batch"] = args.max_batch
     if getattr(args, "torch_threads", None) is not None:
         overrides["torch_threads"] = args.torch_threads
     try:

@@ -23,6 +23,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.cache_utils import DynamicLayer
 
 from speculant.config import VerifierConfig
 from speculant.errors import FailedPreconditionError
@@ -148,6 +149,7 @@ class LoadedModel:
         self._supports_trees: bool | None = None  # checked on first use
         self._lean: LeanLlama | None = None
         self._lean_checked = False
+        self._supports_batching: bool | None = None  # checked on first use
 
     @property
     def supports_trees(self) -> bool:
@@ -162,6 +164,46 @@ class LoadedModel:
                 log.warning("draft trees disabled for %s: %s", self.name, exc)
                 self._supports_trees = False
         return self._supports_trees
+
+    @property
+    def supports_batching(self) -> bool:
+        """Whether forward_batch gives this model's true logits (plain key/value cache layers and
+        a custom 4D attention mask): checked once against single forwards on scratch caches.
+        When not, the verifier runs every Verify on its own."""
+        if self._supports_batching is None:
+            try:
+                self._supports_batching = self._batch_matches_single()
+            except Exception as exc:  # any failure means: no batching on this model
+                log.warning("verify batching disabled for %s: %s", self.name, exc)
+                self._supports_batching = False
+        return self._supports_batching
+
+    def _batch_matches_single(self) -> bool:
+        if not all(type(layer) is DynamicLayer for layer in self.new_cache().layers):
+            log.warning("verify batching disabled for %s: not a plain dynamic cache", self.name)
+            return False
+        prompts, inputs = [[1, 2, 3, 4, 5], [1, 6]], [[7, 8], [9, 10, 11]]  # any ids
+        singles, caches = [], []
+        for prompt in prompts:
+            for target in (singles, caches):
+                cache = self.new_cache()
+                self.forward(cache, torch.tensor(prompt, device=self.device), 0, 1)
+                target.append(cache)
+        batched = self.forward_batch(caches, inputs, [len(p) for p in prompts])
+        after = torch.tensor([12], device=self.device)  # a next token, on the written-back cache
+        for single, cache, prompt, new, logits in zip(
+            singles, caches, prompts, inputs, batched, strict=True
+        ):
+            ids, end = torch.tensor(new, device=self.device), len(prompt) + len(new)
+            expected = self.forward(single, ids, len(prompt), len(new))
+            pairs = [
+                (logits, expected),
+                (self.forward(cache, after, end, 1), self.forward(single, after, end, 1)),
+            ]
+            if not all(torch.allclose(a, b, atol=1e-3, rtol=1e-3) for a, b in pairs):
+                log.warning("verify batching disabled for %s: batched logits differ", self.name)
+                return False
+        return True
 
     def _tree_matches_chains(self) -> bool:
         prefix = torch.tensor([1, 2, 3], device=self.device)  # any ids: only logits are compared
@@ -363,6 +405,52 @@ class LoadedModel:
         if lean is None:
             return self._hf_forward(cache, input_ids, positions, mask, n + 1)
         return lean.forward(cache, input_ids, positions, mask, n + 1)
+
+    @torch.inference_mode()
+    def forward_batch(
+        self, caches: list[DynamicCache], inputs: list[list[int]], starts: list[int]
+    ) -> list[torch.Tensor]:
+        """Append inputs[r] to caches[r] at positions starts[r].. for every row r, in ONE forward.
+
+        starts[r] must be the length of caches[r]. The rows are *left-padded* into one batch
+        cache: row r's cached keys end at column P = max(starts) and its new tokens follow at
+        P.., so its whole sequence is the contiguous columns P - starts[r] .. P + len(inputs[r])
+        - 1, which become its cache again (a view, like a crop). A 4D mask lets each token see
+        only its row's cache and its row's earlier new tokens (pad columns and pad tokens are
+        never seen by a real token). Returns each row's float logits [len(inputs[r]), V].
+        """
+        rows, past = len(caches), max(starts)
+        width = max(len(row) for row in inputs)
+        ids = torch.tensor([row + [0] * (width - len(row)) for row in inputs])  # [rows, width]
+        start = torch.tensor(starts)[:, None, None]  # [rows, 1, 1]
+        query = torch.arange(width)[None, :, None]  # [1, width, 1]
+        column = torch.arange(past + width)[None, None, :]  # [1, 1, past + width]
+        seen = (column >= past - start) & ((column < past) | (column - past <= query))
+        mask = torch.zeros(rows, 1, width, past + width, dtype=self.dtype)
+        mask.masked_fill_(~seen[:, None], torch.finfo(self.dtype).min)
+        positions = (start[:, 0] + query[0, :, 0]).clamp_max(self.max_context - 1)  # [rows, width]
+        batch = self.new_cache()
+        for index in range(len(batch.layers)):
+            _, heads, _, dim = caches[0].layers[index].keys.shape  # [1, heads, length, dim]
+            keys = torch.zeros(rows, heads, past, dim, dtype=self.dtype, device=self.device)
+            values = torch.zeros_like(keys)
+            for r, (cache, length) in enumerate(zip(caches, starts, strict=True)):
+                keys[r, :, past - length :] = cache.layers[index].keys[0]  # left-padded
+                values[r, :, past - length :] = cache.layers[index].values[0]
+            batch.update(keys, values, index)
+        out = self.model(
+            input_ids=ids.to(self.device),
+            position_ids=positions.to(self.device),
+            attention_mask=mask.to(self.device),  # [rows, 1, width, past + width]
+            cache=batch,
+            use_cache=True,
+        )
+        for r, (cache, length) in enumerate(zip(caches, starts, strict=True)):
+            columns = slice(past - length, past + len(inputs[r]))
+            for layer, merged in zip(cache.layers, batch.layers, strict=True):
+                layer.keys = merged.keys[r : r + 1, :, columns]
+                layer.values = merged.values[r : r + 1, :, columns]
+        return [out.logits[r, : len(row)] for r, row in enumerate(inputs)]
 
     @torch.inference_mode()
     def keep_path(self, cache: DynamicCache, start: int, path: tuple[int, ...]) -> None:

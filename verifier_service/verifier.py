@@ -5,7 +5,9 @@ token (the session's *pending* token); each ``verify`` runs ONE forward over
 ``[pending, d_1..d_k]``, accepts a prefix of the draft by exact rejection sampling
 (:mod:`verifier_service.rejection`), emits the accepted drafts plus one corrected or bonus token,
 and crops the KV cache so that it holds exactly the emitted tokens but the last (the new pending
-token). Terms (p, q, accepted, bonus) are defined in :mod:`speculant.types`.
+token). Terms (p, q, accepted, bonus) are defined in :mod:`speculant.types`. Chain verifies of
+concurrent sessions share one forward pass (:mod:`verifier_service.batching`, up to
+``config.max_batch``).
 
 Session ids are chosen by the caller and must be non-empty here; the gRPC servicer picks a
 ``uuid4().hex`` when a Prefill request leaves it empty (:func:`new_session_id`).
@@ -13,6 +15,7 @@ Session ids are chosen by the caller and must be non-empty here; the gRPC servic
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import uuid
@@ -33,15 +36,12 @@ from speculant.types import (
     VerifierStats,
     VerifyResult,
 )
+from verifier_service.batching import VerifyBatcher, VerifyJob, run_job
 from verifier_service.model import LoadedModel
-from verifier_service.rejection import (
-    RejectionOutput,
-    rejection_sample,
-    sample_token,
-    tree_sample,
-)
+from verifier_service.rejection import RejectionOutput, sample_token, tree_sample
 from verifier_service.sessions import Session, SessionStore
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed for a draft distribution
 
@@ -82,6 +82,11 @@ class LocalVerifier:
         self._model_thread = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="model") if model_thread else None
         )
+        self._batcher = (
+            VerifyBatcher(self.model, config.max_batch, self._on_model)
+            if config.max_batch > 1 and self.model.supports_batching
+            else None
+        )
         self._stats_lock = threading.Lock()
         self._forward_passes = 0
         self._draft_tokens = 0
@@ -101,8 +106,21 @@ class LocalVerifier:
     def info(self) -> ModelInfo:
         return self._info
 
+    @property
+    def batcher(self) -> VerifyBatcher | None:
+        """The batcher of concurrent Verify calls; None when config.max_batch is 1 or the model
+        cannot batch (see LoadedModel.supports_batching)."""
+        return self._batcher
+
     def close(self) -> None:
         """Drop all sessions and stop the expiry (and model) threads."""
+        if self._batcher is not None and self._batcher.forwards:
+            log.info(
+                "verify batching: %d forward passes served %d Verify calls (%.2f per pass)",
+                self._batcher.forwards,
+                self._batcher.jobs,
+                self._batcher.jobs / self._batcher.forwards,
+            )
         self.sessions.close()
         if self._model_thread is not None:
             self._model_thread.shutdown(wait=False)
@@ -261,23 +279,18 @@ class LocalVerifier:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
             k = len(drafts)
-
-            def run() -> RejectionOutput:
-                input_ids = torch.tensor(
-                    [session.pending_token, *drafts], dtype=torch.long, device=self.model.device
-                )  # [k+1]: pending, d_1..d_k
-                logits = self.model.forward(
-                    session.cache, input_ids, session.length, logits_to_keep=k + 1
-                )  # [k+1, V]
-                out = rejection_sample(
-                    logits, input_ids[1:], q, session.temperature, session.generator
-                )
-                # Keep pending + accepted drafts; the last emitted token is the new pending one.
-                if out.accepted_count < k:
-                    self.model.crop(session.cache, session.length + 1 + out.accepted_count)
-                return out
-
-            out = self._on_model(run)
+            job = VerifyJob(
+                cache=session.cache,
+                start=session.length,
+                input_ids=[session.pending_token, *drafts],
+                q=q,
+                temperature=session.temperature,
+                generator=session.generator,
+            )
+            if self._batcher is not None:
+                out = self._batcher.run(job)
+            else:
+                out = self._on_model(lambda: run_job(self.model, job))
             session.length += 1 + out.accepted_count
             session.pending_token = out.token_ids[-1]
         self._count(forward=1, drafts=k, accepted=out.accepted_count)

@@ -1,0 +1,391 @@
+"""Verify batching (verifier_service.batching) on the real stories260K model: concurrent sessions
+share one forward pass and stay exact.
+
+- the batched forward gives each row the logits and the KV cache of a forward of its own;
+- concurrent greedy sessions are token-identical to Hugging Face ``generate(do_sample=False)``,
+  in process and through the gateway;
+- seeded sampling gives the same tokens batched and unbatched;
+- a failed batch fails its calls and leaves their sessions as they were.
+
+Which calls share a batch depends on thread timing, so the tests that need a batch hold the
+first batch at the model until the other threads' calls are queued (:func:`hold_first_batch`):
+the next batch then serves them all together.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from gateway.baseline import PlainDecoder
+from speculant.config import VerifierConfig
+from speculant.types import SparseDistribution
+from speculant.v1 import gateway_pb2, gateway_pb2_grpc
+from tests.conftest import STORIES_MODEL, load_dev_prompts
+from verifier_service.batching import VerifyBatcher
+from verifier_service.model import LoadedModel
+from verifier_service.verifier import LocalVerifier
+
+N_SESSIONS = 6
+N_TOKENS = 48
+HOLD_LIMIT_S = 60.0  # never wait longer than this for the other calls (a bound, not a check)
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    return LoadedModel.load(VerifierConfig(model_name=str(STORIES_MODEL), device="cpu"))
+
+
+def make_verifier(loaded: LoadedModel, max_batch: int) -> LocalVerifier:
+    config = VerifierConfig(model_name=str(STORIES_MODEL), max_batch=max_batch)
+    return LocalVerifier(config, model=loaded)
+
+
+@pytest.fixture
+def verifier(loaded: LoadedModel) -> Iterator[LocalVerifier]:
+    v = make_verifier(loaded, max_batch=8)
+    yield v
+    v.close()
+
+
+@pytest.fixture(scope="module")
+def references(loaded: LoadedModel) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, Hugging Face greedy continuation of N_TOKENS) for N_SESSIONS dev prompts."""
+    refs = []
+    for text in load_dev_prompts()[:N_SESSIONS]:
+        ids = loaded.tokenizer(text).input_ids
+        with torch.inference_mode():
+            out = loaded.model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=N_TOKENS,
+                min_new_tokens=N_TOKENS,  # do not stop at EOS: compare a fixed length
+                do_sample=False,
+                pad_token_id=0,
+            )
+        refs.append((ids, out[0, len(ids) :].tolist()))
+    return refs
+
+
+def hold_first_batch(batcher: VerifyBatcher, others: int) -> None:
+    """Make the batcher's first batch wait at the model until `others` more calls are queued
+    (at most HOLD_LIMIT_S), so that the second batch serves those calls together."""
+    run_alone = batcher.on_model
+    first = threading.Event()
+
+    def held(fn: Callable[[], None]) -> None:
+        if not first.is_set():
+            first.set()
+            deadline = time.monotonic() + HOLD_LIMIT_S
+            while batcher.queued < others and time.monotonic() < deadline:
+                time.sleep(0.001)
+        run_alone(fn)
+
+    batcher.on_model = held
+
+
+def run_threads(target: Callable[[int], None], count: int) -> None:
+    """target(0..count-1) on one thread each; re-raise the first failure."""
+    errors: list[BaseException] = []
+
+    def guarded(i: int) -> None:
+        try:
+            target(i)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+# -- the batched forward ---------------------------------------------------------------------
+
+
+def test_forward_batch_matches_single_forwards(loaded: LoadedModel) -> None:
+    """Rows with different cache lengths and new-token counts (1 to 9), left-padded into one
+    batch: each row's logits and written-back cache match a forward of its own."""
+    rng = random.Random(0)
+    lengths, widths = [3, 40, 17, 9], [1, 9, 5, 3]
+    prompts = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
+    inputs = [[rng.randrange(3, 512) for _ in range(w)] for w in widths]
+
+    def prefilled() -> list:
+        caches = [loaded.new_cache() for _ in prompts]
+        for cache, prompt in zip(caches, prompts, strict=True):
+            loaded.forward(cache, torch.tensor(prompt), 0, 1)
+        return caches
+
+    singles = prefilled()
+    expected = [
+        loaded.forward(cache, torch.tensor(new), len(prompt), len(new))
+        for cache, prompt, new in zip(singles, prompts, inputs, strict=True)
+    ]
+    batched = prefilled()
+    logits = loaded.forward_batch(batched, inputs, lengths)
+    assert loaded.supports_batching
+    for row, (got, want) in enumerate(zip(logits, expected, strict=True)):
+        assert got.shape == want.shape == (widths[row], loaded.vocab_size)
+        assert torch.allclose(got, want, atol=1e-4), f"row {row}"
+        assert torch.equal(got.argmax(-1), want.argmax(-1)), f"row {row}"
+    for row, (one, many) in enumerate(zip(singles, batched, strict=True)):
+        assert many.get_seq_length() == lengths[row] + widths[row]
+        for a, b in zip(one.layers, many.layers, strict=True):
+            assert a.keys.shape == b.keys.shape
+            assert torch.allclose(a.keys, b.keys, atol=1e-5), f"row {row} keys"
+            assert torch.allclose(a.values, b.values, atol=1e-5), f"row {row} values"
+
+
+# -- exactness under concurrency -------------------------------------------------------------
+
+
+def greedy_session(
+    verifier: LocalVerifier, session_id: str, prompt: list[int], ref: list[int], seed: int
+) -> list[int]:
+    """Greedy decoding of N_TOKENS with arbitrary drafts (correct prefixes of random length,
+    then junk), so that rows of a batch accept different numbers of drafts."""
+    rng = random.Random(seed)
+    out = [verifier.prefill(session_id, prompt, temperature=0.0)]
+    while len(out) < N_TOKENS:
+        good = ref[len(out) : len(out) + rng.randint(0, 6)]
+        junk = [rng.randrange(3, verifier.info.vocab_size) for _ in range(rng.randint(0, 3))]
+        out += verifier.verify(session_id, good + junk).token_ids
+    return out[:N_TOKENS]
+
+
+def test_concurrent_greedy_sessions_match_hf(verifier: LocalVerifier, references) -> None:
+    assert verifier.batcher is not None
+    hold_first_batch(verifier.batcher, N_SESSIONS - 1)
+    outputs: dict[int, list[int]] = {}
+
+    def session(i: int) -> None:
+        prompt, ref = references[i]
+        outputs[i] = greedy_session(verifier, f"g{i}", prompt, ref, seed=i)
+
+    run_threads(session, N_SESSIONS)
+    for i, (_, ref) in enumerate(references):
+        assert outputs[i] == ref, f"session {i} differs from Hugging Face greedy"
+    batcher = verifier.batcher
+    assert batcher.largest >= N_SESSIONS - 1  # the held-back calls shared one forward
+    assert batcher.jobs > batcher.forwards
+
+
+def sampled_session(
+    verifier: LocalVerifier, session_id: str, prompt: list[int], seed: int, rounds: int
+) -> list[int]:
+    """Seeded sampling at temperature 0.8 with drafts of 4 tokens, half of them given a q
+    (a two-token distribution), half point-mass; returns every emitted token."""
+    rng = random.Random(seed)
+    out = [verifier.prefill(session_id, prompt, temperature=0.8, seed=seed)]
+    for round_ in range(rounds):
+        drafts = [rng.randrange(3, 60) for _ in range(4)]
+        q = None
+        if round_ % 2:
+            q = [SparseDistribution(np.array([d, d + 1]), np.array([0.75, 0.25])) for d in drafts]
+        out += verifier.verify(session_id, drafts, q).token_ids
+    return out
+
+
+def test_seeded_sampling_is_the_same_batched_and_unbatched(loaded, references) -> None:
+    rounds = 12
+    alone = make_verifier(loaded, max_batch=1)
+    assert alone.batcher is None
+    try:
+        expected = [
+            sampled_session(alone, f"a{i}", references[i][0], seed=100 + i, rounds=rounds)
+            for i in range(N_SESSIONS)
+        ]
+    finally:
+        alone.close()
+    batched = make_verifier(loaded, max_batch=8)
+    assert batched.batcher is not None
+    hold_first_batch(batched.batcher, N_SESSIONS - 1)
+    outputs: dict[int, list[int]] = {}
+
+    def session(i: int) -> None:
+        outputs[i] = sampled_session(batched, f"b{i}", references[i][0], 100 + i, rounds)
+
+    try:
+        run_threads(session, N_SESSIONS)
+        assert batched.batcher.largest >= N_SESSIONS - 1
+    finally:
+        batched.close()
+    for i in range(N_SESSIONS):
+        assert outputs[i] == expected[i], f"session {i}"
+    assert len({tuple(o) for o in expected}) == N_SESSIONS  # the seeds differ
+
+
+def test_cache_after_a_batched_verify_equals_a_fresh_forward(
+    verifier: LocalVerifier, loaded, references
+) -> None:
+    """One batched round per session (some drafts rejected): each cache then holds exactly
+    the prompt and the emitted tokens but the last, as a fresh forward over them does."""
+    assert verifier.batcher is not None
+    hold_first_batch(verifier.batcher, N_SESSIONS - 1)
+    emitted: dict[int, list[int]] = {}
+
+    def session(i: int) -> None:
+        prompt, ref = references[i]
+        first = verifier.prefill(f"c{i}", prompt, temperature=0.0)
+        wrong = (ref[1 + i] + 1) % verifier.info.vocab_size
+        drafts = [*ref[1 : 1 + i], wrong, 5]  # i correct drafts, then junk: i accepted
+        emitted[i] = [first, *verifier.verify(f"c{i}", drafts).token_ids]
+
+    run_threads(session, N_SESSIONS)
+    assert verifier.batcher.largest >= N_SESSIONS - 1
+    for i, (prompt, ref) in enumerate(references):
+        assert emitted[i] == ref[: i + 2]
+        sequence = prompt + emitted[i][:-1]  # the last emitted token is pending, not cached
+        fresh = loaded.new_cache()
+        loaded.forward(fresh, torch.tensor(sequence), 0, 1)
+        with verifier.sessions.use(f"c{i}") as state:
+            assert state.length == len(sequence)
+            assert state.cache.get_seq_length() == len(sequence)
+            for a, b in zip(state.cache.layers, fresh.layers, strict=True):
+                assert torch.allclose(a.keys, b.keys, atol=1e-5), f"session {i}"
+                assert torch.allclose(a.values, b.values, atol=1e-5), f"session {i}"
+
+
+def test_a_failed_batch_fails_its_calls_and_keeps_their_sessions(
+    verifier: LocalVerifier, references, monkeypatch
+) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("batched forward failed")
+
+    assert verifier.batcher is not None
+    hold_first_batch(verifier.batcher, 2)
+    for i in range(3):
+        verifier.prefill(f"f{i}", references[i][0], temperature=0.0)
+    monkeypatch.setattr(verifier.model, "forward_batch", broken)
+    failures: dict[int, str] = {}
+
+    def session(i: int) -> None:
+        try:
+            verifier.verify(f"f{i}", references[i][1][1:4])
+        except RuntimeError as exc:
+            failures[i] = str(exc)
+
+    run_threads(session, 3)
+    assert len(failures) == 2  # the two calls of the batched forward; the first ran alone
+    assert set(failures.values()) == {"batched forward failed"}
+    monkeypatch.undo()
+    for i in failures:  # the failed sessions go on from where they were
+        prompt, ref = references[i]
+        with verifier.sessions.use(f"f{i}") as state:
+            assert state.length == state.cache.get_seq_length() == len(prompt)
+        assert verifier.verify(f"f{i}", ref[1:6]).token_ids == ref[1:7]
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_max_batch_one_runs_every_call_alone(loaded, references) -> None:
+    v = make_verifier(loaded, max_batch=1)
+    try:
+        assert v.batcher is None
+        prompt, ref = references[0]
+        assert greedy_session(v, "one", prompt, ref, seed=0) == ref
+    finally:
+        v.close()
+
+
+def test_batcher_needs_two_rows(loaded) -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        VerifyBatcher(loaded, 1, lambda fn: fn())
+    with pytest.raises(ValueError):
+        VerifierConfig(model_name="m", max_batch=0)
+
+
+def test_serve_verifier_rejects_a_bad_max_batch() -> None:
+    from speculant.cli import main
+
+    args = ["serve-verifier", "--model", str(STORIES_MODEL), "--port", "0", "--max-batch", "0"]
+    with pytest.raises(SystemExit) as stopped:  # before any model is loaded
+        main(args)
+    assert str(stopped.value).startswith("error: invalid max_batch: "), stopped.value
+
+
+# -- through the gateway ---------------------------------------------------------------------
+
+N_STREAMS = 8
+GATEWAY_PROMPTS = 16
+GATEWAY_TOKENS = 96
+
+
+@pytest.fixture(scope="module")
+def gateway(tinystories_graph) -> Iterator[tuple[gateway_pb2_grpc.GatewayServiceStub, object]]:
+    """Draft service, verifier (max_batch 8) and gateway on localhost ports, in process:
+    (the gateway's stub, the LocalVerifier behind it)."""
+    from draft_service.server import start_server as start_draft
+    from gateway.server import start_gateway
+    from verifier_service.server import start_server as start_verifier
+
+    draft = start_draft(tinystories_graph, port=0)
+    config = VerifierConfig(model_name=str(STORIES_MODEL), device="cpu", max_batch=8)
+    verifier_server, local_verifier = start_verifier(config, port=0)
+    # A long draft timeout: a round without its draft (on a busy machine) would change the
+    # tokens of a seeded sampling request (not their distribution).
+    gateway_server, _ = start_gateway(
+        [draft.address], verifier_server.address, port=0, draft_timeout_s=30.0
+    )
+    channel = grpc.insecure_channel(gateway_server.address)
+    try:
+        yield gateway_pb2_grpc.GatewayServiceStub(channel), local_verifier
+    finally:
+        channel.close()
+        gateway_server.stop(0)
+        verifier_server.stop(0)
+        local_verifier.close()
+        draft.stop(0)
+
+
+def generate_concurrently(stub, requests: list[gateway_pb2.GenerateRequest]) -> list[list[int]]:
+    """Each request's tokens, sent over N_STREAMS threads (request i on thread i % N_STREAMS)."""
+    outputs: dict[int, list[int]] = {}
+
+    def stream(t: int) -> None:
+        for i in range(t, len(requests), N_STREAMS):
+            outputs[i] = list(stub.Generate(requests[i], timeout=120).token_ids)
+
+    run_threads(stream, N_STREAMS)
+    return [outputs[i] for i in range(len(requests))]
+
+
+def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded) -> None:
+    """8 concurrent greedy streams are token-identical to Hugging Face greedy decoding, and
+    8 concurrent seeded sampling streams give the tokens the same requests give one by one."""
+    stub, local_verifier = gateway
+    prompts = load_dev_prompts()[:GATEWAY_PROMPTS]
+    plain = PlainDecoder.load(str(STORIES_MODEL), list(local_verifier.info.eos_token_ids))
+    references = [
+        plain.generate(loaded.tokenizer(p).input_ids, GATEWAY_TOKENS).token_ids for p in prompts
+    ]
+    greedy = [
+        gateway_pb2.GenerateRequest(prompt=p, max_tokens=GATEWAY_TOKENS, temperature=0.0)
+        for p in prompts
+    ]
+    hold_first_batch(local_verifier.batcher, N_STREAMS - 1)
+    outputs = generate_concurrently(stub, greedy)
+    mismatches = [i for i, (a, b) in enumerate(zip(outputs, references, strict=True)) if a != b]
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    batcher = local_verifier.batcher
+    assert batcher.largest >= 2 and batcher.jobs > batcher.forwards
+
+    sampled = [
+        gateway_pb2.GenerateRequest(
+            prompt=p, max_tokens=GATEWAY_TOKENS, temperature=0.8, seed=1000 + i
+        )
+        for i, p in enumerate(prompts)
+    ]
+    one_by_one = [list(stub.Generate(r, timeout=120).token_ids) for r in sampled]
+    assert generate_concurrently(stub, sampled) == one_by_one

@@ -1,0 +1,161 @@
+"""Batching the Verify calls of concurrent sessions into one forward pass.
+
+Terms:
+
+- *job*: one session's chain Verify step: its KV cache (``start`` cached positions), the new
+  tokens ``[pending, d_1..d_k]``, the q of each draft (None = point-mass drafts), and the
+  session's temperature and generator.
+- *batch*: jobs run together in ONE forward (:meth:`LoadedModel.forward_batch`); then each row
+  is finished exactly as a job run alone: rejection sampling with the row's own generator, and
+  a crop of the row's own cache past its rejected drafts. A batch of one job is the plain
+  single-session forward (:func:`run_job`).
+
+Scheduling is *continuous* and has no timer: a caller queues its job and waits while a batch
+runs; when none runs, the first waiter whose job is still queued runs its job together with the
+oldest queued ones (``max_batch`` jobs at most). A lone stream never waits for company, and
+under concurrency the jobs that arrive while one batch runs form the next one.
+
+Batched logits can differ from a lone forward's in the last float bits (the padded rows run
+other kernel shapes), as a lone chain forward's already differ from Hugging Face ``generate``'s
+one-token steps; the tests check that greedy outputs stay token-identical to ``generate``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from verifier_service.model import LoadedModel
+from verifier_service.rejection import RejectionOutput, rejection_sample
+
+
+@dataclass(eq=False)
+class VerifyJob:
+    """One session's Verify step (see the module's terms); the batcher fills output or error."""
+
+    cache: Any  # the session's transformers DynamicCache, `start` positions long
+    start: int
+    input_ids: list[int]  # [pending, d_1..d_k]
+    q: torch.Tensor | None  # [k, V] dense draft distributions, None = point-mass drafts
+    temperature: float
+    generator: torch.Generator
+    output: RejectionOutput | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+def _finish(model: LoadedModel, job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
+    """Rejection sampling of one job's drafts from its logits [k+1, V]; crop its cache so that
+    it keeps the pending token and the accepted drafts (the last emitted token is pending)."""
+    drafts = torch.tensor(job.input_ids[1:], dtype=torch.long, device=model.device)  # [k]
+    out = rejection_sample(logits, drafts, job.q, job.temperature, job.generator)
+    if out.accepted_count < len(drafts):
+        model.crop(job.cache, job.start + 1 + out.accepted_count)
+    return out
+
+
+def run_job(model: LoadedModel, job: VerifyJob) -> RejectionOutput:
+    """One job alone: its own forward over [pending, d_1..d_k], then :func:`_finish`."""
+    input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [k+1]
+    logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(job.input_ids))
+    return _finish(model, job, logits)  # logits [k+1, V]
+
+
+def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
+    """Run the jobs in one forward (one job: :func:`run_job`); set each job's output or error.
+
+    A failed forward fails every job of the batch and leaves their caches as they were (the
+    batch runs on a cache of its own, written back only after the forward).
+    """
+    try:
+        if len(jobs) == 1:
+            jobs[0].output = run_job(model, jobs[0])
+            return
+        logits = model.forward_batch(
+            [job.cache for job in jobs], [job.input_ids for job in jobs], [j.start for j in jobs]
+        )
+    except Exception as exc:
+        for job in jobs:
+            job.error = exc
+        return
+    for job, rows in zip(jobs, logits, strict=True):
+        try:
+            job.output = _finish(model, job, rows)
+        except Exception as exc:
+            job.error = exc
+
+
+class VerifyBatcher:
+    """Runs the jobs of concurrent callers in batches of up to max_batch (see the module).
+
+    on_model runs a function alone on the model (the verifier's model thread or forward lock),
+    so batches and the verifier's other forwards (prefills, tree verifies) never overlap.
+    forwards, jobs and largest count the batches run, the jobs they served and the largest.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        max_batch: int,
+        on_model: Callable[[Callable[[], None]], None],
+    ) -> None:
+        if max_batch < 2:
+            raise ValueError(f"max_batch must be at least 2 to batch, got {max_batch}")
+        self.model = model
+        self.max_batch = max_batch
+        self.on_model = on_model
+        self._queue: deque[VerifyJob] = deque()
+        self._changed = threading.Condition()  # guards the queue, _running and job.done
+        self._running = False
+        self.forwards = 0  # batches run (each one forward pass)
+        self.jobs = 0  # jobs they served
+        self.largest = 0  # the most jobs one batch served
+
+    @property
+    def queued(self) -> int:
+        """Jobs waiting for the next batch."""
+        with self._changed:
+            return len(self._queue)
+
+    def run(self, job: VerifyJob) -> RejectionOutput:
+        """Verify the job, in a batch with whatever other jobs are queued; raise its error."""
+        batch: list[VerifyJob] = []  # stays empty unless this caller runs the batch
+        with self._changed:
+            self._queue.append(job)
+            while self._running and not job.done:
+                self._changed.wait()
+            if not job.done:  # no batch runs and the job is still queued: run one
+                self._running = True
+                batch = self._take(job)
+        if batch:
+            try:
+                self.on_model(lambda: run_batch(self.model, batch))
+            except BaseException as exc:  # e.g. the model thread was shut down
+                for other in batch:
+                    other.error = other.error or exc
+            finally:
+                with self._changed:
+                    self._running = False
+                    for other in batch:
+                        other.done = True
+                    self.forwards += 1
+                    self.jobs += len(batch)
+                    self.largest = max(self.largest, len(batch))
+                    self._changed.notify_all()
+        if job.error is not None:
+            raise job.error
+        assert job.output is not None
+        return job.output
+
+    def _take(self, job: VerifyJob) -> list[VerifyJob]:
+        """The job and the oldest other queued jobs, max_batch in all, out of the queue."""
+        self._queue.remove(job)
+        batch = [job]
+        while self._queue and len(batch) < self.max_batch:
+            batch.append(self._queue.popleft())
+        return batch
