@@ -35,6 +35,9 @@ def embedded_decoder(tinystories_graph):
     return SpeculativeDecoder(graph_path=tinystories_graph, verifier_config=verifier_config())
 
 
+DRAFT_TIMEOUT_S = 10.0
+
+
 @pytest.fixture(scope="module")
 def services(tinystories_graph) -> Iterator[Services]:
     from draft_service.server import start_server as start_draft
@@ -43,7 +46,12 @@ def services(tinystories_graph) -> Iterator[Services]:
 
     draft = start_draft(tinystories_graph, port=0)
     verifier_server, local_verifier = start_verifier(verifier_config(), port=0)
-    gateway_server, _ = start_gateway([draft.address], verifier_server.address, port=0)
+    # A generous draft timeout: on a busy test machine a 0.25 s timeout (the default) can fire,
+    # and a round with an empty draft changes which seeded samples are drawn (not their law),
+    # which tests comparing seeded outputs of two runs must not see.
+    gateway_server, _ = start_gateway(
+        [draft.address], verifier_server.address, port=0, draft_timeout_s=DRAFT_TIMEOUT_S
+    )
     channels = [grpc.insecure_channel(gateway_server.address)]
     channels.append(grpc.insecure_channel(verifier_server.address))
     try:

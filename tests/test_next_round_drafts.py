@@ -21,7 +21,7 @@ from speculant.errors import RemoteError, UnavailableError
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL, load_dev_prompts
-from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
+from tests.e2e_fixtures import DRAFT_TIMEOUT_S, embedded_decoder, services  # noqa: F401
 from tests.test_exactness import assert_drafts_served
 
 PROMPTS = 12
@@ -125,7 +125,11 @@ def preparing_gateway(services) -> Iterator[gateway_pb2_grpc.GatewayServiceStub]
     from gateway.server import start_gateway
 
     server, _ = start_gateway(
-        [services.draft_address], services.verifier_address, port=0, next_round_drafts=PREPARED
+        [services.draft_address],
+        services.verifier_address,
+        port=0,
+        next_round_drafts=PREPARED,
+        draft_timeout_s=DRAFT_TIMEOUT_S,
     )
     try:
         with grpc.insecure_channel(server.address) as channel:
