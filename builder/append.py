@@ -95,7 +95,8 @@ def check_compatible(
 
 @contextlib.contextmanager
 def append_lock(out: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``.<name>.append.lock`` beside out (waits for other appends)."""
+    """Hold an exclusive lock on ``.<name>.append.lock`` beside out: appends and meta rewrites
+    (builder.meta_update) of one graph wait for each other, so none is lost."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(out.parent / f".{out.name}.append.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:

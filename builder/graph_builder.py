@@ -460,6 +460,8 @@ class GraphBuilder:
             build_seconds=round(time.perf_counter() - started, 3),
             version=version,
             sources=sources,
+            # an append keeps the drafting defaults `speculant tune --write` stored in the base
+            tuned=dict(base.tuned) if base is not None else {},
         )
 
     def _workers_seen(self) -> int:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import lmdb
 
+from builder.append import append_lock
 from builder.publish import make_temp_dir, publish
 from speculant.graph_format import (
     DATA_FILE,
@@ -40,23 +41,24 @@ def update_meta(path: str | Path, change: Callable[[GraphMeta], GraphMeta]) -> G
     meta. GraphFormatError when path is not a sound graph (its manifest, where it has one,
     must match: a damaged graph is not re-checksummed into a valid-looking one)."""
     path = Path(path)
-    verify_manifest(path)
-    env = open_graph_env(path)
-    try:
-        meta = change(read_meta(env, path))
-    finally:
-        env.close()
-    tmp = make_temp_dir(path)
-    try:
-        for entry in path.iterdir():
-            if entry.is_file() and entry.name not in _SKIP:
-                shutil.copyfile(entry, tmp / entry.name)
-        _write_meta(tmp, meta)
-        write_manifest(tmp)
-        publish(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with append_lock(path):  # an append publishing meanwhile would be lost, or lose this
+        verify_manifest(path)
+        env = open_graph_env(path)
+        try:
+            meta = change(read_meta(env, path))
+        finally:
+            env.close()
+        tmp = make_temp_dir(path)
+        try:
+            for entry in path.iterdir():
+                if entry.is_file() and entry.name not in _SKIP:
+                    shutil.copyfile(entry, tmp / entry.name)
+            _write_meta(tmp, meta)
+            write_manifest(tmp)
+            publish(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return meta
 
 

@@ -217,3 +217,18 @@ def test_an_interrupted_append_leaves_the_old_graph_intact(tmp_path, corpus, mon
     with NGramGraph.open(graph) as opened:
         assert opened.meta.version == 1
     assert (graph / MANIFEST_FILE).is_file() and (graph / DATA_FILE).is_file()
+
+
+def test_an_append_keeps_the_tuned_drafting_defaults(tmp_path, corpus):
+    from dataclasses import replace
+
+    from builder.meta_update import update_meta
+
+    graph = tmp_path / "graph"
+    build(graph, [corpus["a.txt"]])
+    tuned = {"params": {"mixing": "backoff"}}
+    update_meta(graph, lambda meta: replace(meta, tuned=tuned))
+    meta = build(graph, [corpus["b.txt"]], append=True)
+    assert meta.version == 2 and meta.tuned == tuned
+    with NGramGraph.open(graph) as opened:
+        assert opened.meta.tuned == tuned
