@@ -32,15 +32,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import DEFAULT_CACHE_SIZE, Drafter
 from draft_service.graph import NGramGraph
+from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams
-from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-
-_STRATEGY = {
-    "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
-    "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
-}
-
+from speculant.v1 import draft_pb2, draft_pb2_grpc
 
 # Poll a starting server every few ms instead of gRPC's default 1 s reconnect backoff.
 FAST_RECONNECT = [
@@ -177,7 +172,7 @@ def bench_grpc(
         draft_pb2.ProposeRequest(
             context_token_ids=c,
             k=params.k,
-            strategy=_STRATEGY[params.strategy],
+            strategy=STRATEGY_TO_PROTO[params.strategy],
             attentive_mix=params.attentive_mix,
             mixing=params.mixing,
             min_draft_prob=params.min_draft_prob,

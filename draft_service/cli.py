@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from speculant.config import MIXING_MODES, DraftConfig
+from speculant.config import DEFAULT_RELOAD_INTERVAL_S, MIXING_MODES, DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from speculant.types import DraftParams
 
 log = logging.getLogger(__name__)
-# draft_service.reload.DEFAULT_RELOAD_INTERVAL_S (not imported: it pulls in lmdb and numpy)
-DEFAULT_RELOAD_INTERVAL_S = 2.0
 
 
 def register(

@@ -82,7 +82,7 @@ class Drafter:
         # successors with their q), same bound.
         self._tree_cache: dict[tuple, tuple[int, list[tuple[int, float]]]] = {}
         # request params -> the same with unset mixing parameters filled from the graph's tuned
-        # defaults (graph.draft_defaults) or the built-in ones; bounded like the step caches
+        # defaults (graph.draft_defaults) or the built-in ones; cleared at 1024 entries
         self._resolved: dict[DraftParams, DraftParams] = {}
 
     def resolve(self, params: DraftParams) -> DraftParams:
@@ -125,17 +125,29 @@ class Drafter:
 
         seed only affects the sampling strategy (None: nondeterministic).
         """
+        return self._propose(context_ids, self._checked(context_ids, params, seed), seed)
+
+    def _checked(
+        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None
+    ) -> DraftParams:
+        """Validate a request (InvalidArgumentError naming the field); return its resolved
+        params."""
         params = self.resolve(params.validate())
         self.validate_context(context_ids)
         if seed is not None and seed < 0:
             raise InvalidArgumentError("seed", f"must be >= 0, got {seed}")
+        return params
+
+    def _propose(
+        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None
+    ) -> DraftProposal:
+        """propose() for a checked context and resolved params."""
         if params.drafts_tree and params.strategy == "sampling":
             return self._propose_sampled_tree(context_ids, params, seed)
         if params.drafts_tree:
             return self._propose_tree(context_ids, params)
         max_order = self.max_order
-        tail_ids = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
-        tail = struct.pack(f">{len(tail_ids)}I", *tail_ids)  # last <= max_order ids, big-endian
+        tail = _tail_key(context_ids, max_order)
         txn, dbs = self.graph.raw_lookup()
         every_order = params.effective_mixing != "backoff"
         greedy = params.strategy == "greedy"
@@ -207,17 +219,15 @@ class Drafter:
     ) -> DraftProposal:
         """A draft tree (see the module's terms): best-first on path probability."""
         max_order = self.max_order
-        root = struct.pack(
-            f">{min(len(context_ids), max_order)}I",
-            *[int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]],
-        )
+        root = _tail_key(context_ids, max_order)
+        mix_key = _mix_key(params)
         proposal = DraftProposal()
         ties = itertools.count()
         # max-heap of candidate nodes: (-path probability, tie, parent, token, depth, order, tail)
         frontier: list[tuple[float, int, int, int, int, int, bytes]] = []
 
         def offer_children(tail: bytes, parent: int, depth: int, path_prob: float) -> None:
-            order, successors = self._tree_step(tail, params)
+            order, successors = self._tree_step(tail, params, mix_key)
             for token, q in successors:
                 item = (-path_prob * q, next(ties), parent, token, depth, order, tail)
                 heapq.heappush(frontier, item)
@@ -242,10 +252,7 @@ class Drafter:
         """A tree of sampled drafts (see the module's terms): nodes expanded best-first on path
         probability, each with up to TREE_WIDTH children drawn from its q without replacement."""
         max_order = self.max_order
-        root = struct.pack(
-            f">{min(len(context_ids), max_order)}I",
-            *[int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]],
-        )
+        root = _tail_key(context_ids, max_order)
         txn, dbs = self.graph.raw_lookup()
         every_order = params.effective_mixing != "backoff"
         rng = np.random.default_rng(seed)
@@ -263,14 +270,14 @@ class Drafter:
             ids, q = ids[keep], q[keep] / q[keep].sum()  # [support]
             draws = min(TREE_WIDTH, ids.size, params.tree_nodes - len(proposal.token_ids))
             for _ in range(draws):  # fixed before drawing: exactness needs that
-                token, dist, _prob = _sample(ids, q, rng)  # dist: q_i, the q it came from
+                token, dist, prob = _sample(ids, q, rng)  # dist: q_i, the q it came from
                 proposal.token_ids.append(token)
                 proposal.parents.append(node)
                 proposal.distributions.append(dist)
                 proposal.matched_orders.append(orders[0])
                 proposal.sources.append("graph")
                 if depth + 1 < params.k:
-                    path_prob = -neg_prob * float(dist.probs[dist.token_ids == token][0])
+                    path_prob = -neg_prob * prob
                     child_tail = (tail + _PACK_ONE(token))[-4 * max_order :]
                     index = len(proposal.token_ids) - 1
                     heapq.heappush(frontier, (-path_prob, next(ties), index, depth + 1, child_tail))
@@ -280,10 +287,13 @@ class Drafter:
                     q = q / q.sum()
         return proposal
 
-    def _tree_step(self, tail: bytes, params: DraftParams) -> tuple[int, list[tuple[int, float]]]:
+    def _tree_step(
+        self, tail: bytes, params: DraftParams, mix_key: tuple
+    ) -> tuple[int, list[tuple[int, float]]]:
         """(matched order, the TREE_WIDTH likeliest successors after tail with their q; ties:
-        lowest id first); (0, []) at a dead end. Cached like greedy steps."""
-        key = (tail, _mix_key(params))
+        lowest id first); (0, []) at a dead end. Cached like greedy steps (mix_key: the
+        params' _mix_key)."""
+        key = (tail, mix_key)
         step = self._tree_cache.get(key)
         if step is None:
             txn, dbs = self.graph.raw_lookup()
@@ -314,6 +324,7 @@ class Drafter:
         ``propose(context_ids + d_1..d_j + [t], params, seed)``: exactly what a call made after
         verification returns, so using one never changes the output.
         """
+        params = self._checked(context_ids, params, seed)  # once, not once per outcome
         context = [int(t) for t in context_ids]
         draft = [int(t) for t in draft]
         best: list[tuple[float, int, int, int]] = []  # min-heap of (estimate, -j, -rank, t)
@@ -337,16 +348,15 @@ class Drafter:
             running *= frequency_of_draft
         outcomes = [(-neg_j, token) for _, neg_j, _, token in sorted(best, reverse=True)]
         return [
-            NextRoundDraft(j, token, self.propose(context + draft[:j] + [token], params, seed))
+            NextRoundDraft(j, token, self._propose(context + draft[:j] + [token], params, seed))
             for j, token in outcomes
         ]
 
     def _top_successors(self, context: list[int], count: int) -> list[tuple[int, float]]:
         """(token, relative frequency) of the `count` most frequent successors at the highest
         order matching context's tail ([] at a dead end)."""
-        tail_ids = context[-self.max_order :]
         txn, dbs = self.graph.raw_lookup()
-        orders, values = _match(struct.pack(f">{len(tail_ids)}I", *tail_ids), txn, dbs, False)
+        orders, values = _match(_tail_key(context, self.max_order), txn, dbs, False)
         if not orders:
             return []
         flat = np.frombuffer(values[0], dtype=_U32)  # [2n]: n ids, then n counts (descending)
@@ -414,13 +424,9 @@ class Drafter:
         """
         params = self.resolve(params.validate())
         self.validate_context(context_ids)
-        tail_ids = [int(t) for t in list(context_ids)[-self.max_order :]]
         txn, dbs = self.graph.raw_lookup()
         orders, values = _match(
-            struct.pack(f">{len(tail_ids)}I", *tail_ids),
-            txn,
-            dbs,
-            params.effective_mixing != "backoff",
+            _tail_key(context_ids, self.max_order), txn, dbs, params.effective_mixing != "backoff"
         )
         if not orders:
             return None
@@ -502,6 +508,12 @@ def _decode(values: list[memoryview]) -> tuple[list[np.ndarray], list[np.ndarray
         ids_list.append(flat[:n])
         counts_list.append(flat[n:])
     return ids_list, counts_list
+
+
+def _tail_key(context_ids: Sequence[int] | np.ndarray, max_order: int) -> bytes:
+    """The last <= max_order ids of the context, packed big-endian: the graph's key layout."""
+    tail = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
+    return struct.pack(f">{len(tail)}I", *tail)
 
 
 def _sample(

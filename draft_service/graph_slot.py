@@ -19,6 +19,8 @@ from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from speculant.errors import UnavailableError
 
+STILL_OPENING = "the draft service is still opening its graph"  # UNAVAILABLE before a graph
+
 
 @dataclass(eq=False)
 class LoadedGraph:
@@ -48,7 +50,7 @@ class GraphSlot:
         with self._lock:
             loaded = self._current
             if loaded is None:
-                raise UnavailableError("the draft service is still opening its graph")
+                raise UnavailableError(STILL_OPENING)
             loaded.users += 1
         try:
             yield loaded
@@ -59,10 +61,10 @@ class GraphSlot:
             if close:
                 loaded.graph.close()
 
-    def install(self, graph: NGramGraph, drafter: Drafter | None = None) -> LoadedGraph:
-        """Make graph (with drafter, default a new Drafter of it) the current one; the one it
-        replaces closes once no call uses it."""
-        loaded = LoadedGraph(graph, drafter if drafter is not None else Drafter(graph))
+    def install(self, graph: NGramGraph) -> LoadedGraph:
+        """Make graph (with a new Drafter of it) the current one; the one it replaces closes
+        once no call uses it."""
+        loaded = LoadedGraph(graph, Drafter(graph))
         with self._lock:
             old, self._current = self._current, loaded
         self._retire(old)
@@ -72,7 +74,7 @@ class GraphSlot:
         """Answer from the current graph with another drafter (e.g. a wrapper in tests)."""
         with self._lock:
             if self._current is None:
-                raise UnavailableError("the draft service is still opening its graph")
+                raise UnavailableError(STILL_OPENING)
             self._current.drafter = drafter
 
     def close(self) -> None:

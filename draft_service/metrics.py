@@ -20,7 +20,6 @@ class DraftMetrics:
     """Counters of the drafts served, and a gauge of the graph's LMDB readers."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
         self.proposals = Counter("speculant_draft_proposals", "Drafts proposed", registry=registry)
         self.tokens = Counter("speculant_draft_tokens", "Draft tokens proposed", registry=registry)
         self.next_round_drafts = Counter(

@@ -39,15 +39,6 @@ import numpy as np
 from speculant.types import DraftParams
 
 
-def _filled(params: DraftParams) -> DraftParams:
-    """params with unset mixing parameters at their built-in defaults (cheap when all set)."""
-    p = params
-    values = (p.escape_weight, p.order_bias, p.reliability_weight, p.entropy_penalty)
-    if None in values or p.mix_temperature is None or p.mixing is None:
-        return params.with_defaults()
-    return params
-
-
 def order_weights(
     orders: list[int], totals: list[float], entropies: list[float], params: DraftParams
 ) -> list[float]:
@@ -56,7 +47,7 @@ def order_weights(
     Plain floats, m <= 10 orders, highest order first (as every list here). Unset (None)
     weights take the built-in defaults (the drafter fills them before, see Drafter.resolve).
     """
-    params = _filled(params)
+    params = params.with_defaults()  # self when every weight is set
     scores = [
         params.order_bias * math.log(o)
         + params.reliability_weight * math.log1p(c)
@@ -94,9 +85,8 @@ def mixture_weights(
     """(w [m], C [m]) for m >= 2 matching orders under params.effective_mixing.
 
     counts [N] float64 is the concatenation of the orders' counts, order i at
-    counts[starts[i] : starts[i] + lens[i]].
+    counts[starts[i] : starts[i] + lens[i]]. Mixing parameters are set (see Drafter.resolve).
     """
-    params = _filled(params)
     totals = np.add.reduceat(counts, starts).tolist()  # [m] C_o
     mode = params.effective_mixing
     if mode == "witten-bell":

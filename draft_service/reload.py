@@ -21,17 +21,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from draft_service.graph import NGramGraph
 from draft_service.graph_slot import GraphSlot
+from speculant.config import DEFAULT_RELOAD_INTERVAL_S
 from speculant.errors import SpeculantError
 from speculant.graph_format import DATA_FILE
 
 log = logging.getLogger(__name__)
-
-DEFAULT_RELOAD_INTERVAL_S = 2.0
 
 Signature = tuple[int, int, int]
 
@@ -47,24 +45,19 @@ def signature(path: Path) -> Signature | None:
 
 
 class GraphWatcher:
-    """Reloads the slot's graph when a new one is published at path (see the module docstring).
-
-    on_reload(graph) is called after a new graph is installed.
-    """
+    """Reloads the slot's graph when a new one is published at path (see the module docstring)."""
 
     def __init__(
         self,
         path: str | Path,
         slot: GraphSlot,
         interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
-        on_reload: Callable[[NGramGraph], None] | None = None,
     ) -> None:
         if interval_s < 0:
             raise ValueError(f"the reload interval must be >= 0, got {interval_s}")
         self.path = Path(path)
         self.slot = slot
         self.interval_s = interval_s
-        self.on_reload = on_reload
         self.reloads = 0  # graphs installed by this watcher
         self._refused: Signature | None = None  # a graph already refused (logged once)
         self._wake = threading.Event()
@@ -138,8 +131,6 @@ class GraphWatcher:
                 graph.meta.corpus_tokens,
                 graph.meta.max_order,
             )
-        if self.on_reload is not None:
-            self.on_reload(graph)
         return True
 
     def _refuse(self, found: Signature, why: str) -> None:

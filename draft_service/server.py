@@ -20,13 +20,14 @@ import grpc
 
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
-from draft_service.graph_slot import GraphSlot
+from draft_service.graph_slot import STILL_OPENING, GraphSlot
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
 from speculant.request_context import clean_request_id, request_id_scope
+from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ServerTls
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
@@ -34,10 +35,6 @@ from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
-_STRATEGIES = {
-    common_pb2.DRAFT_STRATEGY_GREEDY: "greedy",
-    common_pb2.DRAFT_STRATEGY_SAMPLING: "sampling",
-}
 # How often the server unmaps the graph pages it touched (see NGramGraph.release_pages).
 RELEASE_INTERVAL_S = 0.5
 _OPTIONAL_FLOATS = (
@@ -61,11 +58,11 @@ def params_from_request(
     if request.HasField("tree_nodes"):
         changes["tree_nodes"] = request.tree_nodes
     if request.strategy != common_pb2.DRAFT_STRATEGY_UNSPECIFIED:
-        if request.strategy not in _STRATEGIES:
+        if request.strategy not in STRATEGY_FROM_PROTO:
             raise InvalidArgumentError(
                 "strategy", f"unknown DraftStrategy value {request.strategy}"
             )
-        changes["strategy"] = _STRATEGIES[request.strategy]
+        changes["strategy"] = STRATEGY_FROM_PROTO[request.strategy]
     if request.HasField("attentive_mix"):
         changes["attentive_mix"] = request.attentive_mix
     if request.HasField("mixing"):  # validated (by name) in DraftParams.validate
@@ -212,7 +209,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         prepared drafts, computed while the client is busy verifying the first.
         """
         if self.slot.current is None:
-            raise UnavailableError("the draft service is still opening its graph")
+            raise UnavailableError(STILL_OPENING)
         for request in requests:
             with request_id_scope(clean_request_id(request.request_id)):
                 params, seed = params_from_request(request, self.defaults)
@@ -339,7 +336,7 @@ class DraftServer:
         """Load the graph now published at the graph path if it is a new one (True when it was
         installed; a refused one is logged and the old graph keeps serving)."""
         if self.watcher is None:
-            raise UnavailableError("the draft service is still opening its graph")
+            raise UnavailableError(STILL_OPENING)
         return self.watcher.check(retry=True)
 
     def request_reload(self) -> None:
@@ -350,8 +347,6 @@ class DraftServer:
     def _release_loop(self) -> None:
         """Keep RSS bounded: unmap the graph pages touched since the last pass, periodically."""
         while not self._stopped.wait(self.release_interval_s):
-            if self.servicer.slot.current is None:
-                continue
             with contextlib.suppress(UnavailableError), self.servicer.slot.use() as loaded:
                 loaded.graph.release_pages()
 

@@ -8,8 +8,8 @@ processes (no copy per process). This benchmark shows both halves:
   (closed loop: each sends its next Propose on an open ProposeStream as soon as the previous one
   answers; client i talks to server i mod P, as the gateway's round robin does). Figure:
   aggregate calls/s over the same wall-clock window, and p50 / p99 latency;
-- memory: for each server, the resident size of its ``data.mdb`` mapping and how much of it is
-  shared clean file pages vs private (from /proc/PID/smaps), plus the process's USS and PSS.
+- memory: for each server, its private memory (USS, PSS) and the private dirty bytes of its
+  ``data.mdb`` mapping: 0, i.e. no process holds a copy of the graph.
 
 Clients are separate processes (``python -m draft_service.tier_bench client ...``) so the
 client side is not limited by one interpreter's GIL; they exchange JSON, never pickles.
@@ -33,6 +33,7 @@ import psutil
 
 from draft_service.bench import make_contexts, start_service
 from draft_service.graph import NGramGraph
+from speculant.graph_format import DATA_FILE
 
 START_DELAY_S = 1.5  # clients start together this long after launch (all connected by then)
 
@@ -50,7 +51,7 @@ class TierBenchOptions:
     json_out: str | None = None
 
 
-def graph_mapping_dirty_bytes(pid: int, file_name: str = "data.mdb") -> int:
+def graph_mapping_dirty_bytes(pid: int, file_name: str = DATA_FILE) -> int:
     """Private_Dirty bytes of the process's mappings of `file_name` (from /proc/PID/smaps).
 
     The graph is mapped read-only and shared (``r--s``): its resident pages are the OS page
@@ -138,7 +139,7 @@ def run_tier_bench(options: TierBenchOptions) -> dict[str, object]:
     graph = NGramGraph.open(options.graph)
     try:
         contexts = make_contexts(graph, 2000, options.context_len, options.seed)
-        data_size = (Path(options.graph) / "data.mdb").stat().st_size
+        data_size = (Path(options.graph) / DATA_FILE).stat().st_size
     finally:
         graph.close()
     runs = []

@@ -36,7 +36,7 @@ from typing import Any
 
 from draft_service.greedy_sim import GreedyTrace, SimResult, simulate_all
 from speculant.errors import InvalidArgumentError
-from speculant.types import BUILTIN_TUNABLE_DEFAULTS, TUNABLE_FIELDS, DraftParams
+from speculant.types import BUILTIN_TUNABLE_DEFAULTS, DraftParams
 
 METRICS = ("tau", "acceptance")
 ESCAPE_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -139,18 +139,20 @@ def mixing_of(params: DraftParams) -> dict[str, Any]:
     return {"mixing": mode}
 
 
+_SHORT_NAMES = {
+    "escape_weight": "b",
+    "order_bias": "ob",
+    "reliability_weight": "rw",
+    "entropy_penalty": "ep",
+    "mix_temperature": "t",
+}
+
+
 def describe(params: DraftParams) -> str:
     """A short name of a candidate: its mode and parameters."""
     values = mixing_of(params)
     mode = values.pop("mixing")
-    short = {
-        "escape_weight": "b",
-        "order_bias": "ob",
-        "reliability_weight": "rw",
-        "entropy_penalty": "ep",
-        "mix_temperature": "t",
-    }
-    return " ".join([mode, *(f"{short[k]}={v:g}" for k, v in values.items())])
+    return " ".join([mode, *(f"{_SHORT_NAMES[k]}={v:g}" for k, v in values.items())])
 
 
 class Scorer:
@@ -193,7 +195,7 @@ def search(scorer: Scorer, k: int, progress: Callable[[str], None]) -> dict[str,
     default = explicit_params(k)
     scorer(default)
     best: dict[str, DraftParams] = {"default": default}
-    best["backoff"] = _best(scorer, [explicit_params(k, mixing="backoff")])
+    best["backoff"] = explicit_params(k, mixing="backoff")
     progress(f"backoff: {scorer(best['backoff']):.3f}")
     grid = [explicit_params(k, escape_weight=b) for b in ESCAPE_WEIGHTS]
     wb = _best(scorer, [default, *grid])
@@ -211,12 +213,6 @@ def search(scorer: Scorer, k: int, progress: Callable[[str], None]) -> dict[str,
     best["seed"] = seed
     progress(f"seed: {describe(seed)}: {scorer(seed):.3f}")
     return best
-
-
-def pick(scorer: Scorer, best: dict[str, DraftParams]) -> DraftParams:
-    """The winner: the highest train score (ties: the first in the table's order, the
-    default first)."""
-    return _best(scorer, best.values())
 
 
 def greedy_traces(
@@ -271,7 +267,7 @@ def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None
     train, heldout = split(traces, options.train_fraction, options.seed)
     scorer = Scorer(simulate, train, options.metric)
     best = search(scorer, options.k, say)
-    winner = pick(scorer, best)
+    winner = _best(scorer, best.values())  # ties: the first in the table, the default first
     held = Scorer(simulate, heldout, options.metric)
     rows = []
     marked = False  # the winner's first row is marked (the default's, when it won)
@@ -311,9 +307,8 @@ def tuned_record(result: dict) -> dict[str, Any]:
     chosen = next(row for row in result["rows"] if row["chosen"])
     default = next(row for row in result["rows"] if row["name"] == "default")
     settings = result["settings"]
-    params = {k: v for k, v in result["best"].items() if k in TUNABLE_FIELDS}
     return {
-        "params": params,
+        "params": dict(result["best"]),
         "metric": result["metric"],
         "train": chosen["train"][result["metric"]],
         "heldout": chosen["heldout"][result["metric"]],

@@ -35,6 +35,7 @@ def next_draft_length(
 ) -> int:
     """The next round's draft length after a round that asked for `current` tokens, got
     `drafted` from the drafter and had `accepted` of them accepted (see the module's rule).
+    For a draft tree, `drafted` is the tree's depth (the positions it spans), not its size.
 
     Always in [k_min, k_max] (k_min is raised to 1 and capped at k_max).
     """

@@ -472,13 +472,10 @@ class ServiceStack:
     def run(self, variant: Variant, prompt: str, seed: int) -> RunRecord:
         from google.protobuf import json_format
 
+        from speculant.strategies import STRATEGY_TO_PROTO
         from speculant.v1 import common_pb2, gateway_pb2
 
-        strategy = (
-            common_pb2.DRAFT_STRATEGY_SAMPLING
-            if self.settings.strategy == "sampling"
-            else common_pb2.DRAFT_STRATEGY_GREEDY
-        )
+        strategy = STRATEGY_TO_PROTO[self.settings.strategy]
         request = gateway_pb2.GenerateRequest(
             prompt=prompt,
             max_tokens=self.settings.max_tokens,

@@ -7,7 +7,12 @@ import json
 import logging
 import sys
 
-from speculant.config import MIXING_MODES, DraftConfig
+from speculant.config import (
+    DEFAULT_DRAFT_REFRESH_S,
+    DEFAULT_NEXT_ROUND_DRAFTS,
+    MIXING_MODES,
+    DraftConfig,
+)
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
 from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
@@ -91,7 +96,7 @@ def register(
     serve.add_argument(
         "--draft-refresh",
         type=float,
-        default=10.0,
+        default=DEFAULT_DRAFT_REFRESH_S,
         metavar="S",
         help="resolve dns:NAME:PORT draft addresses again this often (0 = only at start-up)",
     )
@@ -111,7 +116,7 @@ def register(
     serve.add_argument(
         "--next-round-drafts",
         type=_non_negative_int,
-        default=None,
+        default=DEFAULT_NEXT_ROUND_DRAFTS,
         help="drafts the draft service prepares for the likeliest outcomes of each verification "
         "while the verifier runs, so the next round need not wait for a draft call "
         "(default 0 = off: slower on a 2-core host; it can only pay where the draft service "
@@ -214,11 +219,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             draft_timeout_s=args.draft_timeout,
             draft_refresh_s=args.draft_refresh,
             max_concurrent=args.max_concurrent,
-            **(
-                {}
-                if args.next_round_drafts is None
-                else {"next_round_drafts": args.next_round_drafts}
-            ),
+            next_round_drafts=args.next_round_drafts,
             auth_token=token,
             tls=tls,
             backend_tls=backend_tls,
@@ -327,40 +328,30 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         verifier_config=VerifierConfig(model_name=args.model),
         draft_config=draft,
     )
+    from gateway.openai_format import generate_response
+
     result = decoder.generate(prompt=args.prompt, generation_config=generation)
-    return {
-        "text": result.text,
-        "token_ids": result.token_ids,
-        "finish_reason": result.finish_reason.value,
-        "stats": result.stats.as_dict(),
-    }
+    return generate_response(result)
 
 
 def _generate_via_gateway(args: argparse.Namespace) -> dict:
-    import grpc
     from google.protobuf import json_format
 
-    from speculant.auth import bearer_metadata, load_token
-    from speculant.client import generate_request
-    from speculant.errors import RemoteError
-    from speculant.tls import client_tls_from_args, open_channel
-    from speculant.v1 import gateway_pb2_grpc
+    from speculant.auth import load_token
+    from speculant.client import SpeculantClient
+    from speculant.tls import client_tls_from_args
 
-    request = generate_request(
-        args.prompt,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        seed=args.seed,
-        stop=args.stop,
-        **_draft_options(args),
-    )
-    metadata = bearer_metadata(load_token(args.auth_token_file))
-    with open_channel(args.gateway, client_tls_from_args(args, "--tls")) as channel:
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        try:
-            response = stub.Generate(request, timeout=600, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise RemoteError.from_rpc_error(exc, f"gateway {args.gateway}") from exc
+    tls = client_tls_from_args(args, "--tls")
+    token = load_token(args.auth_token_file)
+    with SpeculantClient(args.gateway, tls=tls, token=token) as client:
+        response = client.generate(
+            args.prompt,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            stop=args.stop,
+            **_draft_options(args),
+        )
     result = json_format.MessageToDict(
         response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
 from speculant.request_context import REQUEST_ID, request_metadata
+from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls, open_channel
 from speculant.types import (
@@ -42,11 +44,6 @@ from speculant.v1 import (
 )
 
 log = logging.getLogger(__name__)
-
-STRATEGY_TO_PROTO = {
-    "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
-    "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
-}
 
 
 # Reconnect quickly after a backend restarts (gRPC's default backoff starts at 1 s, up to 120 s).
@@ -173,8 +170,6 @@ def expand_addresses(addresses: Sequence[str]) -> list[str]:
 
 # A draft replica that failed is asked last for this long (then it is back in the rotation).
 REPLICA_HOLD_OFF_S = 1.0
-# How often `dns:NAME:PORT` draft addresses are resolved again (replicas come and go).
-DEFAULT_DRAFT_REFRESH_S = 10.0
 
 
 @dataclass(eq=False)
@@ -243,7 +238,8 @@ class GrpcDraftClient:
                 known.get(a) or _Replica(a, draft_pb2_grpc.DraftServiceStub(_channel(a, self._tls)))
                 for a in addresses
             ]
-            gone = [r for r in self._replicas if r.address not in set(addresses)]
+            current = set(addresses)
+            gone = [r for r in self._replicas if r.address not in current]
             self._replicas = replicas
         for replica in gone:
             log.info("draft replica %s left the set", replica.address)
@@ -407,6 +403,7 @@ class GrpcDraftCall:
         self._replica = replica
         self._exchange: StreamExchange | None = exchange
         self._request = request
+        self._greedy = _is_greedy(request)
         self._expects_next_round = request.next_round_drafts > 0
         self._expects_draft = not (self._expects_next_round and request.next_round_only)
         self._draft: DraftProposal | None = None
@@ -420,7 +417,7 @@ class GrpcDraftCall:
                 if exchange is None:
                     raise UnavailableError("the draft call was discarded")
                 response = self._client._receive(self._replica, exchange)
-                self._draft = proposal_from_message(response, _is_greedy(self._request))
+                self._draft = proposal_from_message(response, self._greedy)
             except (RemoteError, UnavailableError) as exc:
                 self.discard()
                 self._client._hold_off(self._replica)
@@ -437,7 +434,7 @@ class GrpcDraftCall:
         try:
             if self._expects_draft and self._draft is None:  # the draft's response comes first
                 first = self._client._receive(self._replica, self._exchange)
-                self._draft = proposal_from_message(first, _is_greedy(self._request))
+                self._draft = proposal_from_message(first, self._greedy)
             response = self._client._receive(self._replica, self._exchange)
         except (RemoteError, UnavailableError) as exc:
             log.debug("no next-round drafts: %s", exc)
@@ -445,9 +442,10 @@ class GrpcDraftCall:
             return []
         self._expects_next_round = False
         self._finish_unless_next_round()
-        greedy = _is_greedy(self._request)
         return [
-            NextRoundDraft(d.accepted_count, d.next_token_id, proposal_from_message(d, greedy))
+            NextRoundDraft(
+                d.accepted_count, d.next_token_id, proposal_from_message(d, self._greedy)
+            )
             for d in response.next_round
         ]
 

@@ -320,14 +320,15 @@ class Coordinator:
                     proposal = ready.truncated(k)  # no waiting for a draft call this round
                     stats.prepared_drafts_used += 1
                 else:
-                    proposal = self._await_draft(call, stats) if k > 0 else DraftProposal()
+                    proposal = self._await_draft(call, stats)  # no call (k = 0): no draft
                 stats.draft_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
                 sampled = request.draft.strategy == "sampling"
                 try:
                     dists = proposal.distributions if sampled and proposal.token_ids else None
-                    tree = (proposal.parents,) if proposal.parents else ()  # only when a tree
-                    result = self.verifier.verify(session_id, proposal.token_ids, dists, *tree)
+                    result = self.verifier.verify(
+                        session_id, proposal.token_ids, dists, proposal.parents or None
+                    )
                 except BaseException:
                     if call is not None:
                         call.discard()
@@ -340,7 +341,8 @@ class Coordinator:
                 }
                 stats.draft_seconds += time.perf_counter() - t0
                 outcome = (result.accepted_count, result.token_ids[-1])
-                positions = max(proposal.depths(), default=-1) + 1  # a chain's length
+                # a chain's length, a tree's depth
+                positions = max(proposal.depths(), default=-1) + 1
                 stats.record_round(
                     len(proposal.token_ids),
                     result.accepted_count,

@@ -20,6 +20,7 @@ generation between two rounds and frees its verifier session.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import select
@@ -44,7 +45,7 @@ from gateway.openai_format import (
     renamed,
 )
 from gateway.server import GatewayServicer
-from speculant.auth import bearer_matches
+from speculant.auth import bearer_matches, expected_bearer
 from speculant.errors import InvalidArgumentError, OutOfRangeError, SpeculantError
 from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
 from speculant.tls import ServerTls
@@ -138,11 +139,16 @@ class HttpApi:
     ) -> None:
         """auth_token: require ``Authorization: Bearer <auth_token>`` (not on /health).
         model_name: the name /v1/models and the answers give (default: the verifier's)."""
-        if auth_token is not None and not auth_token:
-            raise ValueError("an empty token would let everyone in")
         self.servicer = servicer
-        self._expected = f"Bearer {auth_token}".encode() if auth_token else None
+        self._expected = None if auth_token is None else expected_bearer(auth_token)
         self._model_name = model_name
+        self._routes: dict[tuple[str, str], Callable[[_Handler], None]] = {
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/generate"): self._generate,
+            ("POST", "/v1/completions"): lambda h: self._openai(h, chat=False),
+            ("POST", "/v1/chat/completions"): lambda h: self._openai(h, chat=True),
+        }
         self.created = int(time.time())
 
     def model_name(self) -> str:
@@ -156,13 +162,7 @@ class HttpApi:
         """Answer one request (a connection may carry several, one after another)."""
         handler.streaming = False
         path = handler.path.split("?", 1)[0]
-        routes: dict[tuple[str, str], Callable[[_Handler], None]] = {
-            ("GET", "/health"): self._health,
-            ("GET", "/v1/models"): self._models,
-            ("POST", "/generate"): self._generate,
-            ("POST", "/v1/completions"): lambda h: self._openai(h, chat=False),
-            ("POST", "/v1/chat/completions"): lambda h: self._openai(h, chat=True),
-        }
+        routes = self._routes
         route = routes.get((method, path))
         try:
             if route is None:
@@ -228,9 +228,9 @@ class HttpApi:
             if first is None:
                 return  # the client went away
             if request.stream:
-                self._stream(handler, writer, request, _chain(first, items))
+                self._stream(handler, writer, request, itertools.chain([first], items))
                 return
-            for item in _chain(first, items):
+            for item in itertools.chain([first], items):
                 if isinstance(item, GenerationResult):
                     handler.send_json(200, writer.response(item))
 
@@ -264,11 +264,6 @@ class HttpApi:
             handler.end_events()
         except OSError:  # the client went away; closing `items` frees the verifier session
             handler.close_connection = True
-
-
-def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -27,7 +27,8 @@ from google.protobuf import json_format
 from gateway.coordinator import GenerationResult
 from gateway.stopping import FinishReason
 from speculant.errors import InvalidArgumentError
-from speculant.v1 import gateway_pb2
+from speculant.strategies import STRATEGY_TO_PROTO
+from speculant.v1 import common_pb2, gateway_pb2
 
 # OpenAI's finish reasons: the model ended or a stop string matched -> "stop"; a length limit
 # (max_tokens, or the model's context) -> "length".
@@ -37,7 +38,9 @@ OPENAI_FINISH_REASONS = {
     FinishReason.MAX_TOKENS: "length",
     FinishReason.CONTEXT_LENGTH: "length",
 }
-_STRATEGY_NAMES = {"greedy": "DRAFT_STRATEGY_GREEDY", "sampling": "DRAFT_STRATEGY_SAMPLING"}
+_STRATEGY_NAMES = {  # "greedy" -> "DRAFT_STRATEGY_GREEDY" (the JSON form of the enum)
+    name: common_pb2.DraftStrategy.Name(value) for name, value in STRATEGY_TO_PROTO.items()
+}
 
 # Accepted fields of each endpoint. Unsupported OpenAI options are accepted only at their
 # default ("must be absent, null or this"); any other field is an unrecognized argument.

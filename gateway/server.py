@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import grpc
 
 from gateway.alignment import check_tokenizer_alignment
 from gateway.clients import (
-    DEFAULT_DRAFT_REFRESH_S,
     GrpcDraftClient,
     GrpcVerifierClient,
     request_deadline,
@@ -31,7 +30,12 @@ from gateway.coordinator import (
 from gateway.metrics import GatewayMetrics
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig, GenerationConfig
+from speculant.config import (
+    DEFAULT_DRAFT_REFRESH_S,
+    DEFAULT_NEXT_ROUND_DRAFTS,
+    DraftConfig,
+    GenerationConfig,
+)
 from speculant.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -40,6 +44,7 @@ from speculant.errors import (
 )
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
+from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams
@@ -55,11 +60,10 @@ FINISH_REASON_TO_PROTO = {
     FinishReason.STOP: gateway_pb2.FINISH_REASON_STOP,
     FinishReason.CONTEXT_LENGTH: gateway_pb2.FINISH_REASON_CONTEXT_LENGTH,
 }
-STRATEGY_FROM_PROTO = {
-    common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None,
-    common_pb2.DRAFT_STRATEGY_GREEDY: "greedy",
-    common_pb2.DRAFT_STRATEGY_SAMPLING: "sampling",
-}
+# DraftOptions fields that override a DraftParams field of the same name (strategy: an enum)
+_OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
+# a request's strategy: unset (None: the gateway's default) or a name
+REQUESTED_STRATEGY = {common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None, **STRATEGY_FROM_PROTO}
 MAX_TOKENS_LIMIT = 1 << 20
 
 
@@ -73,26 +77,13 @@ def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftCon
     Mixing parameters set neither in the request nor in the gateway's configuration stay unset
     (None): the draft service then uses its graph's tuned defaults.
     """
-    if options.strategy not in STRATEGY_FROM_PROTO:
+    if options.strategy not in REQUESTED_STRATEGY:
         raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
     values = asdict(DraftParams.from_config(defaults))
-    for name in (
-        "k",
-        "attentive_mix",
-        "order_bias",
-        "mix_temperature",
-        "reliability_weight",
-        "entropy_penalty",
-        "mixing",
-        "escape_weight",
-        "min_draft_prob",
-        "overlay_weight",
-        "tree_nodes",
-        "adaptive_k",
-    ):
+    for name in _OPTION_FIELDS:
         if options.HasField(name):
             values[name] = getattr(options, name)
-    values["strategy"] = STRATEGY_FROM_PROTO[options.strategy] or defaults.strategy
+    values["strategy"] = REQUESTED_STRATEGY[options.strategy] or defaults.strategy
     return DraftParams(**values)
 
 

@@ -37,6 +37,13 @@ def load_token(token_file: str | None, env: dict[str, str] | None = None) -> str
     return token or None
 
 
+def expected_bearer(token: str) -> bytes:
+    """The ``authorization`` value a server requires for `token` (ValueError if empty)."""
+    if not token:
+        raise ValueError("an empty token would let everyone in")
+    return f"Bearer {token}".encode()
+
+
 def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     """Call metadata carrying the token (empty without one)."""
     return (("authorization", f"Bearer {token}"),) if token else ()
@@ -46,9 +53,7 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
     """Rejects calls without ``authorization: Bearer <token>`` (health checks exempt)."""
 
     def __init__(self, token: str) -> None:
-        if not token:
-            raise ValueError("an empty token would let everyone in")
-        self._expected = f"Bearer {token}".encode()
+        self._expected = expected_bearer(token)
 
     def intercept_service(
         self,

@@ -22,14 +22,11 @@ import grpc
 
 from speculant.auth import bearer_metadata
 from speculant.errors import RemoteError
+from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.tls import ClientTls, open_channel
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 GATEWAY_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
-_STRATEGIES = {
-    "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
-    "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
-}
 
 
 def generate_request(
@@ -45,7 +42,7 @@ def generate_request(
     """A GenerateRequest; unset parameters take the gateway's defaults. draft: DraftOptions
     fields (k, strategy "greedy"/"sampling", attentive_mix, mixing, tree_nodes, ...)."""
     if "strategy" in draft:
-        draft["strategy"] = _STRATEGIES[draft["strategy"]]
+        draft["strategy"] = STRATEGY_TO_PROTO[draft["strategy"]]
     return gateway_pb2.GenerateRequest(
         prompt=prompt,
         messages=[gateway_pb2.ChatMessage(**m) for m in messages or ()],

@@ -26,6 +26,10 @@ MAX_DRAFT_K = 64
 # costs more than the waits it saves, pinned or not (see the README's benchmark notes), so it
 # is off by default; it can only pay where the draft service has spare CPU (not measured).
 DEFAULT_NEXT_ROUND_DRAFTS = 0
+# How often the draft service looks for a newly published graph (draft_service.reload), and how
+# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.clients), in seconds.
+DEFAULT_RELOAD_INTERVAL_S = 2.0
+DEFAULT_DRAFT_REFRESH_S = 10.0
 
 
 class GraphConfig(BaseSettings):

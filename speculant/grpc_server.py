@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from speculant.auth import BearerTokenInterceptor
 from speculant.errors import InvalidArgumentError, SpeculantError
+from speculant.interceptors import wrap_behaviour, wrappable
 from speculant.metrics import Metrics
 from speculant.request_context import RequestIdInterceptor
 from speculant.tls import ServerTls
@@ -134,9 +135,7 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None or handler.request_deserializer is None:
-            return handler
-        if not hasattr(handler, "_replace"):  # not grpc's own namedtuple handler: leave it
+        if not wrappable(handler) or handler.request_deserializer is None:
             return handler
         method = handler_call_details.method
         deserialize = handler.request_deserializer
@@ -161,40 +160,33 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
                     raise MalformedRequestError(method, request.error)
                 yield request
 
-        changes: dict[str, Any] = {"request_deserializer": tolerant}
-        if handler.unary_unary is not None:
-            inner_uu = handler.unary_unary
-            changes["unary_unary"] = lambda request, context: inner_uu(
-                check(request, context), context
-            )
-        if handler.unary_stream is not None:
-            inner_us = handler.unary_stream
-            changes["unary_stream"] = lambda request, context: inner_us(
-                check(request, context), context
-            )
-        if handler.stream_unary is not None:
-            inner_su = handler.stream_unary
+        def unary(inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
+            if not request_streaming:
+                return lambda request, context: inner(check(request, context), context)
 
             def stream_unary(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
                 try:
-                    return inner_su(checked_stream(requests), context)
+                    return inner(checked_stream(requests), context)
                 except MalformedRequestError as exc:
                     context.abort(exc.code, status_details(exc))
 
-            changes["stream_unary"] = stream_unary
-        if handler.stream_stream is not None:
-            inner_ss = handler.stream_stream
+            return stream_unary
+
+        def streaming(inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
+            if not request_streaming:
+                return lambda request, context: inner(check(request, context), context)
 
             def stream_stream(
                 requests: Iterator[Any], context: grpc.ServicerContext
             ) -> Iterator[Any]:
                 try:
-                    yield from inner_ss(checked_stream(requests), context)
+                    yield from inner(checked_stream(requests), context)
                 except MalformedRequestError as exc:
                     context.abort(exc.code, status_details(exc))
 
-            changes["stream_stream"] = stream_stream
-        return handler._replace(**changes)
+            return stream_stream
+
+        return wrap_behaviour(handler, unary, streaming, request_deserializer=tolerant)
 
 
 class ServiceServer:

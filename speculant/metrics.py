@@ -28,6 +28,8 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
+from speculant.interceptors import wrap_behaviour, wrappable
+
 log = logging.getLogger(__name__)
 
 # Seconds: from a draft proposal (~0.1 ms) to a long generation.
@@ -141,7 +143,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None or not hasattr(handler, "_replace"):
+        if not wrappable(handler):
             return handler
         service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
         metrics = self._metrics
@@ -206,16 +208,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
 
             return call
 
-        changes: dict[str, Any] = {}
-        if handler.unary_unary is not None:
-            changes["unary_unary"] = unary(handler.unary_unary, False)
-        if handler.stream_unary is not None:
-            changes["stream_unary"] = unary(handler.stream_unary, True)
-        if handler.unary_stream is not None:
-            changes["unary_stream"] = streaming(handler.unary_stream, False)
-        if handler.stream_stream is not None:
-            changes["stream_stream"] = streaming(handler.stream_stream, True)
-        return handler._replace(**changes)
+        return wrap_behaviour(handler, unary, streaming)
 
 
 def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 import grpc
 
+from speculant.interceptors import wrap_behaviour, wrappable
+
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 128
 LOG_FORMATS = ("text", "json")
@@ -83,7 +85,7 @@ class RequestIdInterceptor(grpc.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
-        if handler is None or not hasattr(handler, "_replace"):
+        if not wrappable(handler):
             return handler
         given = request_id_from_metadata(handler_call_details.invocation_metadata)
 
@@ -94,28 +96,21 @@ class RequestIdInterceptor(grpc.ServerInterceptor):
                 context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
             return request_id
 
-        def unary(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def unary(inner: Callable[..., Any], _request_streaming: bool) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Any:
                 with request_id_scope(begin(context)):
                     return inner(request, context)
 
             return call
 
-        def streaming(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def streaming(inner: Callable[..., Any], _request_streaming: bool) -> Callable[..., Any]:
             def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                 with request_id_scope(begin(context)):
                     yield from inner(request, context)
 
             return call
 
-        changes: dict[str, Any] = {}
-        for kind in ("unary_unary", "stream_unary"):
-            if getattr(handler, kind) is not None:
-                changes[kind] = unary(getattr(handler, kind))
-        for kind in ("unary_stream", "stream_stream"):
-            if getattr(handler, kind) is not None:
-                changes[kind] = streaming(getattr(handler, kind))
-        return handler._replace(**changes)
+        return wrap_behaviour(handler, unary, streaming)
 
 
 class RequestIdFilter(logging.Filter):

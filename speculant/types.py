@@ -78,7 +78,7 @@ class DraftParams:
     @property
     def drafts_tree(self) -> bool:
         """Whether drafts are trees: tree_nodes > 0, no overlay, no min_draft_prob (overlay
-        drafts and adaptive-length drafts are chains)."""
+        drafts and drafts cut by min_draft_prob are chains; adaptive_k sets a tree's depth)."""
         return self.tree_nodes > 0 and self.overlay_weight == 0 and self.min_draft_prob == 0
 
     @property

@@ -41,7 +41,9 @@ class ScriptedVerifier:
         self.position = 1
         return self.script[0]
 
-    def verify(self, session_id, draft_ids, draft_distributions=None) -> VerifyResult:
+    def verify(
+        self, session_id, draft_ids, draft_distributions=None, draft_parents=None
+    ) -> VerifyResult:
         self.verify_calls.append(len(draft_ids))
         start = self.position
         accepted = 0

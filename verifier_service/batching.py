@@ -49,10 +49,12 @@ class VerifyJob:
     done: bool = False
 
 
-def _finish(model: LoadedModel, job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
-    """Rejection sampling of one job's drafts from its logits [k+1, V]; crop its cache so that
-    it keeps the pending token and the accepted drafts (the last emitted token is pending)."""
-    drafts = torch.tensor(job.input_ids[1:], dtype=torch.long, device=model.device)  # [k]
+def _finish(
+    model: LoadedModel, job: VerifyJob, logits: torch.Tensor, drafts: torch.Tensor
+) -> RejectionOutput:
+    """Rejection sampling of one job's drafts [k] from its logits [k+1, V]; crop its cache so
+    that it keeps the pending token and the accepted drafts (the last emitted token is
+    pending)."""
     out = rejection_sample(logits, drafts, job.q, job.temperature, job.generator)
     if out.accepted_count < len(drafts):
         model.crop(job.cache, job.start + 1 + out.accepted_count)
@@ -63,14 +65,14 @@ def run_job(model: LoadedModel, job: VerifyJob) -> RejectionOutput:
     """One job alone: its own forward over [pending, d_1..d_k], then :func:`_finish`."""
     input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [k+1]
     logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(job.input_ids))
-    return _finish(model, job, logits)  # logits [k+1, V]
+    return _finish(model, job, logits, input_ids[1:])  # logits [k+1, V], drafts [k]
 
 
 def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
     """Run the jobs in one forward (one job: :func:`run_job`); set each job's output or error.
 
-    A failed forward fails every job of the batch and leaves their caches as they were (the
-    batch runs on a cache of its own, written back only after the forward).
+    A failed forward fails every job of the batch; a batch of two or more leaves their caches
+    as they were (it runs on a cache of its own, written back only after the forward).
     """
     try:
         if len(jobs) == 1:
@@ -85,7 +87,8 @@ def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
         return
     for job, rows in zip(jobs, logits, strict=True):
         try:
-            job.output = _finish(model, job, rows)
+            drafts = torch.tensor(job.input_ids[1:], dtype=torch.long, device=model.device)
+            job.output = _finish(model, job, rows, drafts)
         except Exception as exc:
             job.error = exc
 

@@ -5,9 +5,10 @@ capturing, kwargs plumbing, mask builders and per-module hooks cost about as muc
 of a 260K-parameter model. ``LeanLlama`` runs the same torch operations as transformers'
 ``LlamaForCausalLM`` (sdpa attention), in the same order and dtypes, on the model's own weight
 tensors (no copies), and writes into the same ``DynamicCache``. It is used only for
-configurations it knows (``LeanLlama.for_model``) and only after ``matches_reference`` has shown
-bit-identical logits and cache contents on this model, device and dtype (LoadedModel does both);
-anything else runs the transformers forward.
+configurations it knows (``LeanLlama.for_model``) and only after
+``LoadedModel._lean_matches_reference`` has shown bit-identical logits and cache contents on this
+model, device and dtype (``LoadedModel.lean`` does both); anything else runs the transformers
+forward.
 
 Shapes: n new tokens, L = cached + new positions, E hidden size, H query heads, G key/value
 heads, D head size, V vocabulary.
@@ -45,13 +46,14 @@ class LeanLlama:
         body = model.model
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
+        self.groups = self.heads // self.kv_heads  # query heads per key/value head
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scaling = self.head_dim**-0.5
         self.eps = config.rms_norm_eps
         self.embed = body.embed_tokens.weight  # [V, E]
         self.final_norm = body.norm.weight  # [E]
         self.lm_head = model.lm_head.weight  # [V, E]
-        self.inv_freq = body.rotary_emb.inv_freq  # [D/2]
+        self.inv_freq = body.rotary_emb.inv_freq.float()  # [D/2]
         self.rope_scaling = body.rotary_emb.attention_scaling
         self.layers = [
             _Layer(
@@ -96,7 +98,7 @@ class LeanLlama:
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """cos, sin [1, 1, n, D] for positions [n]."""
-        freqs = positions[None, :, None].float() * self.inv_freq.float()  # [1, n, D/2]
+        freqs = positions[None, :, None].float() * self.inv_freq  # [1, n, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [1, n, D]
         cos = (emb.cos() * self.rope_scaling).to(dtype)
         sin = (emb.sin() * self.rope_scaling).to(dtype)
@@ -110,12 +112,11 @@ class LeanLlama:
 
     def _repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
         """[1, G, L, D] -> [1, H, L, D] (each key/value head serves H/G query heads)."""
-        groups = self.heads // self.kv_heads
-        if groups == 1:
+        if self.groups == 1:
             return x
         batch, kv_heads, length, dim = x.shape
-        x = x[:, :, None, :, :].expand(batch, kv_heads, groups, length, dim)
-        return x.reshape(batch, kv_heads * groups, length, dim)
+        x = x[:, :, None, :, :].expand(batch, kv_heads, self.groups, length, dim)
+        return x.reshape(batch, kv_heads * self.groups, length, dim)
 
     def _attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
@@ -126,14 +127,13 @@ class LeanLlama:
         n = q.shape[2]
         if mask is None:  # one query row that sees the whole cache: grouped heads in the kernel
             out = F.scaled_dot_product_attention(
-                q, k, v, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
+                q, k, v, scale=self.scaling, enable_gqa=self.groups > 1
             )
         else:
             out = F.scaled_dot_product_attention(
                 q, self._repeat_kv(k), self._repeat_kv(v), attn_mask=mask, scale=self.scaling
             )
-        out = out.reshape(out.shape[0], -1, n, v.shape[-1]).transpose(1, 2).contiguous()
-        return out.reshape(1, n, -1).contiguous()
+        return out.transpose(1, 2).contiguous().reshape(1, n, -1)  # [1, n, H*D]
 
     # -- the forward ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,7 @@ class LoadedModel:
 
     def __post_init__(self) -> None:
         self.model.eval()
-        # Position ids for any forward are a slice of this (a view: no allocation per call).
+        # Position ids of chain forwards are a slice of this (a view: no allocation per call).
         self._positions = torch.arange(self.max_context, device=self.device).unsqueeze(0)
         self._crop_negative = _crop_uses_negative_count(DynamicCache(config=self.model.config))
         self._supports_trees: bool | None = None  # checked on first use
@@ -158,11 +159,7 @@ class LoadedModel:
         attention kernels (e.g. flash attention) and cache layouts (sliding windows) cannot;
         the verifier then checks only a tree's first branch."""
         if self._supports_trees is None:
-            try:
-                self._supports_trees = self._tree_matches_chains()
-            except Exception as exc:  # any failure means: no trees on this model
-                log.warning("draft trees disabled for %s: %s", self.name, exc)
-                self._supports_trees = False
+            self._supports_trees = self._passes(self._tree_matches_chains, "draft trees disabled")
         return self._supports_trees
 
     @property
@@ -171,12 +168,18 @@ class LoadedModel:
         a custom 4D attention mask): checked once against single forwards on scratch caches.
         When not, the verifier runs every Verify on its own."""
         if self._supports_batching is None:
-            try:
-                self._supports_batching = self._batch_matches_single()
-            except Exception as exc:  # any failure means: no batching on this model
-                log.warning("verify batching disabled for %s: %s", self.name, exc)
-                self._supports_batching = False
+            self._supports_batching = self._passes(
+                self._batch_matches_single, "verify batching disabled"
+            )
         return self._supports_batching
+
+    def _passes(self, check: Callable[[], bool], off: str, level: int = logging.WARNING) -> bool:
+        """Run a capability check; an exception counts as a failure (logged as `off`)."""
+        try:
+            return check()
+        except Exception as exc:  # any failure means: not on this model
+            log.log(level, "%s for %s: %s", off, self.name, exc)
+            return False
 
     def _batch_matches_single(self) -> bool:
         if not all(type(layer) is DynamicLayer for layer in self.new_cache().layers):
@@ -292,11 +295,11 @@ class LoadedModel:
             self._lean_checked = True
             candidate = LeanLlama.for_model(self.model) if self.use_lean else None
             if candidate is not None:
-                try:
-                    same = self._lean_matches_reference(candidate)
-                except Exception as exc:  # any failure: keep the transformers forward
-                    log.info("lean forward off for %s: %s", self.name, exc)
-                    same = False
+                same = self._passes(
+                    lambda: self._lean_matches_reference(candidate),
+                    "lean forward off",
+                    logging.INFO,
+                )
                 self._lean = candidate if same else None
                 log.info("lean forward %s for %s", "on" if same else "off", self.name)
         return self._lean

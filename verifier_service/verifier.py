@@ -269,12 +269,7 @@ class LocalVerifier:
         if draft_parents:
             return self._verify_tree(session_id, drafts, [int(p) for p in draft_parents], q)
         with self.sessions.use(session_id) as session:
-            room = self.model.max_context - session.length - 1  # drafts that still fit
-            if room < 0:
-                raise OutOfRangeError(
-                    f"session {session_id!r} is at the model's context limit"
-                    f" ({self.model.max_context} tokens)"
-                )
+            room = self._room(session_id, session.length)  # drafts that still fit
             if len(drafts) > room:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
@@ -296,6 +291,17 @@ class LocalVerifier:
         self._count(forward=1, drafts=k, accepted=out.accepted_count)
         return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
 
+    def _room(self, session_id: str, length: int) -> int:
+        """Draft positions that still fit after a session of `length` cached tokens and its
+        pending token; OUT_OF_RANGE when the context is already full."""
+        room = self.model.max_context - length - 1
+        if room < 0:
+            raise OutOfRangeError(
+                f"session {session_id!r} is at the model's context limit"
+                f" ({self.model.max_context} tokens)"
+            )
+        return room
+
     def _verify_tree(
         self, session_id: str, drafts: list[int], parents: list[int], q: torch.Tensor | None
     ) -> VerifyResult:
@@ -311,12 +317,7 @@ class LocalVerifier:
                     f"draft_parents[{i}]", f"must be -1 or an earlier index (< {i}), got {parent}"
                 )
         with self.sessions.use(session_id) as session:
-            room = self.model.max_context - session.length - 1  # tree depth that still fits
-            if room < 0:
-                raise OutOfRangeError(
-                    f"session {session_id!r} is at the model's context limit"
-                    f" ({self.model.max_context} tokens)"
-                )
+            room = self._room(session_id, session.length)  # tree depth that still fits
             tree = DraftProposal(drafts, parents=parents)
             kept = [i for i, depth in enumerate(tree.depths()) if depth < room]  # what fits
             if not self.model.supports_trees:

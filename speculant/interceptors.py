@@ -1,0 +1,43 @@
+"""Wrapping a gRPC method handler's behaviour, as each of the project's server interceptors does
+(request ids, metrics, malformed requests).
+
+A handler has one behaviour of four kinds: unary_unary and stream_unary return one response,
+unary_stream and stream_stream yield responses; request_streaming says whether the first
+argument is a request iterator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+# wrap(inner behaviour, request_streaming) -> the behaviour that replaces it
+Wrap = Callable[[Callable[..., Any], bool], Callable[..., Any]]
+
+_KINDS = (  # (behaviour, request_streaming, response_streaming)
+    ("unary_unary", False, False),
+    ("stream_unary", True, False),
+    ("unary_stream", False, True),
+    ("stream_stream", True, True),
+)
+
+
+def wrappable(handler: grpc.RpcMethodHandler | None) -> bool:
+    """Whether handler is grpc's own (namedtuple) method handler, the kind interceptors change."""
+    return handler is not None and hasattr(handler, "_replace")
+
+
+def wrap_behaviour(
+    handler: grpc.RpcMethodHandler, unary: Wrap, streaming: Wrap, **changes: Any
+) -> grpc.RpcMethodHandler:
+    """handler with its behaviour wrapped: by unary(...) when it returns one response, by
+    streaming(...) when it yields responses; changes replace other fields (e.g. a
+    deserializer)."""
+    for kind, request_streaming, response_streaming in _KINDS:
+        inner = getattr(handler, kind)
+        if inner is not None:
+            wrap = streaming if response_streaming else unary
+            changes[kind] = wrap(inner, request_streaming)
+    return handler._replace(**changes)
