@@ -19,6 +19,10 @@ DraftStrategyName = Literal["greedy", "sampling"]
 MixingName = Literal["seed", "backoff", "witten-bell"]
 MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
 MAX_DRAFT_K = 64
+# Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores
+# overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
+MAX_MIXING_WEIGHT = 1e6
+MIN_MIX_TEMPERATURE = 1e-6
 # Drafts the draft service prepares each round for the likeliest outcomes of the verification,
 # while the verifier runs (the gateway's --next-round-drafts; see gateway.coordinator). On the
 # tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
@@ -73,14 +77,14 @@ class DraftConfig(BaseSettings):
     k: int = Field(5, ge=1, le=MAX_DRAFT_K)
     strategy: DraftStrategyName = "greedy"
     attentive_mix: bool = True
-    order_bias: float = Field(1.0, ge=0.0)
-    mix_temperature: float = Field(1.0, gt=0.0)
-    reliability_weight: float = Field(1.0, ge=0.0)
-    entropy_penalty: float = Field(0.5, ge=0.0)
+    order_bias: float = Field(1.0, ge=0.0, le=MAX_MIXING_WEIGHT)
+    mix_temperature: float = Field(1.0, ge=MIN_MIX_TEMPERATURE, allow_inf_nan=False)
+    reliability_weight: float = Field(1.0, ge=0.0, le=MAX_MIXING_WEIGHT)
+    entropy_penalty: float = Field(0.5, ge=0.0, le=MAX_MIXING_WEIGHT)
     mixing: MixingName = "witten-bell"
-    escape_weight: float = Field(8.0, gt=0.0, allow_inf_nan=False)
+    escape_weight: float = Field(8.0, gt=0.0, le=MAX_MIXING_WEIGHT)
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
-    overlay_weight: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    overlay_weight: float = Field(0.0, ge=0.0, le=MAX_MIXING_WEIGHT)
     tree_nodes: int = Field(0, ge=0, le=MAX_DRAFT_K)
     adaptive_k: bool = False
 

@@ -19,7 +19,14 @@ from typing import Any, Literal
 
 import numpy as np
 
-from speculant.config import MAX_DRAFT_K, MIXING_MODES, DraftConfig, MixingName
+from speculant.config import (
+    MAX_DRAFT_K,
+    MAX_MIXING_WEIGHT,
+    MIN_MIX_TEMPERATURE,
+    MIXING_MODES,
+    DraftConfig,
+    MixingName,
+)
 from speculant.errors import InvalidArgumentError
 
 DraftStrategyName = Literal["greedy", "sampling"]
@@ -128,14 +135,21 @@ class DraftParams:
             raise InvalidArgumentError(
                 "strategy", f"must be 'greedy' or 'sampling', got {self.strategy!r}"
             )
+        top = MAX_MIXING_WEIGHT
         for name in ("order_bias", "reliability_weight", "entropy_penalty"):
             value = getattr(self, name)
-            if value is not None and not (value >= 0 and np.isfinite(value)):
-                raise InvalidArgumentError(name, f"must be a finite number >= 0, got {value}")
-        for name in ("mix_temperature", "escape_weight"):
-            value = getattr(self, name)
-            if value is not None and not (value > 0 and np.isfinite(value)):
-                raise InvalidArgumentError(name, f"must be a finite number > 0, got {value}")
+            if value is not None and not 0 <= value <= top:  # NaN fails too
+                raise InvalidArgumentError(name, f"must be a number in [0, {top:g}], got {value}")
+        if self.escape_weight is not None and not 0 < self.escape_weight <= top:
+            raise InvalidArgumentError(
+                "escape_weight", f"must be a number in (0, {top:g}], got {self.escape_weight}"
+            )
+        low = MIN_MIX_TEMPERATURE
+        if self.mix_temperature is not None and not low <= self.mix_temperature < float("inf"):
+            raise InvalidArgumentError(
+                "mix_temperature",
+                f"must be a finite number >= {low:g}, got {self.mix_temperature}",
+            )
         if self.mixing is not None and self.mixing not in MIXING_MODES:
             raise InvalidArgumentError(
                 "mixing", f"must be one of {', '.join(MIXING_MODES)}, got {self.mixing!r}"
@@ -144,9 +158,9 @@ class DraftParams:
             raise InvalidArgumentError(
                 "min_draft_prob", f"must be a number in [0, 1], got {self.min_draft_prob}"
             )
-        if not (self.overlay_weight >= 0 and np.isfinite(self.overlay_weight)):
+        if not 0 <= self.overlay_weight <= top:
             raise InvalidArgumentError(
-                "overlay_weight", f"must be a finite number >= 0, got {self.overlay_weight}"
+                "overlay_weight", f"must be a number in [0, {top:g}], got {self.overlay_weight}"
             )
         return self
 

@@ -446,3 +446,38 @@ def test_release_pages_keeps_lookups_working(graph: NGramGraph, drafter: Drafter
     if sys.platform.startswith("linux"):
         assert released > 0  # the data.mdb mapping was found and advised
     assert drafter.propose([7, 1], params).token_ids == before == [2, 3, 9]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("overlay_weight", 1.7976931348623157e308),  # found by the fuzz test: q became NaN
+        ("order_bias", 1e7),
+        ("reliability_weight", float("inf")),
+        ("entropy_penalty", float("nan")),
+        ("escape_weight", 2e6),
+        ("mix_temperature", 1e-9),
+    ],
+)
+def test_mixing_weights_beyond_their_bounds_are_invalid(drafter, field, value):
+    with pytest.raises(InvalidArgumentError) as info:
+        drafter.propose([1, 2, 3], DraftParams(k=4, **{field: value}))
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sampling"])
+@pytest.mark.parametrize("tree_nodes", [0, 6])
+def test_mixing_weights_at_their_bounds_still_draft(drafter, strategy, tree_nodes):
+    """The bounds are where float64 still holds: every extreme combination gives a draft."""
+    top = 1e6
+    for mixing in ("seed", "witten-bell"):
+        for extreme in (
+            {"order_bias": top, "reliability_weight": top, "entropy_penalty": top},
+            {"mix_temperature": 1e-6, "escape_weight": top, "overlay_weight": top},
+        ):
+            params = DraftParams(
+                k=4, strategy=strategy, tree_nodes=tree_nodes, mixing=mixing, **extreme
+            )
+            for context in ([1, 2, 3], [1, 2, 3, 1, 2, 3], [10]):
+                proposal = drafter.propose(context, params, seed=1)
+                assert proposal.token_ids and all(0 <= t < VOCAB for t in proposal.token_ids)
