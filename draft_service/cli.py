@@ -23,7 +23,13 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from speculant.config import DEFAULT_RELOAD_INTERVAL_S, MIXING_MODES, DraftConfig
+from speculant.config import (
+    DEFAULT_DRAFT_K,
+    DEFAULT_RELOAD_INTERVAL_S,
+    DEFAULT_TREE_NODES,
+    MIXING_MODES,
+    DraftConfig,
+)
 from speculant.errors import InvalidArgumentError
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
@@ -72,7 +78,15 @@ def register(
     )
     tune.add_argument("--max-prompts", type=int, default=32, help="prompts read (train + held out)")
     tune.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
-    tune.add_argument("--k", type=int, default=8, help="draft tokens per round")
+    tune.add_argument(
+        "--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per round (a tree's depth)"
+    )
+    tune.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=DEFAULT_TREE_NODES,
+        help=f"the draft tree's size scored (0 = a chain of k; default {DEFAULT_TREE_NODES})",
+    )
     tune.add_argument(
         "--train-fraction", type=float, default=0.5, help="share of prompts fitted on"
     )
@@ -224,6 +238,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         max_prompts=args.max_prompts,
         max_tokens=args.max_tokens,
         k=args.k,
+        tree_nodes=args.tree_nodes,
         train_fraction=args.train_fraction,
         metric=args.metric,
         seed=args.seed,

@@ -20,7 +20,7 @@ Terms:
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
   draft call after verification when the outcome is one of them.
-- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, no overlay, no min_draft_prob)
+- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, no min_draft_prob)
   the draft is a tree of up to tree_nodes tokens, at most k deep, grown best-first by path
   probability q(t_1) * ... * q(t_d) under the mixed q. ``greedy``: each node offers its
   TREE_WIDTH likeliest successors (each q a point mass); the greedy chain is its first branch.
@@ -44,7 +44,7 @@ import heapq
 import itertools
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import lmdb
 import numpy as np
@@ -61,6 +61,8 @@ _PACK_ONE = struct.Struct(">I").pack
 _DEAD_END = (-1, 0, 0.0)
 DEFAULT_CACHE_SIZE = 32768  # greedy steps kept (a few MB at most)
 TREE_WIDTH = 3  # successors a tree node offers (3 beat 2 on the tinystories dev prompts)
+# A tree step: (matched order, [(successor, q, source), ...] likeliest first), (0, []) at a dead end
+_TreeStep = tuple[int, list[tuple[int, float, str]]]
 
 
 class Drafter:
@@ -78,9 +80,9 @@ class Drafter:
         # counts for the tail) -> (token, matched order, q(token), source).
         self.cache_size = cache_size
         self._greedy_cache: dict[tuple, tuple[int, int, float]] = {}
-        # Draft trees: (tail, mixing parameters) -> (matched order, TREE_WIDTH likeliest
-        # successors with their q), same bound.
-        self._tree_cache: dict[tuple, tuple[int, list[tuple[int, float]]]] = {}
+        # Draft trees: (tail, mixing parameters[, overlay weight, overlay counts]) -> (matched
+        # order, the TREE_WIDTH likeliest successors with their q and source), same bound.
+        self._tree_cache: dict[tuple, _TreeStep] = {}
         # request params -> the same with unset mixing parameters filled from the graph's tuned
         # defaults (graph.draft_defaults) or the built-in ones; cleared at 1024 entries
         self._resolved: dict[DraftParams, DraftParams] = {}
@@ -156,13 +158,11 @@ class Drafter:
         cache = self._greedy_cache if greedy and self.cache_size > 0 else None
         mix_key = _mix_key(params)
         min_prob = params.min_draft_prob
-        overlay = None
-        if params.overlay_weight > 0 and len(context_ids) > 1:
-            overlay = ContextOverlay(np.asarray(context_ids, dtype=np.int64), max_order)
+        overlay = _overlay_for(context_ids, params, max_order)
         running = 1.0  # q(d_1) * ... * q(d_i) so far
         for _ in range(params.k):
             source = "graph"
-            found = overlay.successors(np.frombuffer(tail, _BE32)) if overlay is not None else ()
+            found = _overlay_successors(overlay, tail)
             if found:  # the context has successors for this tail: mix the combined counts
                 key = (tail, mix_key, params.overlay_weight, found) if greedy else None
                 step = cache.get(key) if cache is not None else None
@@ -221,26 +221,28 @@ class Drafter:
         max_order = self.max_order
         root = _tail_key(context_ids, max_order)
         mix_key = _mix_key(params)
+        overlay = _overlay_for(context_ids, params, max_order)
         proposal = DraftProposal()
         ties = itertools.count()
-        # max-heap of candidate nodes: (-path probability, tie, parent, token, depth, order, tail)
-        frontier: list[tuple[float, int, int, int, int, int, bytes]] = []
+        # max-heap of candidate nodes:
+        # (-path probability, tie, parent, token, depth, order, source, tail)
+        frontier: list[tuple[float, int, int, int, int, int, str, bytes]] = []
 
         def offer_children(tail: bytes, parent: int, depth: int, path_prob: float) -> None:
-            order, successors = self._tree_step(tail, params, mix_key)
-            for token, q in successors:
-                item = (-path_prob * q, next(ties), parent, token, depth, order, tail)
+            order, successors = self._tree_step(tail, params, mix_key, overlay)
+            for token, q, source in successors:
+                item = (-path_prob * q, next(ties), parent, token, depth, order, source, tail)
                 heapq.heappush(frontier, item)
 
         offer_children(root, -1, 0, 1.0)
         while frontier and len(proposal.token_ids) < params.tree_nodes:
-            neg_prob, _, parent, token, depth, order, tail = heapq.heappop(frontier)
+            neg_prob, _, parent, token, depth, order, source, tail = heapq.heappop(frontier)
             index = len(proposal.token_ids)
             proposal.token_ids.append(token)
             proposal.parents.append(parent)
             proposal.distributions.append(_point_mass(token))
             proposal.matched_orders.append(order)
-            proposal.sources.append("graph")
+            proposal.sources.append(source)
             if depth + 1 < params.k:
                 child_tail = (tail + _PACK_ONE(token))[-4 * max_order :]
                 offer_children(child_tail, index, depth + 1, -neg_prob)
@@ -254,7 +256,7 @@ class Drafter:
         max_order = self.max_order
         root = _tail_key(context_ids, max_order)
         txn, dbs = self.graph.raw_lookup()
-        every_order = params.effective_mixing != "backoff"
+        overlay = _overlay_for(context_ids, params, max_order)
         rng = np.random.default_rng(seed)
         proposal = DraftProposal()
         ties = itertools.count()
@@ -262,10 +264,11 @@ class Drafter:
         frontier: list[tuple[float, int, int, int, bytes]] = [(-1.0, next(ties), -1, 0, root)]
         while frontier and len(proposal.token_ids) < params.tree_nodes:
             neg_prob, _, node, depth, tail = heapq.heappop(frontier)
-            orders, values = _match(tail, txn, dbs, every_order)
-            if not orders:
+            found = _overlay_successors(overlay, tail)
+            mixed = self._mixed(tail, txn, dbs, params, found)
+            if mixed is None:
                 continue  # a dead end: no children
-            ids, q = self._mixer.mix(orders, *_decode(values), params)
+            order, ids, q, source_of = mixed
             keep = q > 0
             ids, q = ids[keep], q[keep] / q[keep].sum()  # [support]
             draws = min(TREE_WIDTH, ids.size, params.tree_nodes - len(proposal.token_ids))
@@ -274,8 +277,8 @@ class Drafter:
                 proposal.token_ids.append(token)
                 proposal.parents.append(node)
                 proposal.distributions.append(dist)
-                proposal.matched_orders.append(orders[0])
-                proposal.sources.append("graph")
+                proposal.matched_orders.append(order)
+                proposal.sources.append(source_of(token))
                 if depth + 1 < params.k:
                     path_prob = -neg_prob * prob
                     child_tail = (tail + _PACK_ONE(token))[-4 * max_order :]
@@ -287,23 +290,53 @@ class Drafter:
                     q = q / q.sum()
         return proposal
 
+    def _mixed(
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        found: tuple,
+    ) -> tuple[int, np.ndarray, np.ndarray, Callable[[int], str]] | None:
+        """(matched order, ids [U], q [U], token -> its source) after tail, from the graph and
+        found (the overlay's successors for tail, ContextOverlay.successors; () for none);
+        None at a dead end."""
+        every_order = params.effective_mixing != "backoff"
+        if found:
+            graph_counts = _match_decoded(tail, txn, dbs, every_order)
+            combined = combine(*graph_counts, found, params.overlay_weight, every_order)
+            ids, q = self._mixer.mix(combined.orders, combined.ids, combined.counts, params)
+            return combined.orders[0], ids, q, combined.source_of
+        orders, values = _match(tail, txn, dbs, every_order)
+        if not orders:
+            return None
+        ids, q = self._mixer.mix(orders, *_decode(values), params)
+        return orders[0], ids, q, _from_graph
+
     def _tree_step(
-        self, tail: bytes, params: DraftParams, mix_key: tuple
-    ) -> tuple[int, list[tuple[int, float]]]:
-        """(matched order, the TREE_WIDTH likeliest successors after tail with their q; ties:
-        lowest id first); (0, []) at a dead end. Cached like greedy steps (mix_key: the
-        params' _mix_key)."""
-        key = (tail, mix_key)
+        self, tail: bytes, params: DraftParams, mix_key: tuple, overlay: ContextOverlay | None
+    ) -> _TreeStep:
+        """(matched order, the TREE_WIDTH likeliest successors after tail with their q and
+        source; ties: lowest id first); (0, []) at a dead end. Cached like greedy steps (mix_key:
+        the params' _mix_key; with the overlay, keyed by its successor counts for tail too)."""
+        found = _overlay_successors(overlay, tail)
+        key = (tail, mix_key, params.overlay_weight, found) if found else (tail, mix_key)
         step = self._tree_cache.get(key)
         if step is None:
             txn, dbs = self.graph.raw_lookup()
-            orders, values = _match(tail, txn, dbs, params.effective_mixing != "backoff")
-            if not orders:
-                step = (0, [])
+            every_order = params.effective_mixing != "backoff"
+            if found:
+                graph_counts = _match_decoded(tail, txn, dbs, every_order)
+                combined = combine(*graph_counts, found, params.overlay_weight, every_order)
+                orders, ids_list, counts_list = combined.orders, combined.ids, combined.counts
+                source_of = combined.source_of
             else:
-                ids, q = self._mixer.mix(orders, *_decode(values), params)
-                best = np.lexsort((ids, -q))[:TREE_WIDTH]  # q descending, then id ascending
-                step = (orders[0], [(int(ids[i]), float(q[i])) for i in best if q[i] > 0])
+                orders, ids_list, counts_list = _match_decoded(tail, txn, dbs, every_order)
+                source_of = _from_graph
+            step = (0, [])  # a dead end
+            if orders:
+                best = self._mixer.top(orders, ids_list, counts_list, params, TREE_WIDTH)
+                step = (orders[0], [(token, q, source_of(token)) for token, q in best])
             if self.cache_size > 0:
                 self._remember(key, step, self._tree_cache)
         return step
@@ -508,6 +541,24 @@ def _decode(values: list[memoryview]) -> tuple[list[np.ndarray], list[np.ndarray
         ids_list.append(flat[:n])
         counts_list.append(flat[n:])
     return ids_list, counts_list
+
+
+def _from_graph(_token: int) -> str:
+    return "graph"
+
+
+def _overlay_for(
+    context_ids: Sequence[int] | np.ndarray, params: DraftParams, max_order: int
+) -> ContextOverlay | None:
+    """The request's context overlay, or None when the overlay is off (or has nothing yet)."""
+    if params.overlay_weight > 0 and len(context_ids) > 1:
+        return ContextOverlay(np.asarray(context_ids, dtype=np.int64), max_order)
+    return None
+
+
+def _overlay_successors(overlay: ContextOverlay | None, tail: bytes) -> tuple:
+    """The overlay's successor counts for tail (ContextOverlay.successors); () without one."""
+    return overlay.successors(np.frombuffer(tail, _BE32)) if overlay is not None else ()
 
 
 def _tail_key(context_ids: Sequence[int] | np.ndarray, max_order: int) -> bytes:

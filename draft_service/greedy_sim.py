@@ -7,7 +7,10 @@ the rounds it takes depend only on the drafts. Given a prompt's greedy continuat
 once, e.g. with Hugging Face ``generate``), :func:`simulate` replays the coordinator's rounds
 (:mod:`gateway.coordinator`): each round drafts up to k tokens from the last ``window`` context
 tokens, accepts the longest prefix that matches the continuation and emits one more token (the
-correction or the bonus). It gives the same rounds, drafted and accepted counts as a real run
+correction or the bonus). A greedy draft *tree* is replayed the same way: from the root, the
+child whose token is the continuation's next token is accepted (siblings are distinct, so at
+most one matches) until none does, which is the path the verifier's sample-and-match accepts.
+It gives the same rounds, drafted and accepted counts as a real run
 (``tests/test_tune.py`` checks it) at the cost of the drafting alone, so many draft settings can
 be scored against one set of continuations.
 
@@ -23,7 +26,7 @@ from dataclasses import dataclass, replace
 from draft_service.drafting import Drafter
 from gateway.adaptive_k import next_draft_length
 from speculant.errors import InvalidArgumentError
-from speculant.types import DraftParams
+from speculant.types import DraftParams, DraftProposal
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,11 @@ def simulate(
     window: int,
     max_context_length: int | None = None,
 ) -> SimResult:
-    """The rounds the coordinator takes for trace at temperature 0 with these greedy chain
-    drafts (params.adaptive_k included); window: the context tokens the drafter sees
+    """The rounds the coordinator takes for trace at temperature 0 with these greedy drafts,
+    chains or trees (params.adaptive_k included); window: the context tokens the drafter sees
     (the graph's max order; the whole context with an overlay)."""
-    if params.strategy != "greedy" or params.drafts_tree:
-        raise InvalidArgumentError("draft", "the replay covers greedy chain drafts only")
+    if params.strategy != "greedy":
+        raise InvalidArgumentError("draft", "the replay covers greedy drafts only")
     emitted = list(trace.tokens[:max_tokens])
     ends_with_eos = trace.ended_by_eos and len(emitted) == len(trace.tokens)
     total = len(emitted) + (1 if ends_with_eos else 0)  # tokens the verifier emits, EOS too
@@ -104,27 +107,52 @@ def simulate(
     length = params.k
     while done < total and done < limit:
         k = min(length, limit - done - 1)
-        draft: Sequence[int] = ()
+        proposal = DraftProposal()
         if k > 0:
             ask = params if k == params.k else replace(params, k=k)
             tail = context if params.overlay_weight > 0 else context[-window:]
-            draft = drafter.propose(tail, ask).token_ids
-        accepted = 0
-        while (
-            accepted < len(draft)
-            and done + accepted < len(emitted)
-            and draft[accepted] == emitted[done + accepted]
-        ):
-            accepted += 1
+            proposal = drafter.propose(tail, ask)
+        accepted = accepted_length(proposal, emitted[done:])
         result.forwards += 1
-        result.drafted += len(draft)
+        result.drafted += len(proposal.token_ids)
         result.accepted += accepted
         context.extend(emitted[done : done + accepted + 1])
         done += accepted + 1
         if params.adaptive_k and k > 0:
-            length = next_draft_length(k, len(draft), accepted, params.k)
+            positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
+            length = next_draft_length(k, positions, accepted, params.k)
     result.tokens = min(done, len(emitted))
     return result
+
+
+def accepted_length(proposal: DraftProposal, continuation: Sequence[int]) -> int:
+    """How many draft tokens the verifier accepts at temperature 0 when the model's greedy
+    continuation is `continuation`: the longest chain prefix, or the longest root path of a
+    tree, that matches it."""
+    if not proposal.parents:
+        tokens = proposal.token_ids
+        accepted = 0
+        limit = min(len(tokens), len(continuation))
+        while accepted < limit and tokens[accepted] == continuation[accepted]:
+            accepted += 1
+        return accepted
+    node, accepted = -1, 0  # -1: the root (the context)
+    while accepted < len(continuation):
+        wanted = continuation[accepted]
+        node = next(
+            (
+                i
+                for i, (token, parent) in enumerate(
+                    zip(proposal.token_ids, proposal.parents, strict=True)
+                )
+                if parent == node and token == wanted
+            ),
+            -2,
+        )
+        if node == -2:
+            break
+        accepted += 1
+    return accepted
 
 
 def simulate_all(

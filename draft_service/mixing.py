@@ -176,6 +176,30 @@ class Mixer:
         q /= q.sum()
         return ids[winners], q
 
+    def top(
+        self,
+        orders: list[int],
+        ids_list: list[np.ndarray],
+        counts_list: list[np.ndarray],
+        params: DraftParams,
+        count: int,
+    ) -> list[tuple[int, float]]:
+        """The `count` likeliest ids under q with their q, q descending then id ascending (what
+        sorting :meth:`mix`'s output gives), without materialising the union."""
+        if len(orders) == 1:
+            ids, mass = ids_list[0], counts_list[0].astype(np.float64)  # [n] each
+        else:
+            ids, _, mass = self.accumulate(orders, ids_list, counts_list, params)
+            ids = ids[: mass.size]  # mass[r] > 0 only at representative positions r
+        total = float(mass.sum())
+        if mass.size > count:
+            cut = np.partition(mass, mass.size - count)[mass.size - count]  # count-th largest
+            candidates = np.flatnonzero(mass >= cut)  # [>= count]: ties at the cut included
+        else:
+            candidates = np.flatnonzero(mass)
+        best = candidates[np.lexsort((ids[candidates], -mass[candidates]))[:count]]
+        return [(int(ids[r]), float(mass[r]) / total) for r in best if mass[r] > 0]
+
     def argmax(
         self,
         orders: list[int],

@@ -2,12 +2,12 @@
 
     python -m draft_service.mixing_bench --graph G --model M [--k 8]
         [--mixing seed,backoff,witten-bell] [--escape-weight 1,8] [--min-draft-prob 0,0.1]
-        [--overlay-weight 0,1,4]
+        [--overlay-weight 0,1,4] [--tree-nodes 0,12]
         [--limit N] [--json OUT]
 
 Every prompt runs through Hugging Face ``generate`` (the baseline) and through one embedded
 coordinator per variant (mixing x escape_weight (witten-bell only) x min_draft_prob x
-overlay_weight, each with
+overlay_weight x tree_nodes, each with
 its own Drafter so that step caches are not shared), in an order rotated prompt by prompt, after
 a warm-up prompt. The figures are
 those of ``speculant bench generate`` (:mod:`gateway.bench`, whose helpers this reuses):
@@ -40,7 +40,7 @@ from gateway.bench import (
     rotated,
     summarize_variant,
 )
-from speculant.config import MIXING_MODES
+from speculant.config import DEFAULT_TREE_NODES, MIXING_MODES
 from speculant.types import DraftParams
 
 
@@ -53,6 +53,7 @@ class MixVariant:
     min_draft_prob: float
     escape_weight: float = 1.0
     overlay_weight: float = 0.0
+    tree_nodes: int = DEFAULT_TREE_NODES
 
     @property
     def name(self) -> str:
@@ -60,7 +61,8 @@ class MixVariant:
         if mode == "witten-bell":
             mode = f"wb b={self.escape_weight:g}"
         overlay = f" ov={self.overlay_weight:g}" if self.overlay_weight else ""
-        return f"k={self.k} {mode} p>={self.min_draft_prob:g}{overlay}"
+        tree = f" tree={self.tree_nodes}" if self.params().drafts_tree else ""
+        return f"k={self.k} {mode} p>={self.min_draft_prob:g}{overlay}{tree}"
 
     def params(self) -> DraftParams:
         return DraftParams(
@@ -69,6 +71,7 @@ class MixVariant:
             escape_weight=self.escape_weight,
             min_draft_prob=self.min_draft_prob,
             overlay_weight=self.overlay_weight,
+            tree_nodes=self.tree_nodes,
         ).validate()
 
 
@@ -194,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--overlay-weight", type=_csv(float), default=[0.0], help="context overlay (0 = off)"
     )
+    p.add_argument(
+        "--tree-nodes",
+        type=_csv(int),
+        default=[DEFAULT_TREE_NODES],
+        help=f"draft tree sizes (0 = a chain of k; default {DEFAULT_TREE_NODES})",
+    )
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--limit", type=int, default=None)
@@ -209,12 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         systems=("hf", "embedded"),
     )
     variants = [
-        MixVariant(k, mixing, threshold, weight, overlay)
+        MixVariant(k, mixing, threshold, weight, overlay, tree)
         for k in args.k
         for mixing in args.mixing
         for weight in (args.escape_weight if mixing == "witten-bell" else [1.0])
         for threshold in args.min_draft_prob
         for overlay in args.overlay_weight
+        for tree in args.tree_nodes
     ]
     for variant in variants:
         variant.params()  # fail fast on a bad mode or threshold

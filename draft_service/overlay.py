@@ -29,6 +29,9 @@ between calls.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -160,3 +163,115 @@ def combine(
             out_ids.append(np.concatenate([g_ids.astype(np.int64), c_ids[new]]))
             out_counts.append(np.concatenate([counts, c_counts[new]]))
     return Combined(orders, out_ids, out_counts, from_graph, from_overlay)
+
+
+class ContextIndex:
+    """The successor counts of one context's n-grams, kept up to date as the context grows.
+
+    The same counts as :class:`ContextOverlay` (``successors`` gives the same tuples), but found
+    by one dict lookup per order instead of a search of the context: when token i is appended,
+    it is counted as the successor of the n-grams ending at token i - 1 (orders 1..max_order),
+    so an index of n tokens holds at most n * max_order keys. Keys are the n-grams packed as
+    big-endian uint32, the graph's key layout, so a drafter's packed tail is looked up as is.
+    Not thread-safe: one caller at a time (:class:`ContextIndexCache` hands it out).
+    """
+
+    __slots__ = ("_counts", "_frozen", "length", "max_order", "packed")
+
+    def __init__(self, max_order: int) -> None:
+        self.max_order = max_order
+        self.packed = b""  # the context so far, 4 bytes per token
+        self.length = 0
+        self._counts: dict[bytes, dict[int, int]] = {}  # n-gram -> {successor: count}
+        self._frozen: dict[bytes, tuple[tuple[int, int], ...]] = {}  # sorted items, on demand
+
+    def extend(self, packed_tokens: bytes) -> None:
+        """Append tokens (packed like the keys) to the context and count them."""
+        if not packed_tokens:
+            return
+        data = self.packed + packed_tokens
+        tokens = np.frombuffer(packed_tokens, dtype=">u4").tolist()
+        counts, frozen, top = self._counts, self._frozen, self.max_order
+        for offset, token in enumerate(tokens):
+            i = self.length + offset  # token i follows the n-grams ending at token i - 1
+            for order in range(1, min(top, i) + 1):
+                key = data[4 * (i - order) : 4 * i]
+                successors = counts.get(key)
+                if successors is None:
+                    counts[key] = {token: 1}
+                else:
+                    successors[token] = successors.get(token, 0) + 1
+                    frozen.pop(key, None)
+        self.packed = data
+        self.length += len(tokens)
+
+    def successors(self, tail: bytes) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+        """As :meth:`ContextOverlay.successors`, for tail packed like the keys."""
+        found = []
+        for order in range(min(len(tail) >> 2, self.max_order), 0, -1):
+            key = tail[-4 * order :]
+            items = self._frozen.get(key)
+            if items is None:
+                successors = self._counts.get(key)
+                if successors is None:
+                    continue  # a longer n-gram never matches where a shorter one does not
+                items = self._frozen[key] = tuple(sorted(successors.items()))
+            found.append((order, items))
+        return tuple(found)
+
+
+class ContextIndexCache:
+    """Context indexes of recent requests, found again by content, so that each round of a
+    request only counts the tokens added since its last round.
+
+    A request's context only grows between rounds, so an index whose context is a prefix of
+    the new one is extended instead of rebuilt. Indexes are bucketed by their first HEAD tokens
+    (requests sharing a prompt prefix share a bucket); :meth:`checkout` takes the one with the
+    longest matching prefix out of the cache (so no two callers ever hold the same index) and
+    :meth:`checkin` puts it back. Bounded: at most ``capacity`` indexes, the least recently
+    used dropped first. An index's counts are a function of its tokens alone, so whichever index
+    is reused, the counts are those of the new context.
+    """
+
+    HEAD = 8  # tokens that key a bucket
+
+    def __init__(self, max_order: int, capacity: int = 64) -> None:
+        self.max_order = max_order
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[bytes, list[ContextIndex]] = OrderedDict()
+        self._size = 0
+
+    def checkout(self, packed_context: bytes) -> ContextIndex:
+        """An index of exactly packed_context (reused and extended, or new); give it back with
+        :meth:`checkin`."""
+        head = packed_context[: 4 * self.HEAD]
+        best = None
+        with self._lock:
+            bucket = self._buckets.get(head)
+            if bucket:
+                fits = [i for i, x in enumerate(bucket) if packed_context.startswith(x.packed)]
+                if fits:
+                    best = bucket.pop(max(fits, key=lambda i: bucket[i].length))
+                    self._size -= 1
+        if best is None:
+            best = ContextIndex(self.max_order)
+        best.extend(packed_context[len(best.packed) :])
+        return best
+
+    def checkin(self, index: ContextIndex) -> None:
+        """Return an index taken with :meth:`checkout` (it may serve the next round)."""
+        if self.capacity <= 0:
+            return
+        head = index.packed[: 4 * self.HEAD]
+        with self._lock:
+            self._buckets.setdefault(head, []).append(index)
+            self._buckets.move_to_end(head)
+            self._size += 1
+            while self._size > self.capacity:
+                oldest = next(iter(self._buckets))
+                bucket = self._buckets[oldest]
+                bucket.pop(0)
+                self._size -= 1
+                if not bucket:
+                    del self._buckets[oldest]

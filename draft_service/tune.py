@@ -1,7 +1,8 @@
 """``speculant tune``: fit a graph's mixing parameters by measured tokens per verifier forward.
 
     speculant tune --graph G --model M --prompts FILE [--max-prompts 32] [--max-tokens 64]
-        [--k 8] [--train-fraction 0.5] [--metric tau|acceptance] [--json OUT] [--write]
+        [--k 8] [--tree-nodes 12] [--train-fraction 0.5] [--metric tau|acceptance]
+        [--json OUT] [--write]
 
 1. The model's greedy continuation of every prompt is computed once (Hugging Face ``generate``,
    the benchmark's baseline, :class:`gateway.bench.InProcessSystems`).
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from draft_service.greedy_sim import GreedyTrace, SimResult, simulate_all
+from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.errors import InvalidArgumentError
 from speculant.types import BUILTIN_TUNABLE_DEFAULTS, DraftParams
 
@@ -58,7 +60,8 @@ class TuneOptions:
     prompts: str
     max_prompts: int = 32
     max_tokens: int = 64
-    k: int = 8
+    k: int = DEFAULT_DRAFT_K
+    tree_nodes: int = DEFAULT_TREE_NODES  # the draft shape scored (0 = a chain of k)
     train_fraction: float = 0.5
     metric: str = "tau"
     seed: int = 0
@@ -77,7 +80,7 @@ class TuneOptions:
             )
         if self.metric not in METRICS:
             raise InvalidArgumentError("--metric", f"must be one of {METRICS}, got {self.metric}")
-        DraftParams(k=self.k).validate()
+        DraftParams(k=self.k, tree_nodes=self.tree_nodes).validate()
         return self
 
 
@@ -123,10 +126,12 @@ def split(items: list[Any], train_fraction: float, seed: int) -> tuple[list[Any]
     return [items[i] for i in order[:cut]], [items[i] for i in order[cut:]]
 
 
-def explicit_params(k: int, **mixing: Any) -> DraftParams:
-    """Greedy chain DraftParams with every mixing parameter set: the built-in defaults
-    overridden by `mixing`."""
-    return DraftParams(k=k, **(BUILTIN_TUNABLE_DEFAULTS | mixing)).validate()
+def explicit_params(shape: DraftParams, **mixing: Any) -> DraftParams:
+    """Greedy DraftParams of shape's k and tree_nodes with every mixing parameter set: the
+    built-in defaults overridden by `mixing`."""
+    return DraftParams(
+        k=shape.k, tree_nodes=shape.tree_nodes, **(BUILTIN_TUNABLE_DEFAULTS | mixing)
+    ).validate()
 
 
 def mixing_of(params: DraftParams) -> dict[str, Any]:
@@ -189,9 +194,12 @@ def _best(scorer: Scorer, candidates: Iterable[DraftParams]) -> DraftParams:
     return best
 
 
-def search(scorer: Scorer, k: int, progress: Callable[[str], None]) -> dict[str, DraftParams]:
+def search(
+    scorer: Scorer, k: DraftParams, progress: Callable[[str], None]
+) -> dict[str, DraftParams]:
     """The best candidate of every mode on the scorer's traces, keyed by mode, "default" (the
-    built-in settings, tried first) and "seed built-in" (the seed formula's built-in weights)."""
+    built-in settings, tried first) and "seed built-in" (the seed formula's built-in weights);
+    k: the draft shape scored (its k and tree_nodes)."""
     default = explicit_params(k)
     scorer(default)
     best: dict[str, DraftParams] = {"default": default}
@@ -266,7 +274,7 @@ def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None
 
     train, heldout = split(traces, options.train_fraction, options.seed)
     scorer = Scorer(simulate, train, options.metric)
-    best = search(scorer, options.k, say)
+    best = search(scorer, DraftParams(k=options.k, tree_nodes=options.tree_nodes), say)
     winner = _best(scorer, best.values())  # ties: the first in the table, the default first
     held = Scorer(simulate, heldout, options.metric)
     rows = []

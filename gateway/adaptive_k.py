@@ -23,6 +23,9 @@ on this data a request's acceptance history says little about its next round. It
 pay where each extra draft token makes a verifier forward noticeably slower (not measured
 here); where extra tokens are nearly free (a memory-bound GPU forward) a fixed k is better.
 The length never changes the output: verification is exact for any draft.
+With a draft tree (the default draft, DraftConfig.tree_nodes) the length is the tree's depth
+while its node budget stays, so a shallower tree is a wider one and no fewer tokens are verified:
+use it with chains (tree_nodes=0).
 """
 
 from __future__ import annotations

@@ -19,6 +19,13 @@ DraftStrategyName = Literal["greedy", "sampling"]
 MixingName = Literal["seed", "backoff", "witten-bell"]
 MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
 MAX_DRAFT_K = 64
+# The default draft: a tree of up to 12 tokens, at most 8 deep (k); tree_nodes=0 gives a chain of
+# k. Measured on the tinystories dev prompts (speculant bench generate, 128 tokens, greedy): tau
+# 3.12 against 2.51 for the k=5 chain; over the three services it is also faster (fewer rounds,
+# fewer RPCs), while embedded on a CPU with a 260K-parameter model the chain is ~12% faster,
+# since there a forward over 13 tokens costs ~1.4x one over 6 (see the README's benchmarks).
+DEFAULT_DRAFT_K = 8
+DEFAULT_TREE_NODES = 12
 # Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores
 # overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
 MAX_MIXING_WEIGHT = 1e6
@@ -62,8 +69,8 @@ class DraftConfig(BaseSettings):
     q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
-    ``tree_nodes`` (default 0 = a chain) drafts a tree of up to that many tokens, k levels
-    deep, with no overlay and no min_draft_prob (see draft_service.drafting).
+    ``tree_nodes`` (default 12; 0 = a chain of k) drafts a tree of up to that many tokens, k
+    levels deep, unless min_draft_prob is set (see draft_service.drafting).
     ``adaptive_k`` (default off) lets the coordinator set each round's draft length from the
     request's acceptance history, between 1 and k (see gateway.adaptive_k).
 
@@ -74,7 +81,7 @@ class DraftConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
 
-    k: int = Field(5, ge=1, le=MAX_DRAFT_K)
+    k: int = Field(DEFAULT_DRAFT_K, ge=1, le=MAX_DRAFT_K)
     strategy: DraftStrategyName = "greedy"
     attentive_mix: bool = True
     order_bias: float = Field(1.0, ge=0.0, le=MAX_MIXING_WEIGHT)
@@ -85,7 +92,7 @@ class DraftConfig(BaseSettings):
     escape_weight: float = Field(8.0, gt=0.0, le=MAX_MIXING_WEIGHT)
     min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
     overlay_weight: float = Field(0.0, ge=0.0, le=MAX_MIXING_WEIGHT)
-    tree_nodes: int = Field(0, ge=0, le=MAX_DRAFT_K)
+    tree_nodes: int = Field(DEFAULT_TREE_NODES, ge=0, le=MAX_DRAFT_K)
     adaptive_k: bool = False
 
 

@@ -20,6 +20,8 @@ from typing import Any, Literal
 import numpy as np
 
 from speculant.config import (
+    DEFAULT_DRAFT_K,
+    DEFAULT_TREE_NODES,
     MAX_DRAFT_K,
     MAX_MIXING_WEIGHT,
     MIN_MIX_TEMPERATURE,
@@ -68,7 +70,7 @@ class DraftParams:
     its graph's tuned defaults, else the built-in ones (:meth:`with_defaults`).
     """
 
-    k: int = 5
+    k: int = DEFAULT_DRAFT_K
     strategy: DraftStrategyName = "greedy"
     attentive_mix: bool = True
     order_bias: float | None = None
@@ -79,14 +81,14 @@ class DraftParams:
     escape_weight: float | None = None
     min_draft_prob: float = 0.0
     overlay_weight: float = 0.0
-    tree_nodes: int = 0
+    tree_nodes: int = DEFAULT_TREE_NODES
     adaptive_k: bool = False
 
     @property
     def drafts_tree(self) -> bool:
-        """Whether drafts are trees: tree_nodes > 0, no overlay, no min_draft_prob (overlay
-        drafts and drafts cut by min_draft_prob are chains; adaptive_k sets a tree's depth)."""
-        return self.tree_nodes > 0 and self.overlay_weight == 0 and self.min_draft_prob == 0
+        """Whether drafts are trees: tree_nodes > 0 and no min_draft_prob (drafts cut by
+        min_draft_prob are chains; adaptive_k sets a tree's depth; the overlay applies to both)."""
+        return self.tree_nodes > 0 and self.min_draft_prob == 0
 
     @property
     def effective_mixing(self) -> str:

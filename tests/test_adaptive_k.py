@@ -83,8 +83,9 @@ def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
 
 
 def test_greedy_identical_with_adaptive_k_embedded(embedded_decoder, prompts, references):  # noqa: F811
-    fixed = DraftConfig(k=K)
-    adaptive = DraftConfig(k=K, adaptive_k=True)
+    # chains: a tree's depth adapts too, but its node budget stays (see gateway.adaptive_k)
+    fixed = DraftConfig(k=K, tree_nodes=0)
+    adaptive = DraftConfig(k=K, adaptive_k=True, tree_nodes=0)
     mismatches, adaptive_stats = generate_embedded(embedded_decoder, prompts, references, adaptive)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     _, fixed_stats = generate_embedded(embedded_decoder, prompts, references, fixed)
@@ -102,13 +103,13 @@ def test_greedy_identical_with_adaptive_k_embedded(embedded_decoder, prompts, re
 
 
 def test_greedy_identical_with_adaptive_k_over_services(services, prompts, references):  # noqa: F811
-    draft = common_pb2.DraftOptions(k=K, adaptive_k=True)
+    draft = common_pb2.DraftOptions(k=K, adaptive_k=True, tree_nodes=0)
     mismatches, stats = generate_over_gateway(services.gateway, prompts, references, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
     for s in stats:
         assert s.wasted_draft_tokens == s.draft_tokens - s.accepted_tokens
     _, fixed = generate_over_gateway(
-        services.gateway, prompts, references, common_pb2.DraftOptions(k=K)
+        services.gateway, prompts, references, common_pb2.DraftOptions(k=K, tree_nodes=0)
     )
     assert sum(s.draft_tokens for s in stats) < sum(s.draft_tokens for s in fixed)

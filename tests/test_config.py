@@ -10,7 +10,8 @@ from speculant.config import DraftConfig, GenerationConfig, SpeculantSettings, V
 
 def test_defaults_match_the_design():
     draft = DraftConfig()
-    assert (draft.k, draft.strategy, draft.attentive_mix) == (5, "greedy", True)
+    assert (draft.k, draft.strategy, draft.attentive_mix) == (8, "greedy", True)
+    assert (draft.tree_nodes, draft.overlay_weight, draft.min_draft_prob) == (12, 0.0, 0.0)
     assert (draft.order_bias, draft.reliability_weight) == (1.0, 1.0)
     assert (draft.entropy_penalty, draft.mix_temperature) == (0.5, 1.0)
     generation = GenerationConfig()

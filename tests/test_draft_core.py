@@ -45,7 +45,7 @@ CHAINS = {
 
 # These tests pin the seed's attentive formula ("seed" mixing), which the DESIGN's formula and
 # parameters describe; the default mixing is Witten-Bell (tests/test_mixing.py).
-SeedParams = partial(DraftParams, mixing="seed")
+SeedParams = partial(DraftParams, mixing="seed", tree_nodes=0)  # chains, unless a test says
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_draft_core import CHAINS, VOCAB
 
 from draft_service.server import SERVICE_NAME, DraftServer, start_server
+from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
 GREEDY = common_pb2.DRAFT_STRATEGY_GREEDY
@@ -76,7 +77,8 @@ def test_health_is_not_serving_until_the_graph_is_open(graph_dir: Path) -> None:
 
 def test_propose_greedy_backoff(stub) -> None:
     response = stub.Propose(
-        draft_pb2.ProposeRequest(context_token_ids=[7, 1], k=8, attentive_mix=False), timeout=5
+        draft_pb2.ProposeRequest(context_token_ids=[7, 1], k=8, attentive_mix=False, tree_nodes=0),
+        timeout=5,
     )
     assert list(response.draft_token_ids) == [2, 3, 9]
     assert list(response.matched_orders) == [1, 2, 3]
@@ -86,14 +88,21 @@ def test_propose_greedy_backoff(stub) -> None:
 
 def test_propose_defaults_are_greedy_with_mixing(stub) -> None:
     response = stub.Propose(draft_pb2.ProposeRequest(context_token_ids=[1, 2, 3]), timeout=5)
-    assert list(response.draft_token_ids) == [4, 5]  # the mix prefers 4 over order 3's 9
     explicit = stub.Propose(
         draft_pb2.ProposeRequest(
-            context_token_ids=[1, 2, 3], k=5, strategy=GREEDY, attentive_mix=True
+            context_token_ids=[1, 2, 3],
+            k=DEFAULT_DRAFT_K,
+            tree_nodes=DEFAULT_TREE_NODES,
+            strategy=GREEDY,
+            attentive_mix=True,
         ),
         timeout=5,
     )
     assert explicit == response
+    assert list(response.draft_parents)  # the default draft is a tree
+    chain = stub.Propose(draft_pb2.ProposeRequest(context_token_ids=[1, 2, 3], tree_nodes=0))
+    assert list(chain.draft_token_ids) == [4, 5]  # the mix prefers 4 over order 3's 9
+    assert list(response.draft_token_ids[:2]) == [4, 5]  # the greedy chain is its first branch
 
 
 def test_propose_sampling_is_seeded_and_reports_q(stub) -> None:
@@ -108,7 +117,12 @@ def test_propose_sampling_is_seeded_and_reports_q(stub) -> None:
 
 def test_propose_explicit_zero_means_zero(stub) -> None:
     request = draft_pb2.ProposeRequest(
-        context_token_ids=[10, 10], k=1, order_bias=0.0, reliability_weight=0.0, entropy_penalty=0.0
+        context_token_ids=[10, 10],
+        k=1,
+        order_bias=0.0,
+        reliability_weight=0.0,
+        entropy_penalty=0.0,
+        tree_nodes=0,
     )
     assert list(stub.Propose(request, timeout=5).draft_token_ids) == [11]  # an exact tie
 
@@ -195,7 +209,7 @@ def test_grpcurl_list_describe_and_propose(server: DraftServer) -> None:
     assert "rpc Propose ( .speculant.v1.ProposeRequest )" in described.stdout
     assert "rpc GetGraphInfo" in described.stdout
 
-    request = json.dumps({"contextTokenIds": [7, 1], "k": 4, "attentiveMix": False})
+    request = json.dumps({"contextTokenIds": [7, 1], "k": 4, "attentiveMix": False, "treeNodes": 0})
     called = grpcurl("-plaintext", "-d", request, address, "speculant.v1.DraftService/Propose")
     assert called.returncode == 0, called.stderr
     # grpcurl takes camelCase JSON and prints the proto field names (snake_case).

@@ -59,7 +59,7 @@ def _child(proposal: DraftProposal, parent: int, token: int) -> int | None:
 
 
 def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(drafter):
-    chain = drafter.propose(CONTEXT, DraftParams(k=K))
+    chain = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=0))
     tree = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
     assert len(tree.token_ids) == TREE == len(tree.parents) == len(tree.distributions)
     assert all(-1 <= p < i for i, p in enumerate(tree.parents))
@@ -76,9 +76,22 @@ def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(drafter):
     assert all(d.probs.tolist() == [1.0] for d in tree.distributions)
 
 
-def test_overlay_drafts_stay_chains(drafter):
-    overlaid = drafter.propose(CONTEXT * 3, DraftParams(k=K, tree_nodes=TREE, overlay_weight=1))
-    assert overlaid.parents == []
+def test_a_tree_with_the_overlay_holds_the_overlay_chain(drafter):
+    """With the overlay, a tree's nodes come from the combined counts: its greedy first branch
+    is the overlay chain, and tokens only the context knows are marked as the overlay's."""
+    context = [*CONTEXT, 500, 501, 502, 503, 504, 505, *CONTEXT, 500]  # an unusual phrase
+    params = DraftParams(k=K, tree_nodes=TREE, overlay_weight=4)
+    tree = drafter.propose(context, params)
+    chain = drafter.propose(context, DraftParams(k=K, overlay_weight=4, tree_nodes=0))
+    assert chain.token_ids[:5] == [501, 502, 503, 504, 505]  # what only the context has
+    assert tree.parents and len(tree.token_ids) == TREE
+    node = -1
+    for token in chain.token_ids:
+        node = _child(tree, node, token)
+        assert node is not None
+    assert {tree.sources[_child(tree, -1, 501)]} <= {"overlay", "both"}
+    without = drafter.propose(context, DraftParams(k=K, tree_nodes=TREE))
+    assert _child(without, -1, 501) is None  # the graph alone never drafts it
     with pytest.raises(InvalidArgumentError, match="tree_nodes"):
         DraftParams(tree_nodes=65).validate()
 
@@ -199,12 +212,14 @@ def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
     return plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
 
 
+@pytest.mark.parametrize("overlay_weight", [0.0, 4.0])
 def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
     embedded_decoder,  # noqa: F811
     prompts,
     references,
+    overlay_weight,
 ):
-    draft = DraftConfig(k=K, tree_nodes=TREE)
+    draft = DraftConfig(k=K, tree_nodes=TREE, overlay_weight=overlay_weight)
     mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     rounds, tokens = totals(stats)
@@ -259,10 +274,26 @@ def test_sampling_through_a_tree_follows_the_model(embedded_decoder):  # noqa: F
     assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
 
 
-def test_sampling_through_a_sampled_tree_follows_the_model(embedded_decoder):  # noqa: F811
-    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+# with the overlay, a prompt that repeats itself (the context has successors for its end) and a
+# large weight, so that q differs much from the graph's and from the model's
+OVERLAY_PROMPT = "Tom had a red ball. Tom had a"
+
+
+@pytest.mark.parametrize(("prompt", "overlay_weight"), [(PROMPT, 0.0), (OVERLAY_PROMPT, 1000.0)])
+def test_sampling_through_a_sampled_tree_follows_the_model(
+    embedded_decoder,  # noqa: F811
+    prompt,
+    overlay_weight,
+):
+    prompt_ids = embedded_decoder.tokenizer(prompt).input_ids
+    if overlay_weight:  # the overlay does take part: the greedy draft is the context's successor
+        params = DraftParams(k=4, tree_nodes=8, overlay_weight=overlay_weight)
+        tree = embedded_decoder.coordinator.drafter.propose(prompt_ids, params)
+        assert tree.sources[0] in ("overlay", "both")
     joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
-    counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "sampling", tree_nodes=8)
+    counts = sample_pairs(
+        embedded_decoder, prompt_ids, 1.0, "sampling", tree_nodes=8, overlay_weight=overlay_weight
+    )
     p_value = chi_square_p_value(joint, counts)
     assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
 

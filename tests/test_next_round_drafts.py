@@ -38,7 +38,7 @@ def drafter(tinystories_graph) -> Drafter:
 
 @pytest.mark.parametrize("strategy", ["greedy", "sampling"])
 def test_each_prepared_draft_is_what_the_drafter_proposes_for_its_outcome(drafter, strategy):
-    params = DraftParams(k=K, strategy=strategy)
+    params = DraftParams(k=K, strategy=strategy, tree_nodes=0)
     draft = drafter.propose(CONTEXT, params, seed=3).token_ids
     assert len(draft) == K
     prepared = drafter.next_round_drafts(CONTEXT, draft, params, seed=11, limit=PREPARED)
@@ -60,7 +60,7 @@ def test_each_prepared_draft_is_what_the_drafter_proposes_for_its_outcome(drafte
 
 
 def test_prepared_drafts_come_likeliest_first_and_respect_the_limit(drafter):
-    params = DraftParams(k=K)
+    params = DraftParams(k=K, tree_nodes=0)
     draft = drafter.propose(CONTEXT, params).token_ids
     assert drafter.next_round_drafts(CONTEXT, draft, params, None, limit=0) == []
     few = drafter.next_round_drafts(CONTEXT, draft, params, None, limit=3)
@@ -79,7 +79,11 @@ def draft_stub(services) -> Iterator[draft_pb2_grpc.DraftServiceStub]:  # noqa: 
 
 def _request(**extra) -> draft_pb2.ProposeRequest:
     return draft_pb2.ProposeRequest(
-        context_token_ids=CONTEXT, k=K, strategy=common_pb2.DRAFT_STRATEGY_GREEDY, **extra
+        context_token_ids=CONTEXT,
+        k=K,
+        strategy=common_pb2.DRAFT_STRATEGY_GREEDY,
+        tree_nodes=0,  # next-round drafts are prepared for chains
+        **extra,
     )
 
 
@@ -113,7 +117,7 @@ def test_too_many_prepared_drafts_is_invalid_argument(draft_stub):
 
 def test_a_dead_draft_service_gives_no_draft_and_no_prepared_drafts():
     client = GrpcDraftClient(["127.0.0.1:1"], timeout_s=2.0)
-    call = client.start(CONTEXT, DraftParams(k=K), None, PREPARED, None)
+    call = client.start(CONTEXT, DraftParams(k=K, tree_nodes=0), None, PREPARED, None)
     with pytest.raises((RemoteError, UnavailableError)):
         call.proposal()
     assert call.next_round() == []

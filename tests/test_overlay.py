@@ -7,6 +7,7 @@ statistics, and exactness at temperature 0 with the overlay on, embedded and ove
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +51,11 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> NGramGraph:
     opened.close()
 
 
+CHAIN_OF_1 = DraftParams(k=1, tree_nodes=0)
+
+
 def params(**changes: object) -> DraftParams:
-    return DraftParams(**{"k": 1, "strategy": "sampling", **changes}).validate()
+    return DraftParams(**{"k": 1, "strategy": "sampling", "tree_nodes": 0, **changes}).validate()
 
 
 def q_of(drafter: Drafter, context: list[int], p: DraftParams) -> dict[int, float]:
@@ -115,28 +119,29 @@ def test_overlay_matches_a_context_the_graph_never_saw(graph: NGramGraph) -> Non
     assert set(seeded) == {6, 9, 2} and math.isclose(sum(seeded.values()), 1.0)
     # greedy: the argmax of the combined q, its order and its source
     greedy = drafter.propose(
-        context, DraftParams(k=3, mixing="witten-bell", escape_weight=1.0, overlay_weight=1.0)
+        context,
+        DraftParams(k=3, mixing="witten-bell", escape_weight=1.0, overlay_weight=1.0, tree_nodes=0),
     )
     assert greedy.token_ids[0] == 6 and greedy.matched_orders[0] == 2
     assert greedy.sources[0] == "overlay"
-    assert drafter.propose(context, DraftParams(k=1)).token_ids == [9]  # overlay off
-    assert drafter.propose(context, DraftParams(k=1)).sources == ["graph"]
+    assert drafter.propose(context, CHAIN_OF_1).token_ids == [9]  # overlay off
+    assert drafter.propose(context, CHAIN_OF_1).sources == ["graph"]
 
 
 def test_source_both_and_graph(graph: NGramGraph) -> None:
     drafter = Drafter(graph)
     # the context has 1 -> 2: the greedy token 2 is listed by the graph and the context
-    proposal = drafter.propose([1, 2, 7, 1], DraftParams(k=1, overlay_weight=1.0))
+    proposal = drafter.propose([1, 2, 7, 1], replace(CHAIN_OF_1, overlay_weight=1.0))
     assert proposal.token_ids == [2] and proposal.sources == ["both"]
     # 6 -> 4 only in the graph (the context never continues a 6): graph path, cache allowed
-    proposal = drafter.propose([3, 6], DraftParams(k=1, overlay_weight=1.0))
+    proposal = drafter.propose([3, 6], replace(CHAIN_OF_1, overlay_weight=1.0))
     assert proposal.token_ids == [4] and proposal.sources == ["graph"]
 
 
 def test_greedy_cache_follows_the_context(graph: NGramGraph) -> None:
     """The same tail with different context counts gives different steps (no stale cache)."""
     drafter = Drafter(graph)
-    p = DraftParams(k=1, mixing="backoff", overlay_weight=10.0)
+    p = DraftParams(k=1, mixing="backoff", overlay_weight=10.0, tree_nodes=0)
     assert drafter.propose([8, 2, 8], p).token_ids == [2]  # order 1: {9: 2, 2: 1 + 10}
     assert drafter.propose([8, 9, 8], p).token_ids == [9]
 

@@ -41,10 +41,16 @@ def exact_joint(decoder, prompt_ids: list[int], temperature: float) -> np.ndarra
 
 
 def sample_pairs(
-    decoder, prompt_ids, temperature: float, strategy: str, tree_nodes: int = 0
+    decoder,
+    prompt_ids,
+    temperature: float,
+    strategy: str,
+    tree_nodes: int = 0,
+    overlay_weight: float = 0.0,
 ) -> Counter:
     """(first, second) generated token counts over RUNS seeds; tree_nodes > 0: the second
-    token comes from verifying a draft tree (one level: up to 3 sibling drafts)."""
+    token comes from verifying a draft tree (one level: up to 3 sibling drafts);
+    overlay_weight > 0: drafts mix in the request's own context."""
     counts: Counter = Counter()
     for seed in range(RUNS):
         request = GenerationRequest(
@@ -52,7 +58,9 @@ def sample_pairs(
             max_tokens=3,
             temperature=temperature,
             seed=seed,
-            draft=DraftParams(k=4, strategy=strategy, tree_nodes=tree_nodes),
+            draft=DraftParams(
+                k=4, strategy=strategy, tree_nodes=tree_nodes, overlay_weight=overlay_weight
+            ),
         )
         result = decoder.coordinator.generate(request)
         counts[tuple(result.token_ids[:2])] += 1

@@ -22,7 +22,7 @@ from speculant.v1 import draft_pb2, draft_pb2_grpc
 from tests.e2e_fixtures import verifier_config
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-REQUEST = draft_pb2.ProposeRequest(context_token_ids=[1, 403, 407], k=4)
+REQUEST = draft_pb2.ProposeRequest(context_token_ids=[1, 403, 407], k=4, tree_nodes=0)
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -35,7 +35,8 @@ def graph_copy(tinystories_graph: Path, tmp_path: Path) -> Path:
 
 
 def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):  # noqa: F811
-    """simulate() against HF's greedy continuation == the coordinator's own counts."""
+    """simulate() against HF's greedy continuation == the coordinator's own counts, for chains
+    and trees."""
     prompts = load_dev_prompts()[:6]
     references = plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
     coordinator = embedded_decoder.coordinator
@@ -44,6 +45,8 @@ def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):  # noqa: F
         DraftParams(k=8),
         DraftParams(k=8, adaptive_k=True),
         DraftParams(k=3, mixing="backoff"),
+        DraftParams(k=5, tree_nodes=12),
+        DraftParams(k=4, tree_nodes=6, adaptive_k=True),
     ):
         for prompt, expected in zip(prompts, references, strict=True):
             ids = list(embedded_decoder.tokenizer(prompt).input_ids)

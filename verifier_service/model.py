@@ -401,13 +401,16 @@ class LoadedModel:
         for i, parent in enumerate(parents):
             rows[i + 1] |= rows[parent + 1]  # ... every ancestor (parent + 1 = its row)
             depth[i + 1] = depth[parent + 1] + 1
-        mask = torch.zeros(n + 1, start + n + 1, dtype=self.dtype)  # [n+1, start+n+1]
-        mask[:, start:].masked_fill_(torch.from_numpy(~rows), torch.finfo(self.dtype).min)
-        mask = mask.to(self.device)
         positions = torch.from_numpy(depth + start).to(self.device)  # [n+1]
-        if lean is None:
+        # [n+1, start+n+1]: True = may attend (every cached position, then the tree's rows)
+        visible = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
+        visible[:, start:] = torch.from_numpy(rows)
+        visible = visible.to(self.device)
+        if lean is None:  # transformers takes an additive float mask
+            mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+            mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
             return self._hf_forward(cache, input_ids, positions, mask, n + 1)
-        return lean.forward(cache, input_ids, positions, mask, n + 1)
+        return lean.forward(cache, input_ids, positions, visible, n + 1)
 
     @torch.inference_mode()
     def forward_batch(
@@ -461,11 +464,10 @@ class LoadedModel:
         (ascending draft indices), moved to positions start+1.., and drop the other branches."""
         if path and path != tuple(range(len(path))):  # else the path is in place already
             source = torch.tensor(path, device=self.device) + start + 1  # cache rows of the path
-            end = start + 1 + len(path)
             for layer in cache.layers:
-                # [batch, heads, seq, head_dim]; advanced indexing copies the source rows first
-                layer.keys[:, :, start + 1 : end] = layer.keys[:, :, source]
-                layer.values[:, :, start + 1 : end] = layer.values[:, :, source]
+                # [batch, heads, seq, head_dim]; index_select copies the source rows first
+                for tensor in (layer.keys, layer.values):
+                    tensor.narrow(2, start + 1, len(path)).copy_(tensor.index_select(2, source))
         self.crop(cache, start + 1 + len(path))
 
     def crop(self, cache: DynamicCache, length: int) -> None:
