@@ -44,14 +44,14 @@ import heapq
 import itertools
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import lmdb
 import numpy as np
 
 from draft_service.graph import NGramGraph
 from draft_service.mixing import Mixer
-from draft_service.overlay import Combined, ContextOverlay, combine
+from draft_service.overlay import Combined, ContextIndex, ContextIndexCache, combine
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft, SparseDistribution
 
@@ -86,6 +86,23 @@ class Drafter:
         # request params -> the same with unset mixing parameters filled from the graph's tuned
         # defaults (graph.draft_defaults) or the built-in ones; cleared at 1024 entries
         self._resolved: dict[DraftParams, DraftParams] = {}
+        # the overlay's context indexes of recent requests (draft_service.overlay)
+        self._overlays = ContextIndexCache(graph.max_order)
+
+    @contextlib.contextmanager
+    def _overlay(
+        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams
+    ) -> Iterator[ContextIndex | None]:
+        """The request's context overlay (None when it is off or the context has < 2 tokens),
+        held for one proposal: indexes of recent contexts are extended, not rebuilt."""
+        if params.overlay_weight <= 0 or len(context_ids) < 2:
+            yield None
+            return
+        index = self._overlays.checkout(np.asarray(context_ids, dtype=_BE32).tobytes())
+        try:
+            yield index
+        finally:
+            self._overlays.checkin(index)
 
     def resolve(self, params: DraftParams) -> DraftParams:
         """params with every unset mixing parameter filled: the graph's tuned default where it
@@ -144,10 +161,21 @@ class Drafter:
         self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None
     ) -> DraftProposal:
         """propose() for a checked context and resolved params."""
-        if params.drafts_tree and params.strategy == "sampling":
-            return self._propose_sampled_tree(context_ids, params, seed)
-        if params.drafts_tree:
-            return self._propose_tree(context_ids, params)
+        with self._overlay(context_ids, params) as overlay:
+            if params.drafts_tree and params.strategy == "sampling":
+                return self._propose_sampled_tree(context_ids, params, seed, overlay)
+            if params.drafts_tree:
+                return self._propose_tree(context_ids, params, overlay)
+            return self._propose_chain(context_ids, params, seed, overlay)
+
+    def _propose_chain(
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        seed: int | None,
+        overlay: ContextIndex | None,
+    ) -> DraftProposal:
+        """A chain of up to params.k drafts (see the module's terms)."""
         max_order = self.max_order
         tail = _tail_key(context_ids, max_order)
         txn, dbs = self.graph.raw_lookup()
@@ -158,7 +186,6 @@ class Drafter:
         cache = self._greedy_cache if greedy and self.cache_size > 0 else None
         mix_key = _mix_key(params)
         min_prob = params.min_draft_prob
-        overlay = _overlay_for(context_ids, params, max_order)
         running = 1.0  # q(d_1) * ... * q(d_i) so far
         for _ in range(params.k):
             source = "graph"
@@ -215,13 +242,15 @@ class Drafter:
         return proposal
 
     def _propose_tree(
-        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        overlay: ContextIndex | None,
     ) -> DraftProposal:
         """A draft tree (see the module's terms): best-first on path probability."""
         max_order = self.max_order
         root = _tail_key(context_ids, max_order)
         mix_key = _mix_key(params)
-        overlay = _overlay_for(context_ids, params, max_order)
         proposal = DraftProposal()
         ties = itertools.count()
         # max-heap of candidate nodes:
@@ -249,14 +278,17 @@ class Drafter:
         return proposal
 
     def _propose_sampled_tree(
-        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        seed: int | None,
+        overlay: ContextIndex | None,
     ) -> DraftProposal:
         """A tree of sampled drafts (see the module's terms): nodes expanded best-first on path
         probability, each with up to TREE_WIDTH children drawn from its q without replacement."""
         max_order = self.max_order
         root = _tail_key(context_ids, max_order)
         txn, dbs = self.graph.raw_lookup()
-        overlay = _overlay_for(context_ids, params, max_order)
         rng = np.random.default_rng(seed)
         proposal = DraftProposal()
         ties = itertools.count()
@@ -299,7 +331,7 @@ class Drafter:
         found: tuple,
     ) -> tuple[int, np.ndarray, np.ndarray, Callable[[int], str]] | None:
         """(matched order, ids [U], q [U], token -> its source) after tail, from the graph and
-        found (the overlay's successors for tail, ContextOverlay.successors; () for none);
+        found (the overlay's successors for tail, ContextIndex.successors; () for none);
         None at a dead end."""
         every_order = params.effective_mixing != "backoff"
         if found:
@@ -314,7 +346,7 @@ class Drafter:
         return orders[0], ids, q, _from_graph
 
     def _tree_step(
-        self, tail: bytes, params: DraftParams, mix_key: tuple, overlay: ContextOverlay | None
+        self, tail: bytes, params: DraftParams, mix_key: tuple, overlay: ContextIndex | None
     ) -> _TreeStep:
         """(matched order, the TREE_WIDTH likeliest successors after tail with their q and
         source; ties: lowest id first); (0, []) at a dead end. Cached like greedy steps (mix_key:
@@ -547,18 +579,9 @@ def _from_graph(_token: int) -> str:
     return "graph"
 
 
-def _overlay_for(
-    context_ids: Sequence[int] | np.ndarray, params: DraftParams, max_order: int
-) -> ContextOverlay | None:
-    """The request's context overlay, or None when the overlay is off (or has nothing yet)."""
-    if params.overlay_weight > 0 and len(context_ids) > 1:
-        return ContextOverlay(np.asarray(context_ids, dtype=np.int64), max_order)
-    return None
-
-
-def _overlay_successors(overlay: ContextOverlay | None, tail: bytes) -> tuple:
-    """The overlay's successor counts for tail (ContextOverlay.successors); () without one."""
-    return overlay.successors(np.frombuffer(tail, _BE32)) if overlay is not None else ()
+def _overlay_successors(overlay: ContextIndex | None, tail: bytes) -> tuple:
+    """The overlay's successor counts for tail (ContextIndex.successors); () without one."""
+    return overlay.successors(tail) if overlay is not None else ()
 
 
 def _tail_key(context_ids: Sequence[int] | np.ndarray, max_order: int) -> bytes:

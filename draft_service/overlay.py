@@ -19,65 +19,20 @@ as on graph counts: C_o = sum c_o, T_o = number of distinct x with c_o(x) > 0, P
 So a context seen only in this request (a character's unusual name) matches at high orders and,
 with witten-bell, keeps C_o / (C_o + b T_o) of the mass there; w = 0 is the graph alone.
 
-Search: no index is built. Per draft position the context array is compared once with the tail's
-last token (one vectorised ``==`` over the context), and the few candidate positions are extended
-backwards token by token (each step on the surviving candidates only), which gives every order's
-occurrences at once; ``np.unique`` counts the successors. Cost per position: O(n) for the first
-comparison (n = context length), then O(matches * max_order); memory O(n) per call, nothing kept
-between calls.
+Index: :class:`ContextIndex` keeps c_ctx,o for every n-gram of the context in a dict keyed like
+the graph (big-endian uint32 ids), so a draft position costs one dict lookup per order instead of
+a search of the context. It is built incrementally: each round of a request only counts the
+tokens added since its last round, as :class:`ContextIndexCache` finds the index of the previous
+round again by content (an index whose context is a prefix of the new one). Cost: O(max_order)
+per new context token and per draft position; memory O(n * max_order) per cached index (n =
+context length), at most ``capacity`` indexes per drafter.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 
 import numpy as np
-
-_EMPTY = np.zeros(0, dtype=np.int64)
-
-
-class ContextOverlay:
-    """The successor counts of one context, looked up by tail (immutable, per propose call)."""
-
-    def __init__(self, context_ids: np.ndarray, max_order: int) -> None:
-        self.tokens = np.asarray(context_ids, dtype=np.int64)  # [n]
-        self.max_order = max_order
-        # Every position with a successor: heads[i] = tokens[i] is followed by tokens[i + 1].
-        self._heads = self.tokens[:-1]
-        self._steps = np.arange(1, max_order + 1)  # [max_order] 1..max_order
-
-    def successors(self, tail: np.ndarray) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-        """((order, ((successor id, count), ...)), ...) for the matching orders, highest order
-        first, ids ascending within an order; () when the last tail token never occurs with a
-        successor in the context. Hashable (it keys the greedy step cache).
-
-        tail: the last <= max_order tokens (int), oldest first.
-        """
-        length = min(len(tail), self.max_order)
-        if length == 0:
-            return ()
-        tokens = self.tokens
-        # ends: indices of the successors of the occurrences of the order-1 context t[-1:]
-        ends = np.flatnonzero(self._heads == tail[-1]) + 1  # [m]
-        if not ends.size:
-            return ()
-        # depth[j] = the highest order o <= length with tokens[ends[j]-o : ends[j]] == t[-o:]
-        back = ends[:, None] - self._steps[None, :length]  # [m, length] indices of t[-1], t[-2]..
-        same = (tokens[np.maximum(back, 0)] == tail[::-1][None, :length]) & (back >= 0)
-        depth = np.logical_and.accumulate(same, axis=1).sum(axis=1)  # [m] >= 1
-        # per order o: Counter of successors with depth >= o (a Python pass over the matches
-        # only, highest order first so each order adds the occurrences of exactly its depth)
-        by_depth: dict[int, list[int]] = {}
-        for token, d in zip(tokens[ends].tolist(), depth.tolist(), strict=True):
-            by_depth.setdefault(d, []).append(token)
-        counts: dict[int, int] = {}
-        found = []
-        for order in range(int(depth.max()), 0, -1):
-            for token in by_depth.get(order, ()):
-                counts[token] = counts.get(token, 0) + 1
-            found.append((order, tuple(sorted(counts.items()))))
-        return tuple(found)
 
 
 class Combined:
@@ -168,18 +123,18 @@ def combine(
 class ContextIndex:
     """The successor counts of one context's n-grams, kept up to date as the context grows.
 
-    The same counts as :class:`ContextOverlay` (``successors`` gives the same tuples), but found
-    by one dict lookup per order instead of a search of the context: when token i is appended,
-    it is counted as the successor of the n-grams ending at token i - 1 (orders 1..max_order),
-    so an index of n tokens holds at most n * max_order keys. Keys are the n-grams packed as
+    When token i is appended, it is counted as the successor of the n-grams ending at token
+    i - 1 (orders min_order..max_order), so an index of n tokens holds at most n * max_order
+    keys. Keys are the n-grams packed as
     big-endian uint32, the graph's key layout, so a drafter's packed tail is looked up as is.
     Not thread-safe: one caller at a time (:class:`ContextIndexCache` hands it out).
     """
 
-    __slots__ = ("_counts", "_frozen", "length", "max_order", "packed")
+    __slots__ = ("_counts", "_frozen", "length", "max_order", "min_order", "packed")
 
-    def __init__(self, max_order: int) -> None:
+    def __init__(self, max_order: int, min_order: int = 1) -> None:
         self.max_order = max_order
+        self.min_order = min_order
         self.packed = b""  # the context so far, 4 bytes per token
         self.length = 0
         self._counts: dict[bytes, dict[int, int]] = {}  # n-gram -> {successor: count}
@@ -194,7 +149,7 @@ class ContextIndex:
         counts, frozen, top = self._counts, self._frozen, self.max_order
         for offset, token in enumerate(tokens):
             i = self.length + offset  # token i follows the n-grams ending at token i - 1
-            for order in range(1, min(top, i) + 1):
+            for order in range(self.min_order, min(top, i) + 1):
                 key = data[4 * (i - order) : 4 * i]
                 successors = counts.get(key)
                 if successors is None:
@@ -206,9 +161,14 @@ class ContextIndex:
         self.length += len(tokens)
 
     def successors(self, tail: bytes) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
-        """As :meth:`ContextOverlay.successors`, for tail packed like the keys."""
+        """((order, ((successor id, count), ...)), ...) for the orders whose last `order` tail
+        tokens occur in the context with a successor, highest order first, ids ascending
+        within an order; () when none does. Hashable (it keys the drafter's step caches).
+
+        tail: the last <= max_order tokens, packed like the keys (big-endian uint32).
+        """
         found = []
-        for order in range(min(len(tail) >> 2, self.max_order), 0, -1):
+        for order in range(min(len(tail) >> 2, self.max_order), self.min_order - 1, -1):
             key = tail[-4 * order :]
             items = self._frozen.get(key)
             if items is None:
@@ -225,53 +185,39 @@ class ContextIndexCache:
     request only counts the tokens added since its last round.
 
     A request's context only grows between rounds, so an index whose context is a prefix of
-    the new one is extended instead of rebuilt. Indexes are bucketed by their first HEAD tokens
-    (requests sharing a prompt prefix share a bucket); :meth:`checkout` takes the one with the
-    longest matching prefix out of the cache (so no two callers ever hold the same index) and
+    the new one is extended instead of rebuilt. :meth:`checkout` takes the index with the
+    longest such prefix out of the cache (so no two callers ever hold the same index) and
     :meth:`checkin` puts it back. Bounded: at most ``capacity`` indexes, the least recently
-    used dropped first. An index's counts are a function of its tokens alone, so whichever index
-    is reused, the counts are those of the new context.
+    returned dropped first (finding one compares the new context with each, a memcmp of the
+    shorter). An index's counts are a function of its tokens alone, so whichever index is
+    reused, the counts are those of the new context.
     """
 
-    HEAD = 8  # tokens that key a bucket
-
-    def __init__(self, max_order: int, capacity: int = 64) -> None:
+    def __init__(self, max_order: int, capacity: int = 64, min_order: int = 1) -> None:
         self.max_order = max_order
+        self.min_order = min_order
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._buckets: OrderedDict[bytes, list[ContextIndex]] = OrderedDict()
-        self._size = 0
+        self._indexes: list[ContextIndex] = []  # least recently returned first
+
+    def __len__(self) -> int:
+        return len(self._indexes)
 
     def checkout(self, packed_context: bytes) -> ContextIndex:
         """An index of exactly packed_context (reused and extended, or new); give it back with
         :meth:`checkin`."""
-        head = packed_context[: 4 * self.HEAD]
         best = None
         with self._lock:
-            bucket = self._buckets.get(head)
-            if bucket:
-                fits = [i for i, x in enumerate(bucket) if packed_context.startswith(x.packed)]
-                if fits:
-                    best = bucket.pop(max(fits, key=lambda i: bucket[i].length))
-                    self._size -= 1
+            fits = [i for i, x in enumerate(self._indexes) if packed_context.startswith(x.packed)]
+            if fits:
+                best = self._indexes.pop(max(fits, key=lambda i: self._indexes[i].length))
         if best is None:
-            best = ContextIndex(self.max_order)
+            best = ContextIndex(self.max_order, self.min_order)
         best.extend(packed_context[len(best.packed) :])
         return best
 
     def checkin(self, index: ContextIndex) -> None:
         """Return an index taken with :meth:`checkout` (it may serve the next round)."""
-        if self.capacity <= 0:
-            return
-        head = index.packed[: 4 * self.HEAD]
         with self._lock:
-            self._buckets.setdefault(head, []).append(index)
-            self._buckets.move_to_end(head)
-            self._size += 1
-            while self._size > self.capacity:
-                oldest = next(iter(self._buckets))
-                bucket = self._buckets[oldest]
-                bucket.pop(0)
-                self._size -= 1
-                if not bucket:
-                    del self._buckets[oldest]
+            self._indexes.append(index)
+            del self._indexes[: max(0, len(self._indexes) - self.capacity)]

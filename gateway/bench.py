@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -100,6 +101,7 @@ def default_prompts_path() -> Path:
 
 
 DEFAULT_TREE_NODES: int = DraftConfig.model_fields["tree_nodes"].default
+DEFAULT_OVERLAY_WEIGHT: float = DraftConfig.model_fields["overlay_weight"].default
 
 
 @dataclass
@@ -126,6 +128,8 @@ class BenchSettings:
     next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
     # draft tree sizes (0 = chain), embedded and services; default: DraftConfig's
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
+    # context overlay weights (0 = off), embedded and services; default: DraftConfig's
+    overlay_weights: tuple[float, ...] = (DEFAULT_OVERLAY_WEIGHT,)
     # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
     adaptive_ks: tuple[bool, ...] = (False,)
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
@@ -141,6 +145,7 @@ class Variant:
     next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
     tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
     adaptive_k: bool = False  # draft length from the acceptance history
+    overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
 
     @property
     def name(self) -> str:
@@ -151,6 +156,8 @@ class Variant:
         name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
         if self.tree_nodes != DEFAULT_TREE_NODES:
             name += f" tree={self.tree_nodes}"
+        if self.overlay_weight != DEFAULT_OVERLAY_WEIGHT:
+            name += f" ov={self.overlay_weight:g}"
         if self.adaptive_k:
             name += " adaptive"
         if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
@@ -178,22 +185,26 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
             rows.append(Variant(system))
         elif system == "hf-lookup":
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
-        elif system == "embedded":
+        else:  # embedded, services: one row per draft shape (and gateway, for services)
+            preps = settings.next_round_drafts if system == "services" else (None,)
             rows.extend(
-                Variant(system, k, mix, tree_nodes=tree, adaptive_k=adaptive)
-                for k in settings.ks
-                for mix in settings.mixes
-                for tree in settings.tree_nodes
-                for adaptive in settings.adaptive_ks
-            )
-        else:
-            rows.extend(
-                Variant(system, k, mix, prep, tree, adaptive)
-                for k in settings.ks
-                for mix in settings.mixes
-                for tree in settings.tree_nodes
-                for prep in settings.next_round_drafts
-                for adaptive in settings.adaptive_ks
+                Variant(
+                    system,
+                    k,
+                    mix,
+                    next_round_drafts=prep,
+                    tree_nodes=tree,
+                    adaptive_k=adaptive,
+                    overlay_weight=overlay,
+                )
+                for k, mix, tree, overlay, prep, adaptive in itertools.product(
+                    settings.ks,
+                    settings.mixes,
+                    settings.tree_nodes,
+                    settings.overlay_weights,
+                    preps,
+                    settings.adaptive_ks,
+                )
             )
     return rows
 
@@ -346,6 +357,7 @@ class InProcessSystems:
             attentive_mix=bool(variant.mix),
             tree_nodes=variant.tree_nodes,
             adaptive_k=variant.adaptive_k,
+            overlay_weight=variant.overlay_weight,
         )
         request = GenerationRequest(
             prompt_ids=prompt_ids,
@@ -487,6 +499,7 @@ class ServiceStack:
                 attentive_mix=variant.mix,
                 tree_nodes=variant.tree_nodes,
                 adaptive_k=variant.adaptive_k,
+                overlay_weight=variant.overlay_weight,
             ),
         )
         started = time.perf_counter()
@@ -934,6 +947,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_TREE_NODES}, DraftConfig's)",
     )
     p.add_argument(
+        "--overlay-weight",
+        dest="overlay_weights",
+        type=_csv(float),
+        default=(DEFAULT_OVERLAY_WEIGHT,),
+        help="context overlay weights to compare, e.g. 0,4 (0 = off; default "
+        f"{DEFAULT_OVERLAY_WEIGHT:g}, DraftConfig's)",
+    )
+    p.add_argument(
         "--adaptive-k",
         dest="adaptive_ks",
         type=_csv(_on_off),
@@ -978,6 +999,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         device=args.device,
         next_round_drafts=tuple(args.next_round_drafts),
         tree_nodes=tuple(args.tree_nodes),
+        overlay_weights=tuple(args.overlay_weights),
         adaptive_ks=tuple(args.adaptive_ks),
         pin_cpus=args.pin_cpus,
     )

@@ -27,7 +27,12 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    parser.add_argument("--k", type=int, default=5, help="draft tokens per round (1..64)")
+    parser.add_argument(
+        "--k",
+        type=int,
+        default=_DRAFT_DEFAULTS["k"].default,
+        help="draft tokens per round (1..64): a chain's length, a tree's depth",
+    )
     parser.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
     parser.add_argument(
         "--no-attentive-mix",
@@ -69,7 +74,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree-nodes",
         type=int,
         default=_DRAFT_DEFAULTS["tree_nodes"].default,
-        help="draft a tree of up to this many tokens (no overlay or min-draft-prob), "
+        help="draft a tree of up to this many tokens (not with min-draft-prob), "
         "verified in one forward pass (0 = a chain of k)",
     )
     parser.add_argument(

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from speculant.config import DEFAULT_DRAFT_K
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "demo"
 
@@ -25,7 +27,7 @@ def register_demo(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--graph", default=str(ROOT / "graphs" / "demo"))
     demo.add_argument("--rebuild", action="store_true", help="rebuild the graph even if present")
     demo.add_argument("--max-tokens", type=int, default=128)
-    demo.add_argument("--k", type=int, default=8)
+    demo.add_argument("--k", type=int, default=DEFAULT_DRAFT_K)
     demo.add_argument("--no-attentive-mix", dest="attentive_mix", action="store_false")
     demo.add_argument(
         "--torch-threads",

@@ -21,9 +21,10 @@ MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
 MAX_DRAFT_K = 64
 # The default draft: a tree of up to 12 tokens, at most 8 deep (k); tree_nodes=0 gives a chain of
 # k. Measured on the tinystories dev prompts (speculant bench generate, 128 tokens, greedy): tau
-# 3.12 against 2.51 for the k=5 chain; over the three services it is also faster (fewer rounds,
-# fewer RPCs), while embedded on a CPU with a 260K-parameter model the chain is ~12% faster,
-# since there a forward over 13 tokens costs ~1.4x one over 6 (see the README's benchmarks).
+# 3.12 against 2.51 for the former default, a chain of 5, and over the three services 1.47x
+# Hugging Face against 1.32x (fewer rounds, fewer RPCs); embedded on a 2-core CPU with the
+# 260K-parameter model the chains stay ~10% faster, as there a forward over 13 tokens costs
+# ~1.3x one over 6 and a tree takes the drafter twice as long (see the README's benchmarks).
 DEFAULT_DRAFT_K = 8
 DEFAULT_TREE_NODES = 12
 # Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores

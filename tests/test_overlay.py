@@ -6,7 +6,9 @@ statistics, and exactness at temperature 0 with the overlay on, embedded and ove
 
 from __future__ import annotations
 
+import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from graph_factory import write_graph
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from draft_service.mixing import witten_bell_weights
-from draft_service.overlay import ContextOverlay
+from draft_service.overlay import ContextIndex, ContextIndexCache
 from draft_service.server import params_from_request
 from gateway.coordinator import GenerationRequest
 from gateway.server import draft_params_from_proto
@@ -64,16 +66,92 @@ def q_of(drafter: Drafter, context: list[int], p: DraftParams) -> dict[int, floa
     return dict(zip(dist.token_ids.tolist(), dist.probs.tolist(), strict=True))
 
 
-def test_context_search_counts_every_order() -> None:
-    overlay = ContextOverlay(np.array([1, 2, 3, 4, 9, 2, 3, 4, 7, 2, 3, 5]), max_order=5)
-    found = overlay.successors(np.array([8, 2, 3, 4]))
+def packed(tokens: list[int]) -> bytes:
+    return np.asarray(tokens, dtype=">u4").tobytes()
+
+
+def index_of(tokens: list[int], max_order: int, chunks: int = 1) -> ContextIndex:
+    """An index of tokens, fed in `chunks` extensions (as rounds would)."""
+    index = ContextIndex(max_order)
+    cuts = np.linspace(0, len(tokens), chunks + 1).astype(int)
+    for start, end in itertools.pairwise(cuts):
+        index.extend(packed(tokens[start:end]))
+    return index
+
+
+def brute_force_successors(context: list[int], tail: list[int], max_order: int) -> tuple:
+    """The definition (draft_service.overlay), position by position."""
+    found = []
+    for order in range(min(len(tail), max_order), 0, -1):
+        counts: dict[int, int] = {}
+        for i in range(order, len(context)):
+            if context[i - order : i] == tail[-order:]:
+                counts[context[i]] = counts.get(context[i], 0) + 1
+        if counts:
+            found.append((order, tuple(sorted(counts.items()))))
+    return tuple(found)
+
+
+def test_context_index_counts_every_order() -> None:
+    index = index_of([1, 2, 3, 4, 9, 2, 3, 4, 7, 2, 3, 5], max_order=5)
+    found = index.successors(packed([8, 2, 3, 4]))
     # (2, 3, 4) occurs twice, followed by 9 and 7; (8, 2, 3, 4) never
     assert found == ((3, ((7, 1), (9, 1))), (2, ((7, 1), (9, 1))), (1, ((7, 1), (9, 1))))
-    assert overlay.successors(np.array([3, 5])) == ()  # 5 only at the end: no successor
-    nested = ContextOverlay(np.array([2, 3, 7, 3, 8, 2, 3, 7]), max_order=3).successors(
-        np.array([2, 3])
-    )
+    assert index.successors(packed([3, 5])) == ()  # 5 only at the end: no successor
+    nested = index_of([2, 3, 7, 3, 8, 2, 3, 7], max_order=3).successors(packed([2, 3]))
     assert nested == ((2, ((7, 2),)), (1, ((7, 2), (8, 1))))
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 17])
+def test_context_index_equals_the_definition_however_it_grew(chunks: int) -> None:
+    rng = np.random.default_rng(chunks)
+    for _ in range(40):
+        context = rng.integers(0, 6, size=int(rng.integers(0, 60))).tolist()  # many repeats
+        index = index_of(context, max_order=4, chunks=chunks)
+        for _ in range(10):
+            tail = rng.integers(0, 6, size=int(rng.integers(1, 6))).tolist()
+            expected = brute_force_successors(context, tail, 4)
+            assert index.successors(packed(tail)) == expected, (context, tail)
+
+
+def test_the_index_cache_reuses_a_prefix_and_never_shares_one_index() -> None:
+    cache = ContextIndexCache(max_order=3, capacity=4)
+    first = cache.checkout(packed([1, 2, 3, 1, 2]))
+    cache.checkin(first)
+    grown = cache.checkout(packed([1, 2, 3, 1, 2, 4, 1, 2]))  # the next round: extended
+    assert grown is first and grown.length == 8
+    assert cache.checkout(packed([1, 2, 3, 1, 2, 4, 1, 2])) is not grown  # held: never shared
+    assert grown.successors(packed([1, 2])) == brute_force_successors(
+        [1, 2, 3, 1, 2, 4, 1, 2], [1, 2], 3
+    )
+    other = cache.checkout(packed([1, 2, 3, 1, 2]))  # shorter than the held one: a new index
+    assert other is not grown and other.length == 5
+    cache.checkin(grown)
+    cache.checkin(other)
+    diverged = cache.checkout(packed([1, 2, 3, 1, 9, 9]))  # [1, 2, 3, 1, 2] is no prefix
+    assert diverged.successors(packed([1])) == ((1, ((2, 1), (9, 1))),)
+    for i in range(10):  # bounded: the oldest go first
+        cache.checkin(cache.checkout(packed([50 + i, 1, 2])))
+    assert len(cache) == 4
+
+
+def test_concurrent_overlay_drafts_equal_fresh_ones(graph: NGramGraph) -> None:
+    """Threads drafting for contexts that share a prefix (one bucket of the index cache) get
+    what a fresh drafter proposes for each context."""
+    drafter = Drafter(graph)
+    base = [1, 3, 5, 1, 8, 6, 4, 8, 1, 3]
+    contexts = [
+        base + [int(t) for t in np.random.default_rng(i).integers(1, 9, size=i)] for i in range(12)
+    ]
+    p = DraftParams(k=3, overlay_weight=2.0)
+    expected = [Drafter(graph).propose(c, p).token_ids for c in contexts]
+
+    def draft(i: int) -> list[int]:
+        return drafter.propose(contexts[i % len(contexts)], p).token_ids
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(draft, range(240)))
+    assert got == [expected[i % len(contexts)] for i in range(240)]
 
 
 def test_overlay_adds_weighted_context_counts_at_a_shared_order(graph: NGramGraph) -> None:
