@@ -27,7 +27,7 @@ import torch
 from gateway.baseline import PlainDecoder
 from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
-from speculant.v1 import gateway_pb2, gateway_pb2_grpc
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL, load_dev_prompts
 from verifier_service.batching import VerifyBatcher
 from verifier_service.model import LoadedModel
@@ -361,6 +361,10 @@ def generate_concurrently(stub, requests: list[gateway_pb2.GenerateRequest]) -> 
     return [outputs[i] for i in range(len(requests))]
 
 
+# verify batching serves chains (draft trees are verified one at a time)
+CHAINS = common_pb2.DraftOptions(tree_nodes=0)
+
+
 def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded) -> None:
     """8 concurrent greedy streams are token-identical to Hugging Face greedy decoding, and
     8 concurrent seeded sampling streams give the tokens the same requests give one by one."""
@@ -371,7 +375,9 @@ def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded) -> N
         plain.generate(loaded.tokenizer(p).input_ids, GATEWAY_TOKENS).token_ids for p in prompts
     ]
     greedy = [
-        gateway_pb2.GenerateRequest(prompt=p, max_tokens=GATEWAY_TOKENS, temperature=0.0)
+        gateway_pb2.GenerateRequest(
+            prompt=p, max_tokens=GATEWAY_TOKENS, temperature=0.0, draft=CHAINS
+        )
         for p in prompts
     ]
     hold_first_batch(local_verifier.batcher, N_STREAMS - 1)
@@ -383,7 +389,7 @@ def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded) -> N
 
     sampled = [
         gateway_pb2.GenerateRequest(
-            prompt=p, max_tokens=GATEWAY_TOKENS, temperature=0.8, seed=1000 + i
+            prompt=p, max_tokens=GATEWAY_TOKENS, temperature=0.8, seed=1000 + i, draft=CHAINS
         )
         for i, p in enumerate(prompts)
     ]
