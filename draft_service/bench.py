@@ -32,6 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import DEFAULT_CACHE_SIZE, Drafter
 from draft_service.graph import NGramGraph
+from speculant.config import DEFAULT_TREE_NODES
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams
@@ -55,6 +56,7 @@ class BenchOptions:
     attentive_mix: bool = True
     mixing: str = "witten-bell"
     min_draft_prob: float = 0.0
+    tree_nodes: int = DEFAULT_TREE_NODES  # 0 = chains of k
     context_len: int = 32
     workers: int = 8
     seed: int = 0
@@ -70,7 +72,7 @@ def make_contexts(graph: NGramGraph, n: int, max_len: int, seed: int) -> list[li
         extra = min(64, int(rng.integers(0, max(1, max_len - len(start) + 1))))
         context = list(start)
         if extra:
-            walk = DraftParams(k=extra, strategy="sampling")
+            walk = DraftParams(k=extra, strategy="sampling", tree_nodes=0)  # a chain
             context += drafter.propose(context, walk, seed=int(rng.integers(1 << 32))).token_ids
         contexts.append(context)
     return contexts
@@ -176,6 +178,7 @@ def bench_grpc(
             attentive_mix=params.attentive_mix,
             mixing=params.mixing,
             min_draft_prob=params.min_draft_prob,
+            tree_nodes=params.tree_nodes,
             seed=i,
         )
         for i, c in enumerate(contexts)
@@ -237,6 +240,7 @@ def run_bench(options: BenchOptions) -> dict:
         attentive_mix=options.attentive_mix,
         mixing=options.mixing,
         min_draft_prob=options.min_draft_prob,
+        tree_nodes=options.tree_nodes,
     ).validate()
     graph = NGramGraph.open(options.graph)
     try:
@@ -262,7 +266,7 @@ def run_bench(options: BenchOptions) -> dict:
         graph.close()
     label = (
         f"in-process Propose (k={params.k}, {params.strategy}, mixing={params.effective_mixing}"
-        f", min_draft_prob={params.min_draft_prob:g}"
+        f", min_draft_prob={params.min_draft_prob:g}, tree_nodes={params.tree_nodes}"
     )
     for name, figures in (("no cache", in_process), ("step cache on", cached)):
         print(

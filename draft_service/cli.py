@@ -108,6 +108,12 @@ def register(
     bench.add_argument("--requests", type=int, default=2000, help="Propose calls per measurement")
     bench.add_argument("--k", type=int, default=8, help="draft tokens per call")
     bench.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=DEFAULT_TREE_NODES,
+        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
+    )
+    bench.add_argument(
         "--concurrency", default="1,4", help="comma-separated closed-loop client counts"
     )
     bench.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
@@ -140,6 +146,12 @@ def register(
     tier.add_argument("--clients", type=int, default=4, help="closed-loop client processes")
     tier.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
     tier.add_argument("--k", type=int, default=8, help="draft tokens per call")
+    tier.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=DEFAULT_TREE_NODES,
+        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
+    )
     tier.add_argument("--workers", type=int, default=8, help="server worker threads")
     tier.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
     tier.set_defaults(handler=bench_draft_tier)
@@ -275,6 +287,7 @@ def bench_draft(args: argparse.Namespace) -> int:
         attentive_mix=not args.no_mix,
         mixing=args.mixing,
         min_draft_prob=args.min_draft_prob,
+        tree_nodes=args.tree_nodes,
         context_len=args.context_len,
         workers=args.workers,
         seed=args.seed,
@@ -309,6 +322,7 @@ def bench_draft_tier(args: argparse.Namespace) -> int:
         clients=args.clients,
         seconds=args.seconds,
         k=args.k,
+        tree_nodes=args.tree_nodes,
         workers=args.workers,
         json_out=args.json,
     )

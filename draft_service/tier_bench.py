@@ -33,6 +33,7 @@ import psutil
 
 from draft_service.bench import make_contexts, start_service
 from draft_service.graph import NGramGraph
+from speculant.config import DEFAULT_TREE_NODES
 from speculant.graph_format import DATA_FILE
 
 START_DELAY_S = 1.5  # clients start together this long after launch (all connected by then)
@@ -45,6 +46,7 @@ class TierBenchOptions:
     clients: int = 4
     seconds: float = 5.0
     k: int = 8
+    tree_nodes: int = DEFAULT_TREE_NODES  # 0 = chains of k
     workers: int = 8
     context_len: int = 32
     seed: int = 0
@@ -90,6 +92,7 @@ def _launch_clients(
         cmd = [sys.executable, "-m", "draft_service.tier_bench", "client"]
         cmd += ["--address", addresses[i % len(addresses)], "--contexts", contexts_file]
         cmd += ["--offset", str(i), "--k", str(options.k), "--start-at", f"{start_at:.6f}"]
+        cmd += ["--tree-nodes", str(options.tree_nodes)]
         cmd += ["--seconds", str(options.seconds)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
     return procs
@@ -165,6 +168,7 @@ def run_tier_bench(options: TierBenchOptions) -> dict[str, object]:
         "graph": str(Path(options.graph).resolve()),
         "data_mdb_bytes": data_size,
         "k": options.k,
+        "tree_nodes": options.tree_nodes,
         "seconds": options.seconds,
         "cpu_count": os.cpu_count(),
         "runs": runs,
@@ -192,6 +196,7 @@ def client_main(argv: list[str]) -> int:
     parser.add_argument("--contexts", required=True)
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES)
     parser.add_argument("--start-at", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     args = parser.parse_args(argv)
@@ -201,6 +206,7 @@ def client_main(argv: list[str]) -> int:
         draft_pb2.ProposeRequest(
             context_token_ids=c,
             k=args.k,
+            tree_nodes=args.tree_nodes,
             strategy=common_pb2.DRAFT_STRATEGY_GREEDY,
             attentive_mix=defaults.attentive_mix,
             mixing=defaults.mixing,
