@@ -44,7 +44,7 @@ import heapq
 import itertools
 import math
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import lmdb
 import numpy as np
@@ -88,21 +88,6 @@ class Drafter:
         self._resolved: dict[DraftParams, DraftParams] = {}
         # the overlay's context indexes of recent requests (draft_service.overlay)
         self._overlays = ContextIndexCache(graph.max_order)
-
-    @contextlib.contextmanager
-    def _overlay(
-        self, context_ids: Sequence[int] | np.ndarray, params: DraftParams
-    ) -> Iterator[ContextIndex | None]:
-        """The request's context overlay (None when it is off or the context has < 2 tokens),
-        held for one proposal: indexes of recent contexts are extended, not rebuilt."""
-        if params.overlay_weight <= 0 or len(context_ids) < 2:
-            yield None
-            return
-        index = self._overlays.checkout(np.asarray(context_ids, dtype=_BE32).tobytes())
-        try:
-            yield index
-        finally:
-            self._overlays.checkin(index)
 
     def resolve(self, params: DraftParams) -> DraftParams:
         """params with every unset mixing parameter filled: the graph's tuned default where it
@@ -161,12 +146,18 @@ class Drafter:
         self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None
     ) -> DraftProposal:
         """propose() for a checked context and resolved params."""
-        with self._overlay(context_ids, params) as overlay:
+        overlay = None  # the request's context index, held for this proposal
+        if params.overlay_weight > 0 and len(context_ids) > 1:
+            overlay = self._overlays.checkout(np.asarray(context_ids, dtype=_BE32).tobytes())
+        try:
             if params.drafts_tree and params.strategy == "sampling":
                 return self._propose_sampled_tree(context_ids, params, seed, overlay)
             if params.drafts_tree:
                 return self._propose_tree(context_ids, params, overlay)
             return self._propose_chain(context_ids, params, seed, overlay)
+        finally:
+            if overlay is not None:  # it may serve this request's next round
+                self._overlays.checkin(overlay)
 
     def _propose_chain(
         self,
@@ -297,10 +288,13 @@ class Drafter:
         while frontier and len(proposal.token_ids) < params.tree_nodes:
             neg_prob, _, node, depth, tail = heapq.heappop(frontier)
             found = _overlay_successors(overlay, tail)
-            mixed = self._mixed(tail, txn, dbs, params, found)
-            if mixed is None:
+            orders, ids_list, counts_list, source_of = self._successor_counts(
+                tail, txn, dbs, params, found
+            )
+            if not orders:
                 continue  # a dead end: no children
-            order, ids, q, source_of = mixed
+            order = orders[0]
+            ids, q = self._mixer.mix(orders, ids_list, counts_list, params)
             keep = q > 0
             ids, q = ids[keep], q[keep] / q[keep].sum()  # [support]
             draws = min(TREE_WIDTH, ids.size, params.tree_nodes - len(proposal.token_ids))
@@ -322,28 +316,18 @@ class Drafter:
                     q = q / q.sum()
         return proposal
 
-    def _mixed(
-        self,
-        tail: bytes,
-        txn: lmdb.Transaction,
-        dbs: list,
-        params: DraftParams,
-        found: tuple,
-    ) -> tuple[int, np.ndarray, np.ndarray, Callable[[int], str]] | None:
-        """(matched order, ids [U], q [U], token -> its source) after tail, from the graph and
-        found (the overlay's successors for tail, ContextIndex.successors; () for none);
-        None at a dead end."""
+    def _successor_counts(
+        self, tail: bytes, txn: lmdb.Transaction, dbs: list, params: DraftParams, found: tuple
+    ) -> tuple[list[int], list[np.ndarray], list[np.ndarray], Callable[[int], str]]:
+        """(matching orders, successor ids, counts, token -> its source) after tail, highest
+        order first: the graph's counts, combined with found (the overlay's successors for
+        tail, ContextIndex.successors) when there are any; no orders at a dead end."""
         every_order = params.effective_mixing != "backoff"
-        if found:
-            graph_counts = _match_decoded(tail, txn, dbs, every_order)
-            combined = combine(*graph_counts, found, params.overlay_weight, every_order)
-            ids, q = self._mixer.mix(combined.orders, combined.ids, combined.counts, params)
-            return combined.orders[0], ids, q, combined.source_of
-        orders, values = _match(tail, txn, dbs, every_order)
-        if not orders:
-            return None
-        ids, q = self._mixer.mix(orders, *_decode(values), params)
-        return orders[0], ids, q, _from_graph
+        graph_counts = _match_decoded(tail, txn, dbs, every_order)
+        if not found:
+            return *graph_counts, _from_graph
+        combined = combine(*graph_counts, found, params.overlay_weight, every_order)
+        return combined.orders, combined.ids, combined.counts, combined.source_of
 
     def _tree_step(
         self, tail: bytes, params: DraftParams, mix_key: tuple, overlay: ContextIndex | None
@@ -356,15 +340,9 @@ class Drafter:
         step = self._tree_cache.get(key)
         if step is None:
             txn, dbs = self.graph.raw_lookup()
-            every_order = params.effective_mixing != "backoff"
-            if found:
-                graph_counts = _match_decoded(tail, txn, dbs, every_order)
-                combined = combine(*graph_counts, found, params.overlay_weight, every_order)
-                orders, ids_list, counts_list = combined.orders, combined.ids, combined.counts
-                source_of = combined.source_of
-            else:
-                orders, ids_list, counts_list = _match_decoded(tail, txn, dbs, every_order)
-                source_of = _from_graph
+            orders, ids_list, counts_list, source_of = self._successor_counts(
+                tail, txn, dbs, params, found
+            )
             step = (0, [])  # a dead end
             if orders:
                 best = self._mixer.top(orders, ids_list, counts_list, params, TREE_WIDTH)

@@ -124,17 +124,16 @@ class ContextIndex:
     """The successor counts of one context's n-grams, kept up to date as the context grows.
 
     When token i is appended, it is counted as the successor of the n-grams ending at token
-    i - 1 (orders min_order..max_order), so an index of n tokens holds at most n * max_order
+    i - 1 (orders 1..max_order), so an index of n tokens holds at most n * max_order
     keys. Keys are the n-grams packed as
     big-endian uint32, the graph's key layout, so a drafter's packed tail is looked up as is.
     Not thread-safe: one caller at a time (:class:`ContextIndexCache` hands it out).
     """
 
-    __slots__ = ("_counts", "_frozen", "length", "max_order", "min_order", "packed")
+    __slots__ = ("_counts", "_frozen", "length", "max_order", "packed")
 
-    def __init__(self, max_order: int, min_order: int = 1) -> None:
+    def __init__(self, max_order: int) -> None:
         self.max_order = max_order
-        self.min_order = min_order
         self.packed = b""  # the context so far, 4 bytes per token
         self.length = 0
         self._counts: dict[bytes, dict[int, int]] = {}  # n-gram -> {successor: count}
@@ -149,7 +148,7 @@ class ContextIndex:
         counts, frozen, top = self._counts, self._frozen, self.max_order
         for offset, token in enumerate(tokens):
             i = self.length + offset  # token i follows the n-grams ending at token i - 1
-            for order in range(self.min_order, min(top, i) + 1):
+            for order in range(1, min(top, i) + 1):
                 key = data[4 * (i - order) : 4 * i]
                 successors = counts.get(key)
                 if successors is None:
@@ -168,7 +167,7 @@ class ContextIndex:
         tail: the last <= max_order tokens, packed like the keys (big-endian uint32).
         """
         found = []
-        for order in range(min(len(tail) >> 2, self.max_order), self.min_order - 1, -1):
+        for order in range(min(len(tail) >> 2, self.max_order), 0, -1):
             key = tail[-4 * order :]
             items = self._frozen.get(key)
             if items is None:
@@ -193,9 +192,8 @@ class ContextIndexCache:
     reused, the counts are those of the new context.
     """
 
-    def __init__(self, max_order: int, capacity: int = 64, min_order: int = 1) -> None:
+    def __init__(self, max_order: int, capacity: int = 64) -> None:
         self.max_order = max_order
-        self.min_order = min_order
         self.capacity = capacity
         self._lock = threading.Lock()
         self._indexes: list[ContextIndex] = []  # least recently returned first
@@ -212,7 +210,7 @@ class ContextIndexCache:
             if fits:
                 best = self._indexes.pop(max(fits, key=lambda i: self._indexes[i].length))
         if best is None:
-            best = ContextIndex(self.max_order, self.min_order)
+            best = ContextIndex(self.max_order)
         best.extend(packed_context[len(best.packed) :])
         return best
 

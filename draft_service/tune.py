@@ -195,23 +195,23 @@ def _best(scorer: Scorer, candidates: Iterable[DraftParams]) -> DraftParams:
 
 
 def search(
-    scorer: Scorer, k: DraftParams, progress: Callable[[str], None]
+    scorer: Scorer, shape: DraftParams, progress: Callable[[str], None]
 ) -> dict[str, DraftParams]:
     """The best candidate of every mode on the scorer's traces, keyed by mode, "default" (the
     built-in settings, tried first) and "seed built-in" (the seed formula's built-in weights);
-    k: the draft shape scored (its k and tree_nodes)."""
-    default = explicit_params(k)
+    shape: the draft shape scored (its k and tree_nodes)."""
+    default = explicit_params(shape)
     scorer(default)
     best: dict[str, DraftParams] = {"default": default}
-    best["backoff"] = explicit_params(k, mixing="backoff")
+    best["backoff"] = explicit_params(shape, mixing="backoff")
     progress(f"backoff: {scorer(best['backoff']):.3f}")
-    grid = [explicit_params(k, escape_weight=b) for b in ESCAPE_WEIGHTS]
+    grid = [explicit_params(shape, escape_weight=b) for b in ESCAPE_WEIGHTS]
     wb = _best(scorer, [default, *grid])
     b = wb.escape_weight or 1.0
-    wb = _best(scorer, [wb, *(explicit_params(k, escape_weight=b * f) for f in (0.7, 1.4))])
+    wb = _best(scorer, [wb, *(explicit_params(shape, escape_weight=b * f) for f in (0.7, 1.4))])
     best["witten-bell"] = wb
     progress(f"witten-bell: {describe(wb)}: {scorer(wb):.3f}")
-    seed = best["seed built-in"] = explicit_params(k, mixing="seed")
+    seed = best["seed built-in"] = explicit_params(shape, mixing="seed")
     for _ in range(SEED_PASSES):
         start = seed
         for name, values in SEED_GRID.items():
