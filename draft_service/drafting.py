@@ -15,7 +15,9 @@ Terms:
 - *running probability* of draft token d_i: q(d_1) * ... * q(d_i), with q the mixed distribution
   (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
   estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
-  before the first d_i (i >= 2) whose running probability is below it (*adaptive length*).
+  before position i (i >= 2) when q(d_1) * ... * q(d_{i-1}) * max q_i is below it (*adaptive
+  length*): for ``greedy`` that is d_i's running probability; for ``sampling`` it is decided
+  before d_i is drawn, so that d_i is a plain draw from the q it reports (exactness).
 - *outcome* of verifying a draft d_1..d_k: the verifier accepts d_1..d_j, then emits one token t
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
@@ -198,6 +200,8 @@ class Drafter:
                         ids, q = self._mixer.mix(
                             combined.orders, combined.ids, combined.counts, params
                         )
+                        if _too_unlikely(running, q, min_prob, proposal):
+                            break
                         token, dist, prob = _sample(ids, q, rng)
                     order, source = combined.orders[0], combined.source_of(token)
                     if cache is not None:
@@ -220,11 +224,13 @@ class Drafter:
                 if not orders:
                     break
                 ids, q = self._mixer.mix(orders, *_decode(values), params)
+                if _too_unlikely(running, q, min_prob, proposal):
+                    break
                 token, dist, prob = _sample(ids, q, rng)
                 order = orders[0]
-            running *= prob
-            if running < min_prob and proposal.token_ids:
+            if greedy and running * prob < min_prob and proposal.token_ids:
                 break  # adaptive length: d_i is too unlikely to survive verification
+            running *= prob
             proposal.token_ids.append(token)
             proposal.distributions.append(dist)
             proposal.matched_orders.append(order)
@@ -566,6 +572,16 @@ def _tail_key(context_ids: Sequence[int] | np.ndarray, max_order: int) -> bytes:
     """The last <= max_order ids of the context, packed big-endian: the graph's key layout."""
     tail = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
     return struct.pack(f">{len(tail)}I", *tail)
+
+
+def _too_unlikely(running: float, q: np.ndarray, min_prob: float, proposal: DraftProposal) -> bool:
+    """Adaptive length for a sampled draft: whether the draft ends before the next position,
+    decided *before* sampling it, from the running probability so far and max q (the
+    likeliest token's chance), never from the token drawn. So the token drafted at a position
+    is always a plain draw from the q it reports: cutting the draft after a draw (when the
+    drawn token's q is small) would make it a draw from q restricted to its likelier tokens,
+    and the verifier, correcting against q, would no longer sample the target distribution."""
+    return bool(proposal.token_ids) and running * float(q.max()) < min_prob
 
 
 def _sample(

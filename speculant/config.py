@@ -66,8 +66,9 @@ class DraftConfig(BaseSettings):
     ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o`` and
     q = sum_o softmax(score/mix_temperature)_o * P_o) or "backoff" (the highest matching order
     alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says.
-    ``min_draft_prob`` (0 = off) ends a draft before the first token whose running probability
-    q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
+    ``min_draft_prob`` (0 = off) ends a draft before the first position i where
+    q(d_1)*...*q(d_{i-1})*max q_i falls below it (for greedy drafts: d_i's running probability);
+    the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
     ``tree_nodes`` (default 12; 0 = a chain of k) drafts a tree of up to that many tokens, k
