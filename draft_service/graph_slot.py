@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
+from draft_service.live_layer import LiveLayer
 from speculant.errors import UnavailableError
 
 STILL_OPENING = "the draft service is still opening its graph"  # UNAVAILABLE before a graph
@@ -33,11 +34,15 @@ class LoadedGraph:
 
 
 class GraphSlot:
-    """Holds the current loaded graph; swaps it atomically (see the module docstring)."""
+    """Holds the current loaded graph; swaps it atomically (see the module docstring).
 
-    def __init__(self) -> None:
+    live_for: the live layer a new graph's drafter combines with it (``Learning.attach``), or
+    None for drafts from the graph alone."""
+
+    def __init__(self, live_for: Callable[[NGramGraph], LiveLayer] | None = None) -> None:
         self._lock = threading.Lock()
         self._current: LoadedGraph | None = None
+        self._live_for = live_for
 
     @property
     def current(self) -> LoadedGraph | None:
@@ -64,7 +69,8 @@ class GraphSlot:
     def install(self, graph: NGramGraph) -> LoadedGraph:
         """Make graph (with a new Drafter of it) the current one; the one it replaces closes
         once no call uses it."""
-        loaded = LoadedGraph(graph, Drafter(graph))
+        live = self._live_for(graph) if self._live_for is not None else None
+        loaded = LoadedGraph(graph, Drafter(graph, live=live))
         with self._lock:
             old, self._current = self._current, loaded
         self._retire(old)

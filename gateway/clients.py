@@ -182,6 +182,18 @@ class _Replica:
     held_off_until: float = 0.0  # time.monotonic()
 
 
+LEARN_TIMEOUT_S = 2.0  # one Learn report to one draft replica (off the request's path)
+
+
+@dataclass
+class LearnDelivery:
+    """Where one Learn report went: the replicas that took it, failed, and persisted it."""
+
+    delivered: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    persisted_by: str = ""
+
+
 class GrpcDraftClient:
     """Drafts from one or more draft-service replicas over open streams (ProposeStream), round
     robin, failing over to the next replica on an error or a timeout. A replica that failed goes
@@ -351,6 +363,27 @@ class GrpcDraftClient:
         exchange = self._checkout(replica)
         exchange.send(request)
         return GrpcDraftCall(self, replica, exchange, request)
+
+    def learn(
+        self, token_ids: Sequence[int], generation_id: str, timeout_s: float = LEARN_TIMEOUT_S
+    ) -> LearnDelivery:
+        """Report a finished generation to every current replica (each learns it), asking
+        exactly one to persist it: the first that answers, in round-robin order. Never raises:
+        failures are counted in the result."""
+        request = draft_pb2.LearnRequest(token_ids=token_ids, generation_id=generation_id)
+        delivery = LearnDelivery()
+        for replica in self._replica_order():
+            request.persist = not delivery.persisted_by
+            try:
+                response = replica.stub.Learn(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                delivery.failed.append(replica.address)
+                log.debug("learn report to %s failed: %s", replica.address, exc)
+                continue
+            delivery.delivered.append(replica.address)
+            if response.persisted:
+                delivery.persisted_by = replica.address
+        return delivery
 
     def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
         """The graph meta of the first replica that answers."""

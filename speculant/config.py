@@ -42,6 +42,10 @@ DEFAULT_NEXT_ROUND_DRAFTS = 0
 # often the gateway resolves dns:NAME:PORT draft replicas again (gateway.clients), in seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0
+# Online learning in the draft tier (draft_service.live_layer): the live layer's memory cap and
+# the weight of its counts against the graph's (measured: see the README, Learning from traffic).
+DEFAULT_LEARN_MEMORY_MB = 256
+DEFAULT_LEARN_WEIGHT = 8.0
 
 
 class GraphConfig(BaseSettings):
