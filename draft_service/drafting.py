@@ -59,7 +59,7 @@ import numpy as np
 from draft_service.graph import NGramGraph
 from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
-from draft_service.overlay import Combined, ContextIndex, ContextIndexCache, combine
+from draft_service.overlay import Combined, ContextIndex, ContextIndexCache, as_arrays, combine
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft, SparseDistribution
 
@@ -378,7 +378,7 @@ class Drafter:
             orders, ids, counts = shared.orders, shared.ids, shared.counts
             if not found:
                 return Combined(orders, ids, counts, ids, [])
-        return combine(orders, ids, counts, found, params.overlay_weight, every_order)
+        return combine(orders, ids, counts, as_arrays(found), params.overlay_weight, every_order)
 
     def _tree_step(
         self, tail: bytes, params: DraftParams, mix_key: tuple, overlay: ContextIndex | None

@@ -38,9 +38,10 @@ from speculant.config import DEFAULT_LEARN_MEMORY_MB, DEFAULT_LEARN_WEIGHT
 KEY_BYTES = 320
 PAIR_BYTES = 120
 DOCUMENT_BYTES = 120  # a learned document's bytes object and deque slot, beyond 4 bytes a token
-# A published successor tuple: the tuple and its dict slot, and per successor a 2-tuple.
-FROZEN_BYTES = 120
-FROZEN_PAIR_BYTES = 72
+# A published entry: two numpy arrays (about 112 bytes each), its tuple and dict slot, and per
+# successor 16 bytes of array data.
+FROZEN_BYTES = 320
+FROZEN_PAIR_BYTES = 16
 DEFAULT_MAX_BYTES = DEFAULT_LEARN_MEMORY_MB << 20
 DEFAULT_WEIGHT = DEFAULT_LEARN_WEIGHT
 
@@ -78,8 +79,8 @@ class LiveLayer:
         self.weight = float(weight)
         self._lock = threading.Lock()
         self._counts: dict[bytes, dict[int, int]] = {}  # context -> {successor: count}
-        # published successors, on demand: key -> (stamp, sorted (id, count) items)
-        self._frozen: dict[bytes, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        # published successors, on demand: key -> (stamp, ids ascending, their counts)
+        self._frozen: dict[bytes, tuple[int, np.ndarray, np.ndarray]] = {}
         self._stamp = 0
         self._documents: deque[bytes] = deque()  # packed tokens, oldest first
         self._tokens = 0
@@ -123,7 +124,7 @@ class LiveLayer:
                 key = packed[4 * (i - order) : 4 * i]
                 stale = frozen.pop(key, None)
                 if stale is not None:
-                    self._frozen_bytes -= FROZEN_BYTES + FROZEN_PAIR_BYTES * len(stale[1])
+                    self._frozen_bytes -= FROZEN_BYTES + FROZEN_PAIR_BYTES * stale[1].size
                 successors = counts.get(key)
                 if successors is None:
                     if delta > 0:
@@ -160,13 +161,20 @@ class LiveLayer:
         """((order, ((successor id, count), ...)), ...) for the orders whose last `order` tail
         tokens the layer has seen followed, highest order first, ids ascending; () when none.
         tail: packed like the keys."""
-        return self.lookup(tail)[0]
+        return tuple(
+            (order, tuple(zip(ids.tolist(), map(int, counts.tolist()), strict=True)))
+            for order, ids, counts in self.lookup(tail)[0]
+        )
 
-    def lookup(self, tail: bytes) -> tuple[Successors, tuple[tuple[int, int], ...]]:
-        """(successors(tail), its signature): ((order, stamp), ...), a short key that equals
-        another lookup's only when the counts are the same ones (each published tuple gets a
-        stamp of its own, and a tuple is published again whenever its counts change), so a
-        drafter's step caches can be keyed by it without hashing every count."""
+    def lookup(
+        self, tail: bytes
+    ) -> tuple[tuple[tuple[int, np.ndarray, np.ndarray], ...], tuple[tuple[int, int], ...]]:
+        """((order, successor ids int64 [u] ascending, counts float64 [u]), ...) for the orders
+        whose last `order` tail tokens the layer has seen followed, highest order first, and
+        their signature ((order, stamp), ...): a short key that equals another lookup's only
+        when the counts are the same ones (each published entry gets a stamp of its own, and an
+        entry is published again whenever its counts change), so a drafter's step caches can be
+        keyed by it. The arrays are read-only and shared: do not modify them."""
         if not self._counts:
             return (), ()
         found = []
@@ -180,20 +188,24 @@ class LiveLayer:
                 published = self._publish(key)
                 if published is None:
                     continue
-            stamp, items = published
-            found.append((order, items))
+            stamp, ids, counts = published
+            found.append((order, ids, counts))
             signature.append((order, stamp))
         return tuple(found), tuple(signature)
 
-    def _publish(self, key: bytes) -> tuple[int, tuple[tuple[int, int], ...]] | None:
-        """Build (a new stamp, the sorted successor items) of a key, and keep it if it fits."""
+    def _publish(self, key: bytes) -> tuple[int, np.ndarray, np.ndarray] | None:
+        """Build (a new stamp, successor ids, counts) of a key, and keep it if it fits."""
         with self._lock:
             successors = self._counts.get(key)
             if successors is None:
                 return None
             self._stamp += 1
-            published = (self._stamp, tuple(sorted(successors.items())))
-            size = FROZEN_BYTES + FROZEN_PAIR_BYTES * len(published[1])
+            items = sorted(successors.items())
+            ids = np.fromiter((x for x, _ in items), dtype=np.int64, count=len(items))
+            counts = np.fromiter((c for _, c in items), dtype=np.float64, count=len(items))
+            ids.flags.writeable = counts.flags.writeable = False
+            published = (self._stamp, ids, counts)
+            size = FROZEN_BYTES + FROZEN_PAIR_BYTES * len(items)
             if self.estimated_bytes() + size > self.max_bytes:
                 self._drop_frozen()
             if self.estimated_bytes() + size <= self.max_bytes:  # else: not kept

@@ -65,59 +65,67 @@ class Combined:
         return "overlay" if in_overlay else "graph"
 
 
+Extra = tuple[tuple[int, np.ndarray, np.ndarray], ...]  # ((order, ids [u], counts [u]), ...)
+
+
+def as_arrays(found: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]) -> Extra:
+    """ContextIndex.successors' tuples as (order, ids int64 [u], counts float64 [u]) arrays."""
+    return tuple(
+        (
+            order,
+            np.array([x for x, _ in items], dtype=np.int64),
+            np.array([c for _, c in items], dtype=np.float64),
+        )
+        for order, items in found
+    )
+
+
 def combine(
     graph_orders: list[int],
     graph_ids: list[np.ndarray],
     graph_counts: list[np.ndarray],
-    overlay: tuple[tuple[int, tuple[tuple[int, int], ...]], ...],
+    extra: Extra,
     weight: float,
     every_order: bool,
 ) -> Combined:
-    """The counts c_graph,o + weight * c_ctx,o (float64) of every matching order.
+    """The counts c_graph,o + weight * c_extra,o (float64) of every matching order.
 
     every_order=False keeps only the highest matching order (backoff). Both inputs are highest
-    order first; graph_ids[i] are distinct ids, as overlay's are.
+    order first; each order's ids are distinct in either. Where both list successors, the
+    result's ids are sorted (a merge: O(n log n)); an order only one of them has keeps its own.
     """
     by_order: dict[int, list] = {}
     for o, ids, counts in zip(graph_orders, graph_ids, graph_counts, strict=True):
-        by_order[o] = [ids, counts, None]
-    for o, items in overlay:
-        by_order.setdefault(o, [None, None, None])[2] = items
+        by_order[o] = [ids, counts, None, None]
+    for o, ids, counts in extra:
+        entry = by_order.setdefault(o, [None, None, None, None])
+        entry[2], entry[3] = ids, counts
     orders = sorted(by_order, reverse=True)
     if not every_order:
         orders = orders[:1]
     out_ids: list[np.ndarray] = []
     out_counts: list[np.ndarray] = []
     from_graph: list[np.ndarray] = []
-    from_overlay: list[np.ndarray] = []
+    from_extra: list[np.ndarray] = []
     for o in orders:
-        g_ids, g_counts, items = by_order[o]
-        if items is None:
+        g_ids, g_counts, e_ids, e_counts = by_order[o]
+        if e_ids is None:
             from_graph.append(g_ids)
             out_ids.append(g_ids)
             out_counts.append(g_counts.astype(np.float64))
             continue
-        c_ids = np.array([x for x, _ in items], dtype=np.int64)
-        c_counts = np.array([c for _, c in items], dtype=np.float64) * weight
-        from_overlay.append(c_ids)
+        from_extra.append(e_ids)
         if g_ids is None:
-            out_ids.append(c_ids)
-            out_counts.append(c_counts)
+            out_ids.append(e_ids)
+            out_counts.append(e_counts * weight)
             continue
         from_graph.append(g_ids)
-        # add the overlay's counts where the graph has the id, append the others
-        same = g_ids[:, None] == c_ids[None, :]  # [T, u]
-        known = same.any(axis=0)  # [u]
-        counts = g_counts.astype(np.float64)
-        counts[same.argmax(axis=0)[known]] += c_counts[known]
-        if known.all():
-            out_ids.append(g_ids)
-            out_counts.append(counts)
-        else:
-            new = ~known
-            out_ids.append(np.concatenate([g_ids.astype(np.int64), c_ids[new]]))
-            out_counts.append(np.concatenate([counts, c_counts[new]]))
-    return Combined(orders, out_ids, out_counts, from_graph, from_overlay)
+        ids = np.concatenate([g_ids.astype(np.int64), e_ids])  # [T + u]
+        counts = np.concatenate([g_counts.astype(np.float64), e_counts * weight])  # [T + u]
+        union, where = np.unique(ids, return_inverse=True)  # [U], [T + u]
+        out_ids.append(union)
+        out_counts.append(np.bincount(where, weights=counts, minlength=union.size))
+    return Combined(orders, out_ids, out_counts, from_graph, from_extra)
 
 
 class ContextIndex:
