@@ -52,7 +52,14 @@ def register(
     serve.add_argument("--graph", required=True, help="graph directory (from `speculant build`)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="0 picks a free port")
-    serve.add_argument("--workers", type=int, default=8, help="gRPC worker threads")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        help="ProposeStream streams served at once, one gRPC thread each (more are refused and "
+        "their clients use unary Propose); 8 more threads answer health checks, GetGraphInfo "
+        "and Propose",
+    )
     serve.add_argument(
         "--reload-interval",
         type=float,

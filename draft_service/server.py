@@ -24,7 +24,13 @@ from draft_service.graph_slot import STILL_OPENING, GraphSlot
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.grpc_server import (
+    RESERVED_THREADS,
+    CallLimit,
+    ServiceServer,
+    map_errors,
+    map_stream_errors,
+)
 from speculant.metrics import Metrics
 from speculant.request_context import clean_request_id, request_id_scope
 from speculant.strategies import STRATEGY_FROM_PROTO
@@ -133,14 +139,21 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     current when it arrived; a stream opened before a reload uses the new graph from its next
     request on. Each proposal is logged (DEBUG) under the request id it names
     (ProposeRequest.request_id, else the call's).
+
+    At most `max_streams` ProposeStreams are served at once (each holds a worker thread while
+    open); more are refused with RESOURCE_EXHAUSTED at once, and their clients use Propose.
     """
 
     def __init__(
-        self, defaults: DraftParams | None = None, metrics: DraftMetrics | None = None
+        self,
+        defaults: DraftParams | None = None,
+        metrics: DraftMetrics | None = None,
+        max_streams: int = 8,
     ) -> None:
         self.defaults = (defaults or DraftParams()).validate()
         self.metrics = metrics
         self.slot = GraphSlot()
+        self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
 
     def load(self, graph: NGramGraph) -> None:
         """Serve graph (replacing the current one, which closes once no call uses it)."""
@@ -210,6 +223,12 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         """
         if self.slot.current is None:
             raise UnavailableError(STILL_OPENING)
+        with self.streams.hold():
+            yield from self._propose_stream(requests)
+
+    def _propose_stream(
+        self, requests: Iterator[draft_pb2.ProposeRequest]
+    ) -> Iterator[draft_pb2.ProposeResponse]:
         for request in requests:
             with request_id_scope(clean_request_id(request.request_id)):
                 params, seed = params_from_request(request, self.defaults)
@@ -269,6 +288,10 @@ class DraftServer:
     to SERVING and starts watching the graph path: a graph newly published there is loaded
     without a restart (every ``reload_interval_s`` seconds, 0 = only on request_reload(); see
     :mod:`draft_service.reload`); stop() shuts down and closes the graph.
+
+    Threads: ``workers`` open ProposeStreams are served at once (one thread each, while open);
+    the server runs RESERVED_THREADS more for health checks, GetGraphInfo and unary Propose, so
+    that no number of streams, idle or busy, leaves those unanswered.
     """
 
     def __init__(
@@ -289,9 +312,14 @@ class DraftServer:
                 "reload_interval_s", f"must be >= 0, got {reload_interval_s}"
             )
         self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
-        self.servicer = DraftServicer(defaults, self.metrics)
+        self.servicer = DraftServicer(defaults, self.metrics, max_streams=workers)
         self.server = ServiceServer(
-            host, port, [SERVICE_NAME], max_workers=workers, tls=tls, metrics=metrics
+            host,
+            port,
+            [SERVICE_NAME],
+            max_workers=workers + RESERVED_THREADS,
+            tls=tls,
+            metrics=metrics,
         )
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
         self._stopped = threading.Event()

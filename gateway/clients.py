@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
 
+from gateway.stream_pool import StreamPool
 from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import GRPC_OPTIONS
@@ -174,12 +175,23 @@ REPLICA_HOLD_OFF_S = 1.0
 
 @dataclass(eq=False)
 class _Replica:
-    """One draft service: its stub, its idle open streams, and its hold-off after a failure."""
+    """One draft service: its stub, its open streams, and its hold-off after a failure."""
 
     address: str
     stub: draft_pb2_grpc.DraftServiceStub
-    idle: list[StreamExchange] = field(default_factory=list)
+    streams: StreamPool
     held_off_until: float = 0.0  # time.monotonic()
+
+    @classmethod
+    def connect(cls, address: str, tls: ClientTls | None) -> _Replica:
+        stub = draft_pb2_grpc.DraftServiceStub(_channel(address, tls))
+        return cls(address, stub, StreamPool(lambda: StreamExchange(stub.ProposeStream, None)))
+
+
+def _refused(exc: RemoteError, exchange: StreamExchange) -> bool:
+    """Whether a stream failed because the service refused it (it serves its limit of streams,
+    see speculant.grpc_server.CallLimit), not because of the request or the service."""
+    return exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and exchange.responses == 0
 
 
 class GrpcDraftClient:
@@ -190,7 +202,12 @@ class GrpcDraftClient:
 
     The replica set can change while calls run (``refresh``): with ``dns:NAME:PORT`` entries
     (see expand_addresses) a background thread resolves them again every ``refresh_s`` seconds,
-    so replicas a scaler adds are used and removed ones are dropped without a restart."""
+    so replicas a scaler adds are used and removed ones are dropped without a restart.
+
+    Streams: each replica's open streams are pooled (gateway.stream_pool): idle ones are closed
+    after a few seconds, and a replica that refuses a new stream (it serves its limit: each
+    open stream holds one of its threads) is asked by unary Propose until it takes streams
+    again, which is not a failure."""
 
     def __init__(
         self,
@@ -219,6 +236,7 @@ class GrpcDraftClient:
             threading.Thread(
                 target=self._refresh_loop, args=(refresh_s,), name="draft-dns", daemon=True
             ).start()
+        threading.Thread(target=self._trim_loop, name="draft-streams", daemon=True).start()
 
     @property
     def addresses(self) -> list[str]:
@@ -234,17 +252,13 @@ class GrpcDraftClient:
             raise UnavailableError(f"--draft: {', '.join(self._entries)} resolved to nothing")
         with self._lock:
             known = {replica.address: replica for replica in self._replicas}
-            replicas = [
-                known.get(a) or _Replica(a, draft_pb2_grpc.DraftServiceStub(_channel(a, self._tls)))
-                for a in addresses
-            ]
+            replicas = [known.get(a) or _Replica.connect(a, self._tls) for a in addresses]
             current = set(addresses)
             gone = [r for r in self._replicas if r.address not in current]
             self._replicas = replicas
         for replica in gone:
             log.info("draft replica %s left the set", replica.address)
-            for exchange in replica.idle:
-                exchange.close()
+            replica.streams.close()
         for replica in replicas:
             if replica.address not in known and known:
                 log.info("draft replica %s joined the set", replica.address)
@@ -256,9 +270,17 @@ class GrpcDraftClient:
             except (InvalidArgumentError, UnavailableError) as exc:  # keep the current set
                 log.warning("draft replicas not refreshed: %s", exc)
 
+    def _trim_loop(self, interval_s: float = 1.0) -> None:
+        """Close the streams that stayed idle too long (they hold a draft service thread)."""
+        while not self._stopped.wait(interval_s):
+            for replica in self._replicas:
+                replica.streams.trim()
+
     def close(self) -> None:
-        """Stop refreshing the replica set."""
+        """Stop refreshing the replica set and close the idle streams."""
         self._stopped.set()
+        for replica in self._replicas:
+            replica.streams.close()
 
     def _replica_order(self) -> list[_Replica]:
         """Round robin, replicas held off after a failure last."""
@@ -273,21 +295,13 @@ class GrpcDraftClient:
         with self._lock:
             replica.held_off_until = time.monotonic() + REPLICA_HOLD_OFF_S
 
-    def _checkout(self, replica: _Replica) -> StreamExchange:
-        """An idle open stream to the replica (a new one when none is idle)."""
-        with self._lock:
-            exchange = replica.idle.pop() if replica.idle else None
-        if exchange is None:
-            exchange = StreamExchange(replica.stub.ProposeStream, timeout_s=None)
-        return exchange
-
     def _checkin(self, replica: _Replica, exchange: StreamExchange) -> None:
         with self._lock:
             current = replica in self._replicas
-            if current:
-                replica.idle.append(exchange)
-        if not current:  # the replica left the set while this call ran
-            exchange.close()
+        if current:
+            replica.streams.checkin(exchange)
+        else:  # the replica left the set while this call ran
+            replica.streams.discard(exchange)
 
     def _receive(self, replica: _Replica, exchange: StreamExchange) -> draft_pb2.ProposeResponse:
         """The next response on `exchange`, cancelled by the watchdog past the draft timeout."""
@@ -300,11 +314,34 @@ class GrpcDraftClient:
     def _propose_on(
         self, replica: _Replica, request: draft_pb2.ProposeRequest
     ) -> draft_pb2.ProposeResponse:
-        exchange = self._checkout(replica)
+        """The replica's answer: on a pooled stream, or by unary Propose when it takes none."""
+        exchange = replica.streams.checkout()
+        if exchange is None:
+            return self._propose_unary(replica, request)
         exchange.send(request)
-        response = self._receive(replica, exchange)  # a failed stream is dropped, not checked in
+        try:
+            response = self._receive(replica, exchange)
+        except RemoteError as exc:
+            if not _refused(exc, exchange):
+                replica.streams.discard(exchange)
+                raise
+            replica.streams.refused(exchange)
+            return self._propose_unary(replica, request)
+        except UnavailableError:
+            replica.streams.discard(exchange)
+            raise
         self._checkin(replica, exchange)
         return response
+
+    def _propose_unary(
+        self, replica: _Replica, request: draft_pb2.ProposeRequest
+    ) -> draft_pb2.ProposeResponse:
+        try:
+            return replica.stub.Propose(
+                request, timeout=remaining_time(self.timeout_s), metadata=request_metadata()
+            )
+        except grpc.RpcError as exc:
+            raise RemoteError.from_rpc_error(exc, f"draft service {replica.address}") from exc
 
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
@@ -338,17 +375,21 @@ class GrpcDraftClient:
         next_round_drafts: int,
         next_round_seed: int | None,
         draft_known: bool = False,
-    ) -> GrpcDraftCall:
+    ) -> GrpcDraftCall | UnaryDraftCall:
         """Send a ProposeRequest that also asks for next-round drafts; return at once.
-        draft_known: the caller holds this draft already; only the next-round drafts come."""
+        draft_known: the caller holds this draft already; only the next-round drafts come.
+        Without a stream to the replica (it takes none now), the draft comes by unary Propose
+        when asked for, without next-round drafts."""
         request = propose_request(context_ids, params, seed)
+        replica = self._replica_order()[0]
+        exchange = replica.streams.checkout()
+        if exchange is None:
+            return UnaryDraftCall(self, request, draft_known)
         if next_round_drafts > 0:
             request.next_round_drafts = next_round_drafts
             request.next_round_only = draft_known
             if next_round_seed is not None:
                 request.next_round_seed = next_round_seed
-        replica = self._replica_order()[0]
-        exchange = self._checkout(replica)
         exchange.send(request)
         return GrpcDraftCall(self, replica, exchange, request)
 
@@ -387,6 +428,29 @@ def proposal_from_message(
     )
 
 
+class UnaryDraftCall:
+    """A DraftCall (see gateway.interfaces) without a stream: the draft by unary Propose when
+    asked for (any replica, failing over), no next-round drafts."""
+
+    def __init__(
+        self, client: GrpcDraftClient, request: draft_pb2.ProposeRequest, draft_known: bool
+    ) -> None:
+        self._client = client
+        self._request = request
+        self._draft_known = draft_known
+
+    def proposal(self) -> DraftProposal:
+        if self._draft_known:
+            raise ValueError("this call was made for next-round drafts only")
+        return self._client._propose(self._request)
+
+    def next_round(self) -> list[NextRoundDraft]:
+        return []
+
+    def discard(self) -> None:
+        pass
+
+
 class GrpcDraftCall:
     """One ProposeStream request in flight (see gateway.interfaces.DraftCall): its response, then
     (when asked for) a second response with the next round's drafts. The stream goes back to
@@ -419,10 +483,16 @@ class GrpcDraftCall:
                 response = self._client._receive(self._replica, exchange)
                 self._draft = proposal_from_message(response, self._greedy)
             except (RemoteError, UnavailableError) as exc:
+                request = self._request_without_next_round()
+                if isinstance(exc, RemoteError) and exchange and _refused(exc, exchange):
+                    self._exchange = None
+                    self._replica.streams.refused(exchange)
+                    self._expects_next_round = False
+                    self._draft = self._client._propose(request)
+                    return self._draft
                 self.discard()
                 self._client._hold_off(self._replica)
                 log.debug("draft replica %s failed: %s", self._replica.address, exc)
-                request = self._request_without_next_round()
                 self._draft = self._client._propose(request, skip=self._replica)
             else:
                 self._finish_unless_next_round()
@@ -451,7 +521,7 @@ class GrpcDraftCall:
 
     def discard(self) -> None:
         if self._exchange is not None:
-            self._exchange.cancel()
+            self._replica.streams.discard(self._exchange)
             self._exchange = None
 
     def _finish_unless_next_round(self) -> None:

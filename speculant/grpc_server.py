@@ -7,6 +7,7 @@ until they are ready, and turn library errors into gRPC status codes the same wa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import signal
@@ -20,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from speculant.auth import BearerTokenInterceptor
-from speculant.errors import InvalidArgumentError, SpeculantError
+from speculant.errors import InvalidArgumentError, ResourceExhaustedError, SpeculantError
 from speculant.interceptors import wrap_behaviour, wrappable
 from speculant.metrics import Metrics
 from speculant.request_context import RequestIdInterceptor
@@ -100,6 +101,49 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 
     return wrapper  # type: ignore[return-value]
+
+
+# Worker threads a service keeps for short calls (health checks, info, stats, unary drafts) on
+# top of those its long-lived streams may hold (see CallLimit).
+RESERVED_THREADS = 8
+
+
+class CallLimit:
+    """At most `limit` calls of one kind in progress at once; more are refused at once with
+    RESOURCE_EXHAUSTED (the refusal names `what` and `hint`).
+
+    A sync gRPC server runs every call on one of its worker threads, and an open stream holds
+    its thread for as long as the client keeps it open, idle or not: streams (and unary calls
+    that may wait long, for the model) are capped below the server's worker count, so that
+    health checks and short calls always find a thread. A refused call costs its thread a few
+    microseconds instead of waiting in the server's queue for a thread that never frees.
+    """
+
+    def __init__(self, limit: int, what: str, hint: str = "retry later") -> None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.limit = limit
+        self.what = what
+        self.hint = hint
+        self._lock = threading.Lock()
+        self.in_progress = 0
+        self.refused = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Count one call for the block (ResourceExhaustedError when `limit` are in progress)."""
+        with self._lock:
+            if self.in_progress >= self.limit:
+                self.refused += 1
+                raise ResourceExhaustedError(
+                    f"this service is serving its limit of {self.limit} {self.what}; {self.hint}"
+                )
+            self.in_progress += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_progress -= 1
 
 
 class _Undecodable:

@@ -11,7 +11,13 @@ import torch
 
 from speculant.config import VerifierConfig
 from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.grpc_server import (
+    RESERVED_THREADS,
+    CallLimit,
+    ServiceServer,
+    map_errors,
+    map_stream_errors,
+)
 from speculant.metrics import Metrics
 from speculant.tls import ServerTls
 from speculant.types import SparseDistribution
@@ -35,10 +41,26 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
 
     Created before the model is loaded (``verifier=None``): calls then get UNAVAILABLE, as the
     health service says NOT_SERVING, until :attr:`verifier` is set.
+
+    Threads (see speculant.grpc_server.CallLimit): at most `max_streams` Session streams are
+    open at once (each holds a worker thread while open) and at most `max_unary_model_calls`
+    unary Prefill / Verify calls (which may wait for the model) run at once; more are refused
+    with RESOURCE_EXHAUSTED, so the server's other threads always answer health checks,
+    GetStats, GetModelInfo and Release.
     """
 
-    def __init__(self, verifier: LocalVerifier | None = None) -> None:
+    def __init__(
+        self,
+        verifier: LocalVerifier | None = None,
+        *,
+        max_streams: int = 64,
+        max_unary_model_calls: int = RESERVED_THREADS // 2,
+    ) -> None:
         self._verifier = verifier
+        self.streams = CallLimit(max_streams, "Session streams", "retry later")
+        self.unary_model_calls = CallLimit(
+            max_unary_model_calls, "unary Prefill/Verify calls", "use Session streams or retry"
+        )
 
     @property
     def verifier(self) -> LocalVerifier:
@@ -75,13 +97,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def Prefill(
         self, request: verifier_pb2.PrefillRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.PrefillResponse:
-        return self._prefill(request)
+        with self.unary_model_calls.hold():
+            return self._prefill(request)
 
     @map_errors
     def Verify(
         self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.VerifyResponse:
-        return self._verify(request)
+        with self.unary_model_calls.hold():
+            return self._verify(request)
 
     @map_stream_errors
     def Session(
@@ -89,6 +113,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     ) -> Iterator[verifier_pb2.SessionResponse]:
         """A prefill, then verifies, on one stream; the session is released when it ends.
         Its opening and end are logged (DEBUG) under the call's request id."""
+        with self.streams.hold():
+            yield from self._session(requests)
+
+    def _session(
+        self, requests: Iterator[verifier_pb2.SessionRequest]
+    ) -> Iterator[verifier_pb2.SessionResponse]:
         session_id = ""
         verifies = 0
         try:
@@ -175,8 +205,16 @@ def start_server(
     the server is stopped. metrics: count calls in it, and the verifier's stats once loaded
     (its /metrics endpoint is the caller's).
     """
-    server = ServiceServer(host, port, [SERVICE_NAME], tls=tls, metrics=metrics)
-    servicer = VerifierServicer()
+    # One thread per Session stream (up to the session cap), and RESERVED_THREADS for the rest.
+    server = ServiceServer(
+        host,
+        port,
+        [SERVICE_NAME],
+        max_workers=config.max_sessions + RESERVED_THREADS,
+        tls=tls,
+        metrics=metrics,
+    )
+    servicer = VerifierServicer(max_streams=config.max_sessions)
     verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
     try:
