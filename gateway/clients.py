@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.stream_pool import StreamPool
 from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
-from speculant.grpc_server import GRPC_OPTIONS
+from speculant.grpc_server import CLIENT_KEEPALIVE_OPTIONS, GRPC_OPTIONS
 from speculant.request_context import REQUEST_ID, request_metadata
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
@@ -83,7 +84,7 @@ def remaining_time(default_s: float | None) -> float | None:
 
 
 def _channel(address: str, tls: ClientTls | None) -> grpc.Channel:
-    return open_channel(address, tls, GRPC_OPTIONS + RECONNECT_OPTIONS)
+    return open_channel(address, tls, GRPC_OPTIONS + RECONNECT_OPTIONS + CLIENT_KEEPALIVE_OPTIONS)
 
 
 def propose_request(
@@ -118,11 +119,11 @@ class _Watchdog:
     """Cancels stream exchanges that run past their deadline (streams have no per-message
     timeout). One thread, waking every `tick_s` only while calls are in flight."""
 
-    def __init__(self, tick_s: float = 0.01) -> None:
+    def __init__(self, tick_s: float = 0.01, name: str = "draft-watchdog") -> None:
         self._tick_s = tick_s
         self._in_flight: dict[int, tuple[float, StreamExchange]] = {}
         self._lock = threading.Condition()
-        threading.Thread(target=self._run, name="draft-watchdog", daemon=True).start()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def watch(self, exchange: StreamExchange, timeout_s: float) -> int:
         with self._lock:
@@ -131,9 +132,10 @@ class _Watchdog:
             self._lock.notify()
             return ticket
 
-    def done(self, ticket: int) -> None:
+    def done(self, ticket: int) -> bool:
+        """The exchange is answered (or failed); False when the watchdog had cancelled it."""
         with self._lock:
-            self._in_flight.pop(ticket, None)
+            return self._in_flight.pop(ticket, None) is not None
 
     def _run(self) -> None:
         while True:
@@ -393,13 +395,13 @@ class GrpcDraftClient:
         exchange.send(request)
         return GrpcDraftCall(self, replica, exchange, request)
 
-    def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
-        """The graph meta of the first replica that answers."""
+    def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
+        """The graph meta of the first replica that answers (each asked within timeout_s)."""
         last_error: grpc.RpcError | None = None
         for replica in self._replica_order():
             try:
                 return replica.stub.GetGraphInfo(
-                    draft_pb2.GetGraphInfoRequest(), timeout=5.0, metadata=request_metadata()
+                    draft_pb2.GetGraphInfoRequest(), timeout=timeout_s, metadata=request_metadata()
                 )
             except grpc.RpcError as exc:
                 last_error = exc
@@ -539,7 +541,12 @@ class GrpcDraftCall:
 
 class GrpcVerifierClient:
     """The verifier service: one open Session stream per generation (prefill, then verifies);
-    closing it releases the session on the verifier."""
+    closing it releases the session on the verifier.
+
+    Bounds: every call and every step on a Session stream waits at most ``timeout_s`` for its
+    answer (then UNAVAILABLE: the verifier does not answer), and the channel's keepalive fails
+    every call within about 10 s once the verifier stops answering pings (frozen, host gone;
+    see speculant.grpc_server.KEEPALIVE_TIME_MS)."""
 
     def __init__(
         self,
@@ -552,10 +559,37 @@ class GrpcVerifierClient:
         self.address = address
         self.timeout_s = timeout_s
         self.session_timeout_s = session_timeout_s
-        self._stub = verifier_pb2_grpc.VerifierServiceStub(_channel(address, tls))
+        self._channel = _channel(address, tls)
+        self._stub = verifier_pb2_grpc.VerifierServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._watchdog = _Watchdog(tick_s=0.1, name="verifier-watchdog")
         self._info: ModelInfo | None = None
         self._sessions: dict[str, StreamExchange] = {}
         self._lock = threading.Lock()
+
+    def health(self, timeout_s: float) -> str:
+        """The verifier's health status name (SERVING, NOT_SERVING) or the status code of the
+        failed check (UNAVAILABLE, DEADLINE_EXCEEDED, ...)."""
+        try:
+            response = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            return exc.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def _step(self, stream: StreamExchange, request: object, what: str) -> object:
+        """One request and its answer on a Session stream, within timeout_s."""
+        ticket = self._watchdog.watch(stream, self.timeout_s)
+        try:
+            stream.send(request)
+            return stream.receive(what)
+        except RemoteError:
+            if self._watchdog.done(ticket):
+                raise
+            raise UnavailableError(
+                f"{what}: the verifier at {self.address} did not answer within {self.timeout_s:g} s"
+            ) from None
+        finally:
+            self._watchdog.done(ticket)
 
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         try:
@@ -610,7 +644,7 @@ class GrpcVerifierClient:
             )
         )
         try:
-            return stream.call(request, "verifier Prefill").prefill.token_id
+            return self._step(stream, request, "verifier Prefill").prefill.token_id
         except Exception:
             self.release(session_id)
             raise
@@ -638,7 +672,7 @@ class GrpcVerifierClient:
                 draft_parents=draft_parents or (),
             )
         )
-        response = stream.call(request, "verifier Verify").verify
+        response = self._step(stream, request, "verifier Verify").verify
         return VerifyResult(
             response.accepted_count,
             list(response.token_ids),

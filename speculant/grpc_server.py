@@ -38,6 +38,26 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+# Keepalive: a client of a Speculant service pings every KEEPALIVE_TIME_MS while it has calls in
+# flight and closes the connection (its calls fail UNAVAILABLE) when a ping is not answered
+# within KEEPALIVE_TIMEOUT_MS: a backend that stopped answering (frozen, a host or network gone)
+# fails its calls within 10 s, whatever they wait for. gRPC's own ping answers do not need the
+# service's Python threads, so a slow forward pass (or a long prefill) is not mistaken for it.
+KEEPALIVE_TIME_MS = 5000
+KEEPALIVE_TIMEOUT_MS = 5000
+CLIENT_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC's default: 1 minute
+    ("grpc.http2.max_pings_without_data", 0),  # keep pinging during a long silent call
+]
+# ...and the servers accept those pings, also while no data flows (gRPC's default would answer
+# a ping more often than every 5 minutes without data with GOAWAY after two strikes).
+SERVER_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 # Status details travel in a trailer, and gRPC clients refuse trailers over 16 KiB (the call
@@ -274,7 +294,7 @@ class ServiceServer:
         interceptors.append(MalformedRequestInterceptor())
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-            options=GRPC_OPTIONS,
+            options=GRPC_OPTIONS + SERVER_KEEPALIVE_OPTIONS,
             interceptors=interceptors,
         )
         self.health = health.HealthServicer()
@@ -289,6 +309,7 @@ class ServiceServer:
         if self.port == 0:
             raise OSError(f"cannot bind {host}:{port} (address in use or not allowed)")
         self.host = host
+        self._stopping = threading.Event()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     @property
@@ -303,11 +324,21 @@ class ServiceServer:
     def start(self) -> None:
         self.grpc_server.start()
 
-    def set_serving(self) -> None:
-        self._set_status(health_pb2.HealthCheckResponse.SERVING)
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once stop() has begun: the server never reports SERVING again."""
+        return self._stopping
+
+    def set_serving(self, serving: bool = True) -> None:
+        """Report SERVING (or NOT_SERVING with serving=False); never SERVING once stopping."""
+        if serving and not self._stopping.is_set():
+            self._set_status(health_pb2.HealthCheckResponse.SERVING)
+        else:
+            self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def stop(self, grace: float | None = 5.0) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight calls finish for `grace` seconds."""
+        self._stopping.set()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_server.stop(grace).wait()
 
