@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from speculant.config import (
     DEFAULT_DRAFT_K,
+    DEFAULT_MAX_CONTEXT_TOKENS,
     DEFAULT_RELOAD_INTERVAL_S,
     DEFAULT_TREE_NODES,
     MIXING_MODES,
@@ -59,6 +60,13 @@ def register(
         help="ProposeStream streams served at once, one gRPC thread each (more are refused and "
         "their clients use unary Propose); 8 more threads answer health checks, GetGraphInfo "
         "and Propose",
+    )
+    serve.add_argument(
+        "--max-context",
+        type=int,
+        default=DEFAULT_MAX_CONTEXT_TOKENS,
+        metavar="TOKENS",
+        help="refuse Propose contexts longer than this (INVALID_ARGUMENT; default %(default)s)",
     )
     serve.add_argument(
         "--reload-interval",
@@ -211,6 +219,7 @@ def _serve(args: argparse.Namespace, defaults: DraftParams, metrics: Metrics | N
             tls=tls,
             reload_interval_s=args.reload_interval,
             metrics=metrics,
+            max_context_tokens=args.max_context,
         )
     except InvalidArgumentError as exc:
         return _fail("serve-draft", str(exc))

@@ -23,6 +23,7 @@ from draft_service.graph import NGramGraph
 from draft_service.graph_slot import STILL_OPENING, GraphSlot
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
+from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import (
     RESERVED_THREADS,
@@ -87,6 +88,17 @@ def params_from_request(
 MAX_NEXT_ROUND_DRAFTS = 64
 
 
+def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
+    """INVALID_ARGUMENT naming context_token_ids when it has more than `limit` tokens (checked
+    before any work on them)."""
+    count = len(request.context_token_ids)
+    if count > limit:
+        raise InvalidArgumentError(
+            "context_token_ids",
+            f"has {count} tokens; this draft service takes at most {limit} (--max-context)",
+        )
+
+
 def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | None]:
     """(how many next-round drafts to prepare, their seed) from a ProposeRequest."""
     count = request.next_round_drafts if request.HasField("next_round_drafts") else 0
@@ -149,9 +161,11 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         defaults: DraftParams | None = None,
         metrics: DraftMetrics | None = None,
         max_streams: int = 8,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
     ) -> None:
         self.defaults = (defaults or DraftParams()).validate()
         self.metrics = metrics
+        self.max_context_tokens = max_context_tokens
         self.slot = GraphSlot()
         self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
 
@@ -194,6 +208,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
         with request_id_scope(clean_request_id(request.request_id)), self.slot.use() as loaded:
+            check_context_length(request, self.max_context_tokens)
             params, seed = params_from_request(request, self.defaults)
             count, next_seed = next_round_request(request)
             drafter = loaded.drafter
@@ -231,6 +246,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     ) -> Iterator[draft_pb2.ProposeResponse]:
         for request in requests:
             with request_id_scope(clean_request_id(request.request_id)):
+                check_context_length(request, self.max_context_tokens)
                 params, seed = params_from_request(request, self.defaults)
                 count, next_seed = next_round_request(request)
                 with self.slot.use() as loaded:
@@ -305,14 +321,22 @@ class DraftServer:
         tls: ServerTls | None = None,
         reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
         metrics: Metrics | None = None,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
     ) -> None:
-        """metrics: count calls and drafts in it (its /metrics endpoint is the caller's)."""
+        """metrics: count calls and drafts in it (its /metrics endpoint is the caller's).
+        max_context_tokens: longer Propose contexts are refused (INVALID_ARGUMENT)."""
         if reload_interval_s < 0:
             raise InvalidArgumentError(
                 "reload_interval_s", f"must be >= 0, got {reload_interval_s}"
             )
+        if max_context_tokens < 1:
+            raise InvalidArgumentError(
+                "max_context_tokens", f"must be >= 1, got {max_context_tokens}"
+            )
         self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
-        self.servicer = DraftServicer(defaults, self.metrics, max_streams=workers)
+        self.servicer = DraftServicer(
+            defaults, self.metrics, max_streams=workers, max_context_tokens=max_context_tokens
+        )
         self.server = ServiceServer(
             host,
             port,
@@ -404,6 +428,7 @@ def start_server(
     tls: ServerTls | None = None,
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
     metrics: Metrics | None = None,
+    max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
@@ -419,6 +444,7 @@ def start_server(
         tls=tls,
         reload_interval_s=reload_interval_s,
         metrics=metrics,
+        max_context_tokens=max_context_tokens,
     )
     server.start()
     try:

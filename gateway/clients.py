@@ -22,7 +22,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.stream_pool import StreamPool
-from speculant.config import DEFAULT_DRAFT_REFRESH_S
+from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import CLIENT_KEEPALIVE_OPTIONS, GRPC_OPTIONS
 from speculant.request_context import REQUEST_ID, request_metadata
@@ -94,7 +94,7 @@ def propose_request(
     being served (see speculant.request_context)."""
     return draft_pb2.ProposeRequest(
         request_id=REQUEST_ID.get() or "",
-        context_token_ids=context_ids,
+        context_token_ids=context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:],  # what a replica takes
         k=params.k,
         strategy=STRATEGY_TO_PROTO[params.strategy],
         attentive_mix=params.attentive_mix,

@@ -37,6 +37,7 @@ from gateway.coordinator import (
     encode_prompt,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.prompt_limits import SLACK, check_prompt_chars, max_token_chars
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
 from speculant.config import (
@@ -146,7 +147,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self._verifier_down: str | None = None
         # Why the gateway cannot serve, from the last backend check (None: it can).
         self.problem: str | None = None
-        self._tokenizer: tuple[str, str, object] | None = None  # (name, fingerprint, tokenizer)
+        # (name, fingerprint, tokenizer, the most characters a token stands for)
+        self._tokenizer: tuple[str, str, object, int] | None = None
+        self._prompt_chars_limit = 0  # longer prompts are refused untokenized (prompt_limits)
 
     def coordinator(self) -> Coordinator:
         """The coordinator, created once the backends answer and their tokenizers agree
@@ -174,6 +177,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 info.tokenizer_fingerprint,
             )
         tokenizer = self._load_tokenizer(info.tokenizer_name, info.tokenizer_fingerprint)
+        assert self._tokenizer is not None
+        self._prompt_chars_limit = SLACK * info.max_context_length * self._tokenizer[3]
         log.info(
             "backends ready: model %s, %s (tokenizer %s)",
             info.model_name,
@@ -202,7 +207,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 f"the gateway's tokenizer {name!r} differs "
                 f"from the verifier's ({verifier_tokenizer!r})"
             )
-        self._tokenizer = (name, fingerprint, tokenizer)
+        self._tokenizer = (name, fingerprint, tokenizer, max_token_chars(tokenizer))
         return tokenizer
 
     def find_draft_tier(self, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
@@ -261,6 +266,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if max_tokens > MAX_TOKENS_LIMIT:
             raise InvalidArgumentError("max_tokens", f"must be <= {MAX_TOKENS_LIMIT}")
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        check_prompt_chars(
+            request.prompt, messages, self._prompt_chars_limit, coordinator.max_context_length
+        )
         return GenerationRequest(
             prompt_ids=encode_prompt(coordinator.tokenizer, request.prompt, messages or None),
             max_tokens=max_tokens,

@@ -42,6 +42,13 @@ DEFAULT_NEXT_ROUND_DRAFTS = 0
 # often the gateway resolves dns:NAME:PORT draft replicas again (gateway.clients), in seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0
+# Input bounds of the internal services, checked before any work (INVALID_ARGUMENT naming the
+# field): context tokens a Propose request may carry (the gateway sends the last max_order
+# tokens, or with the context overlay the whole context, clipped to this; the overlay indexes
+# them at about 1.5 KB a token), and draft tokens a Verify may score (a tree's cost in the
+# forward pass grows with its square; the gateway sends at most MAX_DRAFT_K).
+DEFAULT_MAX_CONTEXT_TOKENS = 65_536
+DEFAULT_MAX_DRAFT_TOKENS = 64
 
 
 class GraphConfig(BaseSettings):
@@ -119,6 +126,8 @@ class VerifierConfig(BaseSettings):
     # Verify calls of concurrent sessions run together in one forward pass, up to this many
     # (1 = every call on its own); see verifier_service.batching.
     max_batch: int = Field(8, ge=1, le=256)
+    # Draft tokens one Verify may carry (more: INVALID_ARGUMENT, before any work).
+    max_draft_tokens: int = Field(DEFAULT_MAX_DRAFT_TOKENS, ge=1, le=4096)
 
 
 class GenerationConfig(BaseSettings):

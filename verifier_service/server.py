@@ -83,6 +83,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         return verifier_pb2.PrefillResponse(session_id=session_id, token_id=token)
 
     def _verify(self, request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
+        self.verifier.check_draft_size(
+            len(request.draft_token_ids), len(request.draft_distributions)
+        )
         dists = [_sparse(d) for d in request.draft_distributions] or None
         result = self.verifier.verify(
             request.session_id, request.draft_token_ids, dists, request.draft_parents or None

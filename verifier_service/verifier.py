@@ -134,6 +134,21 @@ class LocalVerifier:
 
     # -- validation --------------------------------------------------------------------------
 
+    def check_draft_size(self, draft_tokens: int, distributions: int) -> None:
+        """INVALID_ARGUMENT unless a Verify of this many draft tokens and distributions is within
+        config.max_draft_tokens (checked before any work on them)."""
+        limit = self.config.max_draft_tokens
+        for field, count in (
+            ("draft_token_ids", draft_tokens),
+            ("draft_distributions", distributions),
+        ):
+            if count > limit:
+                raise InvalidArgumentError(
+                    field,
+                    f"has {count} entries; a Verify takes at most {limit} draft tokens "
+                    "(--max-draft-tokens)",
+                )
+
     def _check_ids(self, ids: Sequence[int], field: str) -> None:
         vocab = self.model.vocab_size
         for i, token in enumerate(ids):
@@ -204,17 +219,17 @@ class LocalVerifier:
         """
         if not session_id:
             raise InvalidArgumentError("session_id", "must not be empty")
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
+        if not prompt_ids:
             raise InvalidArgumentError("prompt_token_ids", "must not be empty")
-        self._check_ids(prompt, "prompt_token_ids")
         max_ctx = self.model.max_context
-        if len(prompt) >= max_ctx:
+        if len(prompt_ids) >= max_ctx:  # before any work on them
             raise InvalidArgumentError(
                 "prompt_token_ids",
-                f"has {len(prompt)} tokens; the model's context is {max_ctx} tokens"
+                f"has {len(prompt_ids)} tokens; the model's context is {max_ctx} tokens"
                 f" (at most {max_ctx - 1} prompt tokens, to leave room for one generated token)",
             )
+        prompt = [int(t) for t in prompt_ids]
+        self._check_ids(prompt, "prompt_token_ids")
         if not (math.isfinite(temperature) and temperature >= 0):
             raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
         if seed is not None and not 0 <= seed < 2**64:
@@ -263,6 +278,7 @@ class LocalVerifier:
         drafts. Drafts that would overflow the model's context are dropped from the end; when
         the context is already full, OUT_OF_RANGE.
         """
+        self.check_draft_size(len(draft_ids), len(draft_distributions or ()))
         drafts = [int(t) for t in draft_ids]
         self._check_ids(drafts, "draft_token_ids")
         q = self._dense_q(drafts, draft_distributions) if draft_distributions else None
