@@ -38,7 +38,6 @@ from speculant.graph_format import (
     open_graph_env,
     order_db_name,
     read_meta,
-    verify_manifest,
 )
 
 EXPORT_BATCH = 65_536  # LMDB entries decoded at a time while exporting
@@ -62,12 +61,13 @@ def read_base_meta(out: Path) -> GraphMeta:
         env.close()
 
 
-def _open_base(out: Path) -> Any:
+def _open_base(out: Path, checksum: bool = False) -> Any:
+    """The graph's environment, its manifest checked first (with checksum: its SHA-256 too)."""
     if not (out / DATA_FILE).is_file():
         raise BuildError(
             f"nothing to append to: {out} is not a graph (build it first without --append)"
         )
-    return open_graph_env(out)
+    return open_graph_env(out, checksum=checksum)
 
 
 def check_compatible(
@@ -111,8 +111,7 @@ def export_base(
 ) -> BaseGraph:
     """Open the graph at out, check it (manifest; ``check``: :func:`check_compatible`'s keyword
     arguments), and write each order's counts as one sorted run into directory."""
-    verify_manifest(out)
-    env = _open_base(out)
+    env = _open_base(out, checksum=True)
     try:
         meta = read_meta(env, out)
         if check is not None:

@@ -346,6 +346,8 @@ class DraftServer:
             metrics=metrics,
         )
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
+        # a damaged graph turns health NOT_SERVING, the next graph installed SERVING again
+        self.servicer.slot.on_health = self.server.set_serving
         self._stopped = threading.Event()
         self.release_interval_s = release_interval_s
         self.reload_interval_s = reload_interval_s
