@@ -27,6 +27,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from builder.disk import open_array
 from builder.errors import BuildError
 from builder.keys import KeyCodec
 from speculant.graph_format import (
@@ -132,15 +133,13 @@ def _export_order(
     env: Any, out: Path, codec: KeyCodec, ngrams: int, vocab_size: int, directory: Path
 ) -> list[tuple[Path, Path]]:
     """One order's entries as one run (``[]`` when the order is empty)."""
-    from numpy.lib.format import open_memmap
-
     order = codec.length - 1
     if ngrams == 0:
         return []
     kpath = directory / f"base-order{order:02d}-keys.npy"
     cpath = directory / f"base-order{order:02d}-counts.npy"
-    keys_out = open_memmap(kpath, mode="w+", dtype=np.uint64, shape=(ngrams, codec.words))
-    counts_out = open_memmap(cpath, mode="w+", dtype=np.uint64, shape=(ngrams,))
+    keys_out = open_array(kpath, np.uint64, (ngrams, codec.words))
+    counts_out = open_array(cpath, np.uint64, (ngrams,))
     n = 0
     try:
         db = env.open_db(order_db_name(order), create=False)

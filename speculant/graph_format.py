@@ -117,13 +117,61 @@ class GraphMeta:
 
     @classmethod
     def from_json(cls, raw: bytes) -> GraphMeta:
+        """Parse and type-check a meta record (TypeError naming the first bad field)."""
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise TypeError("the meta record is not a JSON object")
-        data["orders"] = [OrderStats(**o) for o in data.get("orders", [])]
+        orders = data.get("orders", [])
+        if not isinstance(orders, list) or not all(isinstance(o, dict) for o in orders):
+            raise TypeError("meta field 'orders' must be a list of objects")
+        for i, order in enumerate(orders):
+            _check_types(order, _ORDER_TYPES, f"orders[{i}].")
+        data["orders"] = [
+            OrderStats(**{k: v for k, v in o.items() if k in _ORDER_TYPES}) for o in orders
+        ]
         known = {f.name for f in fields(cls)}
         # Fields added by later versions of the format are ignored (they are optional).
-        return cls(**{k: v for k, v in data.items() if k in known})
+        data = {k: v for k, v in data.items() if k in known}
+        _check_types(data, _META_TYPES)
+        return cls(**data)
+
+
+# The JSON types of the meta record's fields (bool is not an int here).
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "format_version": (int,),
+    "max_order": (int,),
+    "tokenizer_name": (str,),
+    "tokenizer_fingerprint": (str,),
+    "vocab_size": (int,),
+    "corpus_documents": (int,),
+    "corpus_tokens": (int,),
+    "build_params": (dict,),
+    "built_at": (str,),
+    "build_seconds": (int, float),
+    "version": (int,),
+    "sources": (list,),
+    "tuned": (dict,),
+}
+_ORDER_TYPES: dict[str, tuple[type, ...]] = {
+    "order": (int,),
+    "contexts": (int,),
+    "ngrams": (int,),
+    "total_count": (int,),
+}
+
+
+def _check_types(
+    data: dict[str, Any], types: dict[str, tuple[type, ...]], prefix: str = ""
+) -> None:
+    """TypeError naming the first field of data whose value is not of its type (or missing,
+    for the fields without a default)."""
+    for name, allowed in types.items():
+        if name not in data:
+            continue  # a missing required field fails in the constructor, by name
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            expected = " or ".join(t.__name__ for t in allowed)
+            raise TypeError(f"meta field '{prefix}{name}' must be {expected}, got {value!r:.40}")
 
 
 class SharedGraphEnv:
