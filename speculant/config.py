@@ -117,7 +117,10 @@ class VerifierConfig(BaseSettings):
     # local cache or folder, "force" re-downloads.
     download_mode: Literal["auto", "offline", "force"] = "auto"
     session_ttl_s: float = Field(300.0, gt=0)
+    # Live sessions of Session streams (the gateway's generations; each holds a server thread).
     max_sessions: int = Field(64, ge=1)
+    # Live sessions made by unary Prefill calls (direct clients), capped apart from the others.
+    max_unary_sessions: int = Field(16, ge=0)
     # torch intra-op threads (None = torch's default). Small models on busy CPUs run best on 1.
     torch_threads: int | None = Field(None, ge=1)
     # Run Llama models through verifier_service.lean_llama (the same torch operations without

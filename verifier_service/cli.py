@@ -61,6 +61,13 @@ def register(
         "gRPC threads (one per open stream) and 8 more for health checks and short calls",
     )
     serve.add_argument(
+        "--max-unary-sessions",
+        type=int,
+        default=None,
+        help="cap on live sessions made by unary Prefill calls (direct clients), apart from "
+        "the Session streams' (default 16)",
+    )
+    serve.add_argument(
         "--max-draft-tokens",
         type=int,
         default=None,
@@ -111,6 +118,8 @@ def _config(args: argparse.Namespace) -> object:
         overrides["max_sessions"] = args.max_sessions
     if getattr(args, "max_batch", None) is not None:
         overrides["max_batch"] = args.max_batch
+    if getattr(args, "max_unary_sessions", None) is not None:
+        overrides["max_unary_sessions"] = args.max_unary_sessions
     if getattr(args, "max_draft_tokens", None) is not None:
         overrides["max_draft_tokens"] = args.max_draft_tokens
     if getattr(args, "torch_threads", None) is not None:

@@ -72,23 +72,32 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def verifier(self, verifier: LocalVerifier) -> None:
         self._verifier = verifier
 
-    def _prefill(self, request: verifier_pb2.PrefillRequest) -> verifier_pb2.PrefillResponse:
+    def _prefill(
+        self, request: verifier_pb2.PrefillRequest, unary: bool
+    ) -> verifier_pb2.PrefillResponse:
         session_id = request.session_id or new_session_id()
         token = self.verifier.prefill(
             session_id,
             request.prompt_token_ids,
             temperature=request.temperature if request.HasField("temperature") else 1.0,
             seed=request.seed if request.HasField("seed") else None,
+            unary=unary,
         )
         return verifier_pb2.PrefillResponse(session_id=session_id, token_id=token)
 
-    def _verify(self, request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
+    def _verify(
+        self, request: verifier_pb2.VerifyRequest, unary: bool
+    ) -> verifier_pb2.VerifyResponse:
         self.verifier.check_draft_size(
             len(request.draft_token_ids), len(request.draft_distributions)
         )
         dists = [_sparse(d) for d in request.draft_distributions] or None
         result = self.verifier.verify(
-            request.session_id, request.draft_token_ids, dists, request.draft_parents or None
+            request.session_id,
+            request.draft_token_ids,
+            dists,
+            request.draft_parents or None,
+            unary=unary,
         )
         return verifier_pb2.VerifyResponse(
             accepted_count=result.accepted_count,
@@ -101,14 +110,14 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self, request: verifier_pb2.PrefillRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.PrefillResponse:
         with self.unary_model_calls.hold():
-            return self._prefill(request)
+            return self._prefill(request, unary=True)
 
     @map_errors
     def Verify(
         self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.VerifyResponse:
         with self.unary_model_calls.hold():
-            return self._verify(request)
+            return self._verify(request, unary=True)
 
     @map_stream_errors
     def Session(
@@ -133,7 +142,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                     # The stream owns its session: a fresh id, never one the client names
                     # (which could be another client's live session).
                     prefill.session_id = new_session_id()
-                    response = self._prefill(prefill)
+                    response = self._prefill(prefill, unary=False)
                     session_id = response.session_id
                     log.debug(
                         "session %s: prefilled %d prompt tokens",
@@ -147,7 +156,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                     verify = request.verify
                     verify.session_id = session_id
                     verifies += 1
-                    yield verifier_pb2.SessionResponse(verify=self._verify(verify))
+                    yield verifier_pb2.SessionResponse(verify=self._verify(verify, unary=False))
                 else:
                     raise InvalidArgumentError("step", "a message must be a prefill or a verify")
         finally:
@@ -159,7 +168,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def Release(
         self, request: verifier_pb2.ReleaseRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.ReleaseResponse:
-        return verifier_pb2.ReleaseResponse(released=self.verifier.release(request.session_id))
+        released = self.verifier.release(request.session_id, unary=True)
+        return verifier_pb2.ReleaseResponse(released=released)
 
     @map_errors
     def GetModelInfo(
