@@ -123,6 +123,12 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
     return wrapper  # type: ignore[return-value]
 
 
+# The health service name that reports only whether the process is up and serving calls at all
+# (SERVING from start() to stop()): what a liveness probe asks. The overall name "" and the
+# service names report readiness (a gateway whose verifier does not answer, a draft service
+# whose graph was damaged: NOT_SERVING), which a restart would not cure.
+LIVENESS_SERVICE = "liveness"
+
 # Worker threads a service keeps for short calls (health checks, info, stats, unary drafts) on
 # top of those its long-lived streams may hold (see CallLimit).
 RESERVED_THREADS = 8
@@ -311,6 +317,7 @@ class ServiceServer:
         self.host = host
         self._stopping = threading.Event()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     @property
     def address(self) -> str:
@@ -323,6 +330,7 @@ class ServiceServer:
 
     def start(self) -> None:
         self.grpc_server.start()
+        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
     @property
     def stopping(self) -> threading.Event:
@@ -340,6 +348,7 @@ class ServiceServer:
         """Report NOT_SERVING, refuse new calls, let in-flight calls finish for `grace` seconds."""
         self._stopping.set()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_server.stop(grace).wait()
 
     def wait_for_termination_signal(self, grace: float = 5.0) -> None:
