@@ -539,6 +539,11 @@ class GrpcDraftCall:
         return request
 
 
+# The most a verifier call, or one step of a Session stream, waits for its answer (a verifier that
+# answers its keepalive pings but not the call: stuck, not frozen).
+DEFAULT_VERIFIER_TIMEOUT_S = 60.0
+
+
 class GrpcVerifierClient:
     """The verifier service: one open Session stream per generation (prefill, then verifies);
     closing it releases the session on the verifier.
@@ -551,7 +556,7 @@ class GrpcVerifierClient:
     def __init__(
         self,
         address: str,
-        timeout_s: float = 60.0,
+        timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S,
         session_timeout_s: float = 3600.0,
         tls: ClientTls | None = None,
     ) -> None:

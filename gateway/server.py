@@ -25,6 +25,7 @@ import grpc
 
 from gateway.alignment import check_tokenizer_alignment
 from gateway.clients import (
+    DEFAULT_VERIFIER_TIMEOUT_S,
     GrpcDraftClient,
     GrpcVerifierClient,
     request_deadline,
@@ -388,6 +389,7 @@ def start_gateway(
     port: int = 50050,
     tokenizer_name: str | None = None,
     draft_timeout_s: float = 0.25,
+    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S,
     draft_refresh_s: float = DEFAULT_DRAFT_REFRESH_S,
     check_backends: bool = True,
     max_concurrent: int = 64,
@@ -400,12 +402,13 @@ def start_gateway(
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
+    verifier_timeout_s: the most a verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's)."""
     servicer = GatewayServicer(
         GrpcDraftClient(
             draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
         ),
-        GrpcVerifierClient(verifier_address, tls=backend_tls),
+        GrpcVerifierClient(verifier_address, timeout_s=verifier_timeout_s, tls=backend_tls),
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,

@@ -127,6 +127,11 @@ def test_a_frozen_verifier_fails_requests_in_bounded_time_and_health_says_so(
         assert time.monotonic() - frozen_at < FROZEN_VERIFIER_BOUND_S
         wait_for_health(gateway.address, "NOT_SERVING", HEALTH_FOLLOWS_WITHIN_S)
         assert http_health(http.url) == 503
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 8}).encode()
+        post = urllib.request.Request(f"{http.url}/generate", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as http_info:
+            urllib.request.urlopen(post, timeout=FROZEN_VERIFIER_BOUND_S)
+        assert http_info.value.code == 503
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:  # a new request
             stub.Generate(gateway_pb2.GenerateRequest(prompt=PROMPT, max_tokens=8), timeout=60)
