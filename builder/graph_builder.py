@@ -36,11 +36,13 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from builder.append import (
     BaseGraph,
@@ -165,6 +167,7 @@ class GraphBuilder:
         self._text_field = "text"
         self._doc_separator: str | None = None
         self._datasets: list[dict[str, Any]] = []
+        self._distilled: list[dict[str, Any]] = []  # build_from_token_documents(distilled=...)
         self._started: float | None = None
         self.stats = BuildStats()
 
@@ -290,6 +293,49 @@ class GraphBuilder:
             self.engine.name,
         )
         return self.stats
+
+    def build_from_token_documents(
+        self,
+        documents: Iterable[tuple[Sequence[int] | np.ndarray, int]],
+        *,
+        source: str,
+        weight: int = 1,
+    ) -> BuildStats:
+        """Count documents that are already token ids (e.g. a model's continuations), in this
+        process. documents: (ids, first successor counted): only n-grams whose last token is
+        at that position or later are counted (0: all; a prompt's length: its continuation's).
+        source names them in the graph's inputs; weight: each occurrence counts this many
+        times (>= 1).
+        """
+        if weight < 1:
+            raise BuildError(f"weight must be >= 1, got {weight}")
+        from builder.partial_counts import count_token_documents
+
+        if self._started is None:
+            self._started = time.perf_counter()
+        vocab = self.vocab_size
+
+        def checked() -> Iterator[tuple[np.ndarray, int]]:
+            for ids, first in documents:
+                array = np.asarray(ids, dtype=np.int64)
+                if array.size and (int(array.min()) < 0 or int(array.max()) >= vocab):
+                    raise BuildError(f"{source}: a token id is outside the vocabulary [0, {vocab})")
+                yield array.astype(np.uint32), int(first)
+
+        spec = self._spec({"index": len(self._manifests), "pieces": []})
+        manifest = count_token_documents(checked(), spec, len(self._manifests), weight)
+        self._manifests.append(manifest)
+        self.stats.documents += manifest["documents"]
+        self.stats.tokens += manifest["tokens"]
+        self.stats.count_seconds += manifest["seconds"]["count"]
+        self.stats.partitions += 1
+        self._inputs.append(source)
+        return self.stats
+
+    def note_distilled(self, record: dict[str, Any]) -> None:
+        """Record what ``speculant distill`` added (model, generations, temperature, prompt
+        source, ...): it goes into this build's source record (``distilled``)."""
+        self._distilled.append(dict(record))
 
     def _count(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Run the tasks on the engine, with a progress bar; their manifests, in spec order."""
@@ -423,9 +469,12 @@ class GraphBuilder:
         built_at = datetime.now(UTC).isoformat(timespec="seconds")
         version = 1 if base is None else base.version + 1
         sources = [] if base is None else base_sources(base)
-        sources.append(
-            source_record(version, self._inputs, self.stats.documents, self.stats.tokens, built_at)
+        record = source_record(
+            version, self._inputs, self.stats.documents, self.stats.tokens, built_at
         )
+        if self._distilled:
+            record["distilled"] = list(self._distilled)
+        sources.append(record)
         return GraphMeta(
             format_version=FORMAT_VERSION,
             max_order=self.max_order,

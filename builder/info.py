@@ -50,6 +50,25 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     return info
 
 
+def _distilled_line(record: dict[str, Any]) -> str:
+    """One line describing a ``speculant distill`` run (a source record's ``distilled``)."""
+    source = record.get("prompt_source", {})
+    if "prompts_file" in source:
+        prompts = f"prompts from {source['prompts_file']}"
+    else:
+        words = source.get("prefix_words", ["?", "?"])
+        prompts = (
+            f"prompts: {words[0]}-{words[1]} word prefixes of {' '.join(source.get('corpus', []))}"
+        )
+    return (
+        f"distilled: {record.get('generations', 0):,} continuations of up to "
+        f"{record.get('max_tokens', '?')} tokens ({record.get('tokens', 0):,} tokens, weight "
+        f"{record.get('weight', 1)}) by {record.get('model', '?')} "
+        f"({str(record.get('model_fingerprint', '?'))[:23]}...) at temperature "
+        f"{record.get('temperature', '?')}{', chat' if record.get('chat') else ''}; {prompts}"
+    )
+
+
 def _entries(env: lmdb.Environment, db) -> int:
     with env.begin(db=db) as txn:
         return int(txn.stat(db)["entries"])
@@ -77,11 +96,12 @@ def format_info(info: dict[str, Any]) -> str:
     sources = info.get("sources") or []
     if len(sources) > 1:  # an appended graph: what each version added
         lines.append("sources:")
-        lines += [
-            f"  v{src['version']}: {src['documents']:,} documents, {src['tokens']:,} tokens "
-            f"from {' '.join(src['inputs'])} ({src['built_at']})"
-            for src in sources
-        ]
+        for src in sources:
+            lines.append(
+                f"  v{src['version']}: {src['documents']:,} documents, {src['tokens']:,} tokens "
+                f"from {' '.join(src['inputs'])} ({src['built_at']})"
+            )
+            lines += [f"      {_distilled_line(d)}" for d in src.get("distilled", [])]
     tuned = info.get("tuned") or {}
     if tuned.get("params"):
         values = " ".join(f"{k}={v}" for k, v in sorted(tuned["params"].items()))

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from builder.corpus import iter_file_documents
 from builder.counting import NgramCounter
 from builder.errors import BuildError
@@ -116,13 +118,62 @@ def count_partition(spec: dict[str, Any]) -> dict[str, Any]:
     counter.flush()
     store.spill()
     seconds["count"] += time.perf_counter() - t0
+    return _write_manifest(
+        out, store, part.to_dict(), spec, documents, tokens, read, seconds, begun
+    )
+
+
+def count_token_documents(
+    documents: Iterable[tuple[np.ndarray, int]],
+    spec: dict[str, Any],
+    index: int,
+    weight: int = 1,
+) -> dict[str, Any]:
+    """Count documents given as token ids (no tokenizing), in this process; returns the
+    manifest of a task as :func:`count_partition` does (its partition has no pieces).
+
+    documents: (ids ``[n]`` uint32, first successor position counted; see
+    :meth:`~builder.counting.NgramCounter.add_document`). spec: as count_partition's, of which
+    ``work_dir``, ``key_bits``, ``max_order``, ``chunk_size`` and ``spill_rows`` are used.
+    weight: each n-gram occurrence counts this many times.
+    """
+    begun = time.perf_counter()
+    out = Path(spec["work_dir"]) / f"part{index:05d}-{secrets.token_hex(4)}"
+    out.mkdir()
+    max_order = int(spec["max_order"])
+    store = RunStore(out, max_order, int(spec["spill_rows"]))
+    counter = NgramCounter(max_order, int(spec["key_bits"]), int(spec["chunk_size"]), store, weight)
+    doc_count = tokens = 0
+    for ids, first_successor in documents:
+        counter.add_document(ids, first_successor)
+        doc_count += 1
+        tokens += max(0, int(ids.size) - max(first_successor, 0))
+    counter.flush()
+    store.spill()
+    seconds = {"read": 0.0, "tokenize": 0.0, "count": time.perf_counter() - begun}
+    partition = {"index": index, "pieces": []}
+    return _write_manifest(out, store, partition, spec, doc_count, tokens, [], seconds, begun)
+
+
+def _write_manifest(
+    out: Path,
+    store: RunStore,
+    partition: dict[str, Any],
+    spec: dict[str, Any],
+    documents: int,
+    tokens: int,
+    read: list[dict[str, Any]],
+    seconds: dict[str, float],
+    begun: float,
+) -> dict[str, Any]:
+    """Write a finished task's manifest (atomically, last) and return it."""
     manifest = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
-        "partition": part.to_dict(),
+        "partition": partition,
         "dir": str(out),
         "worker": f"{socket.gethostname()}:{os.getpid()}",
-        "max_order": max_order,
+        "max_order": int(spec["max_order"]),
         "key_bits": int(spec["key_bits"]),
         "documents": documents,
         "tokens": tokens,
@@ -142,8 +193,6 @@ def count_partition(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rows(counts_path: Path) -> int:
-    import numpy as np
-
     return np.load(counts_path, mmap_mode="r", allow_pickle=False).shape[0]
 
 

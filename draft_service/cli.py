@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 from speculant.config import (
     DEFAULT_DRAFT_K,
+    DEFAULT_LEARN_MEMORY_MB,
+    DEFAULT_LEARN_WEIGHT,
     DEFAULT_MAX_CONTEXT_TOKENS,
     DEFAULT_RELOAD_INTERVAL_S,
     DEFAULT_TREE_NODES,
@@ -37,6 +39,7 @@ from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
 if TYPE_CHECKING:
+    from draft_service.learning import LearningConfig
     from speculant.metrics import Metrics
     from speculant.types import DraftParams
 
@@ -76,6 +79,7 @@ def register(
         help="check every S seconds whether a new graph was published at --graph and switch to "
         "it without a restart (0: only on SIGHUP; default %(default)s)",
     )
+    add_learning_arguments(serve)
     add_server_tls_arguments(serve)
     add_metrics_arguments(serve)
     add_log_format_argument(serve)
@@ -177,6 +181,57 @@ def _fail(command: str, message: str) -> int:
     return 2
 
 
+def add_learning_arguments(p: argparse.ArgumentParser) -> None:
+    """--no-learn, --learn-memory, --learn-weight, --learn-log (serve-draft and up)."""
+    p.add_argument(
+        "--no-learn",
+        action="store_true",
+        help="do not learn from the generations served (default: learn; see README, Learning)",
+    )
+    p.add_argument(
+        "--learn-memory",
+        type=float,
+        default=DEFAULT_LEARN_MEMORY_MB,
+        metavar="MB",
+        help="memory cap of the live layer; the oldest generations go first (default "
+        f"{DEFAULT_LEARN_MEMORY_MB:g} MiB)",
+    )
+    p.add_argument(
+        "--learn-weight",
+        type=float,
+        default=DEFAULT_LEARN_WEIGHT,
+        metavar="W",
+        help=f"drafting adds W times the learned counts to the graph's (default "
+        f"{DEFAULT_LEARN_WEIGHT:g})",
+    )
+    p.add_argument(
+        "--learn-log",
+        default="",
+        metavar="PATH",
+        help="where learned generations persist across restarts, shared by the replicas "
+        "(default: GRAPH_DIR.learned.jsonl beside the graph; 'none': in memory only)",
+    )
+
+
+def learning_from_args(args: argparse.Namespace):
+    """The LearningConfig the flags ask for (None with --no-learn); ValueError if bad."""
+    from draft_service.learning import LearningConfig
+
+    if args.no_learn:
+        return None
+    if not 0 <= args.learn_memory < float("inf"):
+        raise ValueError(f"--learn-memory must be a number of MiB >= 0, got {args.learn_memory}")
+    if not 0 < args.learn_weight < float("inf"):
+        raise ValueError(f"--learn-weight must be a number > 0, got {args.learn_weight}")
+    log_path = None if args.learn_log.lower() == "none" else args.learn_log
+    return LearningConfig(
+        enabled=True,
+        max_bytes=int(args.learn_memory * 2**20),
+        weight=args.learn_weight,
+        log_path=log_path,
+    )
+
+
 def serve_draft(args: argparse.Namespace) -> int:
     """Run the draft service; exit code 2 with a one-line message for a bad graph or port."""
     from pydantic import ValidationError
@@ -195,17 +250,26 @@ def serve_draft(args: argparse.Namespace) -> int:
         first = str(exc).splitlines()
         return _fail("serve-draft", f"bad SPECULANT_DRAFT__* setting: {' '.join(first[:3])}")
     try:
+        learning = learning_from_args(args)
+    except ValueError as exc:
+        return _fail("serve-draft", str(exc))
+    try:
         metrics = metrics_from_args(args)
     except OSError as exc:
         return _fail("serve-draft", str(exc))
     try:
-        return _serve(args, defaults, metrics)
+        return _serve(args, defaults, metrics, learning)
     finally:
         if metrics is not None:
             metrics.close()
 
 
-def _serve(args: argparse.Namespace, defaults: DraftParams, metrics: Metrics | None) -> int:
+def _serve(
+    args: argparse.Namespace,
+    defaults: DraftParams,
+    metrics: Metrics | None,
+    learning: LearningConfig | None,
+) -> int:
     from draft_service.server import DraftServer
     from speculant.graph_format import GraphFormatError
 
@@ -220,6 +284,7 @@ def _serve(args: argparse.Namespace, defaults: DraftParams, metrics: Metrics | N
             reload_interval_s=args.reload_interval,
             metrics=metrics,
             max_context_tokens=args.max_context,
+            learning=learning,
         )
     except InvalidArgumentError as exc:
         return _fail("serve-draft", str(exc))
@@ -238,6 +303,7 @@ def _serve(args: argparse.Namespace, defaults: DraftParams, metrics: Metrics | N
         graph.vocab_size,
         server.address,
     )
+    log.info("%s", server.learning_summary())
     # SIGHUP: check the graph path now (the watcher thread does the work)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: server.request_reload())
     server.wait_for_termination_signal()

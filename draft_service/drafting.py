@@ -15,7 +15,9 @@ Terms:
 - *running probability* of draft token d_i: q(d_1) * ... * q(d_i), with q the mixed distribution
   (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
   estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
-  before the first d_i (i >= 2) whose running probability is below it (*adaptive length*).
+  before position i (i >= 2) when q(d_1) * ... * q(d_{i-1}) * max q_i is below it (*adaptive
+  length*): for ``greedy`` that is d_i's running probability; for ``sampling`` it is decided
+  before d_i is drawn, so that d_i is a plain draw from the q it reports (exactness).
 - *outcome* of verifying a draft d_1..d_k: the verifier accepts d_1..d_j, then emits one token t
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
@@ -34,6 +36,11 @@ Terms:
   counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
   graph alone as above. Each draft token's *source* ("graph", "overlay" or "both") says which
   sources listed it as a successor at the orders q was mixed from.
+- *live layer*: with a :class:`~draft_service.live_layer.LiveLayer` (what the draft service
+  learned from the generations it served), its counts join the graph's first: c_graph,o +
+  live.weight * c_live,o, then the overlay's as above. Its tokens count as source "graph" (the
+  draft tier's shared counts). Drafts change as the layer learns; outputs do not (drafts are
+  only proposals).
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import lmdb
 import numpy as np
 
 from draft_service.graph import NGramGraph
+from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextIndex, ContextIndexCache, combine
 from speculant.errors import InvalidArgumentError
@@ -68,8 +76,17 @@ _TreeStep = tuple[int, list[tuple[int, float, str]]]
 class Drafter:
     """Proposes up to k draft tokens continuing a context, from one opened graph (thread-safe)."""
 
-    def __init__(self, graph: NGramGraph, *, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    def __init__(
+        self,
+        graph: NGramGraph,
+        *,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        live: LiveLayer | None = None,
+    ) -> None:
+        """live: a live layer (what this service learned from generations it served) whose
+        counts are combined with the graph's (see :mod:`draft_service.live_layer`)."""
         self.graph = graph
+        self.live = live
         self.max_order = graph.max_order
         self.vocab_size = graph.vocab_size
         self._mixer = Mixer(graph.vocab_size)
@@ -181,16 +198,12 @@ class Drafter:
         for _ in range(params.k):
             source = "graph"
             found = _overlay_successors(overlay, tail)
-            if found:  # the context has successors for this tail: mix the combined counts
-                key = (tail, mix_key, params.overlay_weight, found) if greedy else None
+            learned, signature = self._learned(tail)
+            if found or learned:  # more counts than the graph's for this tail: combine them
+                key = (tail, mix_key, params.overlay_weight, found, signature) if greedy else None
                 step = cache.get(key) if cache is not None else None
                 if step is None:
-                    combined = combine(
-                        *_match_decoded(tail, txn, dbs, every_order),
-                        found,
-                        params.overlay_weight,
-                        every_order,
-                    )
+                    combined = self._combined(tail, txn, dbs, params, found, learned)
                     if greedy:
                         token, prob = self._argmax_combined(combined, params)
                         dist = _point_mass(token)
@@ -198,6 +211,8 @@ class Drafter:
                         ids, q = self._mixer.mix(
                             combined.orders, combined.ids, combined.counts, params
                         )
+                        if _too_unlikely(running, q, min_prob, proposal):
+                            break
                         token, dist, prob = _sample(ids, q, rng)
                     order, source = combined.orders[0], combined.source_of(token)
                     if cache is not None:
@@ -220,11 +235,13 @@ class Drafter:
                 if not orders:
                     break
                 ids, q = self._mixer.mix(orders, *_decode(values), params)
+                if _too_unlikely(running, q, min_prob, proposal):
+                    break
                 token, dist, prob = _sample(ids, q, rng)
                 order = orders[0]
-            running *= prob
-            if running < min_prob and proposal.token_ids:
+            if greedy and running * prob < min_prob and proposal.token_ids:
                 break  # adaptive length: d_i is too unlikely to survive verification
+            running *= prob
             proposal.token_ids.append(token)
             proposal.distributions.append(dist)
             proposal.matched_orders.append(order)
@@ -289,7 +306,7 @@ class Drafter:
             neg_prob, _, node, depth, tail = heapq.heappop(frontier)
             found = _overlay_successors(overlay, tail)
             orders, ids_list, counts_list, source_of = self._successor_counts(
-                tail, txn, dbs, params, found
+                tail, txn, dbs, params, found, self._learned(tail)[0]
             )
             if not orders:
                 continue  # a dead end: no children
@@ -317,17 +334,51 @@ class Drafter:
         return proposal
 
     def _successor_counts(
-        self, tail: bytes, txn: lmdb.Transaction, dbs: list, params: DraftParams, found: tuple
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        found: tuple,
+        learned: tuple,
     ) -> tuple[list[int], list[np.ndarray], list[np.ndarray], Callable[[int], str]]:
         """(matching orders, successor ids, counts, token -> its source) after tail, highest
-        order first: the graph's counts, combined with found (the overlay's successors for
-        tail, ContextIndex.successors) when there are any; no orders at a dead end."""
-        every_order = params.effective_mixing != "backoff"
-        graph_counts = _match_decoded(tail, txn, dbs, every_order)
-        if not found:
-            return *graph_counts, _from_graph
-        combined = combine(*graph_counts, found, params.overlay_weight, every_order)
+        order first: the graph's counts, combined with learned (the live layer's successors
+        for tail) and found (the overlay's, ContextIndex.successors) when there are any; no
+        orders at a dead end."""
+        if not (found or learned):
+            every_order = params.effective_mixing != "backoff"
+            return *_match_decoded(tail, txn, dbs, every_order), _from_graph
+        combined = self._combined(tail, txn, dbs, params, found, learned)
         return combined.orders, combined.ids, combined.counts, combined.source_of
+
+    def _learned(self, tail: bytes) -> tuple[tuple, tuple]:
+        """(the live layer's successor counts for tail, their signature for cache keys), see
+        LiveLayer.lookup; ((), ()) without a layer."""
+        return self.live.lookup(tail) if self.live is not None else ((), ())
+
+    def _combined(
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        found: tuple,
+        learned: tuple,
+    ) -> Combined:
+        """The graph's counts after tail plus live.weight times the live layer's (learned),
+        then plus overlay_weight times the overlay's (found): c_graph + w_live c_live + w c_ctx
+        per order. A token the live layer alone lists counts as "graph" (the draft tier's
+        shared counts), one the overlay lists as "overlay" or "both"."""
+        every_order = params.effective_mixing != "backoff"
+        orders, ids, counts = _match_decoded(tail, txn, dbs, every_order)
+        if learned:
+            assert self.live is not None
+            shared = combine(orders, ids, counts, learned, self.live.weight, every_order)
+            orders, ids, counts = shared.orders, shared.ids, shared.counts
+            if not found:
+                return Combined(orders, ids, counts, ids, [])
+        return combine(orders, ids, counts, found, params.overlay_weight, every_order)
 
     def _tree_step(
         self, tail: bytes, params: DraftParams, mix_key: tuple, overlay: ContextIndex | None
@@ -336,12 +387,16 @@ class Drafter:
         source; ties: lowest id first); (0, []) at a dead end. Cached like greedy steps (mix_key:
         the params' _mix_key; with the overlay, keyed by its successor counts for tail too)."""
         found = _overlay_successors(overlay, tail)
-        key = (tail, mix_key, params.overlay_weight, found) if found else (tail, mix_key)
+        learned, signature = self._learned(tail)
+        if found or learned:
+            key: tuple = (tail, mix_key, params.overlay_weight, found, signature)
+        else:
+            key = (tail, mix_key)
         step = self._tree_cache.get(key)
         if step is None:
             txn, dbs = self.graph.raw_lookup()
             orders, ids_list, counts_list, source_of = self._successor_counts(
-                tail, txn, dbs, params, found
+                tail, txn, dbs, params, found, learned
             )
             step = (0, [])  # a dead end
             if orders:
@@ -468,12 +523,13 @@ class Drafter:
         params = self.resolve(params.validate())
         self.validate_context(context_ids)
         txn, dbs = self.graph.raw_lookup()
-        orders, values = _match(
-            _tail_key(context_ids, self.max_order), txn, dbs, params.effective_mixing != "backoff"
+        tail = _tail_key(context_ids, self.max_order)
+        orders, ids_list, counts_list, _ = self._successor_counts(
+            tail, txn, dbs, params, (), self._learned(tail)[0]
         )
         if not orders:
             return None
-        ids, q = self._mixer.mix(orders, *_decode(values), params)
+        ids, q = self._mixer.mix(orders, ids_list, counts_list, params)
         return SparseDistribution(ids.astype(np.int64), q), orders[0]
 
 
@@ -566,6 +622,16 @@ def _tail_key(context_ids: Sequence[int] | np.ndarray, max_order: int) -> bytes:
     """The last <= max_order ids of the context, packed big-endian: the graph's key layout."""
     tail = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
     return struct.pack(f">{len(tail)}I", *tail)
+
+
+def _too_unlikely(running: float, q: np.ndarray, min_prob: float, proposal: DraftProposal) -> bool:
+    """Adaptive length for a sampled draft: whether the draft ends before the next position,
+    decided *before* sampling it, from the running probability so far and max q (the
+    likeliest token's chance), never from the token drawn. So the token drafted at a position
+    is always a plain draw from the q it reports: cutting the draft after a draw (when the
+    drawn token's q is small) would make it a draw from q restricted to its likelier tokens,
+    and the verifier, correcting against q, would no longer sample the target distribution."""
+    return bool(proposal.token_ids) and running * float(q.max()) < min_prob
 
 
 def _sample(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
+from draft_service.live_layer import LiveLayer
 from speculant.errors import UnavailableError
 
 STILL_OPENING = "the draft service is still opening its graph"  # UNAVAILABLE before a graph
@@ -46,11 +47,20 @@ class LoadedGraph:
 
 
 class GraphSlot:
-    """Holds the current loaded graph; swaps it atomically (see the module docstring)."""
+    """Holds the current loaded graph; swaps it atomically (see the module docstring).
 
-    def __init__(self, on_health: Callable[[bool], None] | None = None) -> None:
+    live_for: the live layer a new graph's drafter combines with it (``Learning.attach``), or
+    None for drafts from the graph alone. on_health: told False when the current graph is found
+    damaged, True when a graph is installed."""
+
+    def __init__(
+        self,
+        live_for: Callable[[NGramGraph], LiveLayer] | None = None,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._current: LoadedGraph | None = None
+        self._live_for = live_for
         self.on_health = on_health
 
     @property
@@ -84,7 +94,8 @@ class GraphSlot:
     def install(self, graph: NGramGraph) -> LoadedGraph:
         """Make graph (with a new Drafter of it) the current one; the one it replaces closes
         once no call uses it."""
-        loaded = LoadedGraph(graph, Drafter(graph))
+        live = self._live_for(graph) if self._live_for is not None else None
+        loaded = LoadedGraph(graph, Drafter(graph, live=live))
         with self._lock:
             old, self._current = self._current, loaded
         self._retire(old)

@@ -4,6 +4,8 @@
   ProposeStream message);
 - ``speculant_draft_tokens_total``: draft tokens in them;
 - ``speculant_draft_next_round_drafts_total``: next-round drafts prepared;
+- ``speculant_draft_learned_tokens_total``: tokens of reported generations learned (Learn);
+- ``speculant_draft_live_layer_bytes``: the live layer's estimated memory;
 - ``speculant_draft_lmdb_readers``: open LMDB read transactions on the graph (one per worker
   thread that has drafted; the graph is opened without a lock file, so LMDB's own reader table,
   ``Environment.readers()``, stays empty).
@@ -27,6 +29,16 @@ class DraftMetrics:
             "Next-round drafts prepared while the client verifies",
             registry=registry,
         )
+        self.learned_tokens = Counter(
+            "speculant_draft_learned_tokens",
+            "Tokens of reported generations learned into the live layer",
+            registry=registry,
+        )
+        self.live_layer_bytes = Gauge(
+            "speculant_draft_live_layer_bytes",
+            "Estimated memory of the live layer (learned n-gram counts)",
+            registry=registry,
+        )
         self.lmdb_readers = Gauge(
             "speculant_draft_lmdb_readers",
             "Open LMDB read transactions on the graph (one per drafting thread)",
@@ -42,3 +54,7 @@ class DraftMetrics:
         self.tokens.inc(draft_tokens)
         if next_round_drafts:
             self.next_round_drafts.inc(next_round_drafts)
+
+    def observe_learned(self, tokens: int, live_bytes: int) -> None:
+        self.learned_tokens.inc(tokens)
+        self.live_layer_bytes.set(live_bytes)

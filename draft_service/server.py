@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,8 @@ import grpc
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from draft_service.graph_slot import STILL_OPENING, GraphSlot
+from draft_service.learning import Learning, LearningConfig
+from draft_service.live_layer import LiveStats
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
@@ -86,6 +89,7 @@ def params_from_request(
 
 
 MAX_NEXT_ROUND_DRAFTS = 64
+DEFAULT_LEARNING = LearningConfig()  # learning is on unless a caller passes None
 
 
 def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
@@ -162,11 +166,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         metrics: DraftMetrics | None = None,
         max_streams: int = 8,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        learning: Learning | None = None,
     ) -> None:
+        """learning: learn from reported generations (Learn); None: Learn answers
+        learning = false and drafts come from the graph alone."""
         self.defaults = (defaults or DraftParams()).validate()
         self.metrics = metrics
+        self.learning = learning
         self.max_context_tokens = max_context_tokens
-        self.slot = GraphSlot()
+        self.slot = GraphSlot(learning.attach if learning is not None else None)
         self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
 
     def load(self, graph: NGramGraph) -> None:
@@ -270,7 +278,46 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self, request: draft_pb2.GetGraphInfoRequest, context: grpc.ServicerContext
     ) -> draft_pb2.GetGraphInfoResponse:
         with self.slot.use() as loaded:
-            return graph_info_response(loaded.graph)
+            response = graph_info_response(loaded.graph)
+            layer = loaded.drafter.live
+            if layer is not None:
+                response.live.CopyFrom(live_stats_message(layer.stats(), layer.weight))
+            return response
+
+    @map_errors
+    def Learn(
+        self, request: draft_pb2.LearnRequest, context: grpc.ServicerContext
+    ) -> draft_pb2.LearnResponse:
+        """Learn a finished generation (see draft.proto); learning = false when off."""
+        if self.learning is None:
+            return draft_pb2.LearnResponse(learning=False)
+        generation_id = request.generation_id or uuid.uuid4().hex
+        with self.slot.use() as loaded:
+            outcome = self.learning.learn(
+                request.token_ids, generation_id, request.persist, loaded.graph.vocab_size
+            )
+            weight = self.learning.config.weight
+        if self.metrics is not None:
+            self.metrics.observe_learned(outcome.learned_tokens, outcome.stats.estimated_bytes)
+        return draft_pb2.LearnResponse(
+            learning=True,
+            learned_tokens=outcome.learned_tokens,
+            persisted=outcome.persisted,
+            live=live_stats_message(outcome.stats, weight),
+        )
+
+
+def live_stats_message(stats: LiveStats, weight: float) -> draft_pb2.LiveLayerStats:
+    return draft_pb2.LiveLayerStats(
+        documents=stats.documents,
+        tokens=stats.tokens,
+        contexts=stats.contexts,
+        estimated_bytes=stats.estimated_bytes,
+        max_bytes=stats.max_bytes,
+        learned_documents=stats.learned_documents,
+        forgotten_documents=stats.forgotten_documents,
+        weight=weight,
+    )
 
 
 def graph_info_response(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
@@ -321,9 +368,11 @@ class DraftServer:
         tls: ServerTls | None = None,
         reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
         metrics: Metrics | None = None,
+        learning: LearningConfig | None = DEFAULT_LEARNING,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
     ) -> None:
         """metrics: count calls and drafts in it (its /metrics endpoint is the caller's).
+        learning: learn from reported generations (draft_service.learning); None: off.
         max_context_tokens: longer Propose contexts are refused (INVALID_ARGUMENT)."""
         if reload_interval_s < 0:
             raise InvalidArgumentError(
@@ -335,7 +384,11 @@ class DraftServer:
             )
         self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
         self.servicer = DraftServicer(
-            defaults, self.metrics, max_streams=workers, max_context_tokens=max_context_tokens
+            defaults,
+            self.metrics,
+            Learning(learning) if learning is not None else None,
+            max_streams=workers,
+            max_context_tokens=max_context_tokens,
         )
         self.server = ServiceServer(
             host,
@@ -381,6 +434,19 @@ class DraftServer:
             )
             self._releaser.start()
         return graph
+
+    def learning_summary(self) -> str:
+        """One line for the start-up log: whether and how the service learns."""
+        learning = self.servicer.learning
+        if learning is None:
+            return "learning: off (--no-learn): drafts come from the graph alone"
+        config = learning.config
+        where = learning.log_path()
+        return (
+            f"learning: on, live layer up to {config.max_bytes / 2**20:g} MiB (now "
+            f"{learning.layer.estimated_bytes() / 2**20 if learning.layer else 0:.1f} MiB), "
+            f"weight {config.weight:g}, learn log {where or 'none (in memory only)'}"
+        )
 
     def _read_transactions(self) -> int:
         current = self.servicer.slot.current
@@ -430,13 +496,15 @@ def start_server(
     tls: ServerTls | None = None,
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
     metrics: Metrics | None = None,
+    learning: LearningConfig | None = DEFAULT_LEARNING,
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
     Health is NOT_SERVING from the bind until the graph is open, then SERVING. A bad graph
     raises GraphFormatError after the server has been stopped again. A graph published later at
-    graph_path is loaded without a restart (see :class:`DraftServer`).
+    graph_path is loaded without a restart (see :class:`DraftServer`). learning: see
+    :mod:`draft_service.learning` (None: off).
     """
     server = DraftServer(
         host,
@@ -446,6 +514,7 @@ def start_server(
         tls=tls,
         reload_interval_s=reload_interval_s,
         metrics=metrics,
+        learning=learning,
         max_context_tokens=max_context_tokens,
     )
     server.start()

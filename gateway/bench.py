@@ -133,6 +133,14 @@ class BenchSettings:
     # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
     adaptive_ks: tuple[bool, ...] = (False,)
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
+    # more graphs (e.g. a distilled one), each drafting its own embedded / services rows
+    compare_graphs: tuple[str, ...] = ()
+    # online learning off / on (embedded: a live layer; services: a learning draft service),
+    # on after learn_warmup generations of other prompts, then paused while measuring
+    learns: tuple[bool, ...] = (False,)
+    learn_warmup: int = 300
+    learn_warmup_prompts: str | None = None  # JSON lines; default: the graph's corpus prefixes
+    learn_restart: bool = False  # services: restart the learning draft service after warm-up
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,8 @@ class Variant:
     tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
     adaptive_k: bool = False  # draft length from the acceptance history
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
+    graph: str = ""  # "" = settings.graph, else one of settings.compare_graphs
+    learn: bool = False  # drafts from a live layer warmed up on other prompts
 
     @property
     def name(self) -> str:
@@ -162,7 +172,16 @@ class Variant:
             name += " adaptive"
         if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
             name += f" prep={self.next_round_drafts}"
+        if self.graph:
+            name += f" graph={Path(self.graph).name}"
+        if self.learn:
+            name += " learn"
         return name
+
+    @property
+    def draft_tier(self) -> tuple[str, bool]:
+        """(graph, learn): the variants that share one drafter's graph and live layer."""
+        return self.graph, self.learn
 
 
 @dataclass
@@ -196,8 +215,12 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                     tree_nodes=tree,
                     adaptive_k=adaptive,
                     overlay_weight=overlay,
+                    graph=graph,
+                    learn=learn,
                 )
-                for k, mix, tree, overlay, prep, adaptive in itertools.product(
+                for graph, learn, k, mix, tree, overlay, prep, adaptive in itertools.product(
+                    ("", *settings.compare_graphs),
+                    settings.learns,
                     settings.ks,
                     settings.mixes,
                     settings.tree_nodes,
@@ -305,16 +328,44 @@ class InProcessSystems:
         self.plain = PlainDecoder(loaded.model, list(loaded.eos_token_ids))
         self.forwards = ForwardCounter(loaded.model)
         self._coordinators: dict[Variant, Any] = {}
+        self._graphs: dict[str, Any] = {"": self.decoder.graph}
+        self.live_layers: dict[str, Any] = {}  # graph -> the live layer of its learn variants
+
+    def graph(self, path: str) -> Any:
+        """The opened graph of a variant (checked to share the main graph's tokenizer)."""
+        if path not in self._graphs:
+            from draft_service.graph import NGramGraph
+
+            graph = NGramGraph.open(path)
+            main = self.decoder.graph.meta
+            if graph.meta.tokenizer_fingerprint != main.tokenizer_fingerprint:
+                raise ValueError(f"--compare-graph {path}: another tokenizer than --graph's")
+            self._graphs[path] = graph
+        return self._graphs[path]
+
+    def live_layer(self, path: str) -> Any:
+        """The live layer that the learn variants drafting from graph `path` share."""
+        if path not in self.live_layers:
+            from draft_service.live_layer import LiveLayer
+
+            self.live_layers[path] = LiveLayer(self.graph(path).max_order)
+        return self.live_layers[path]
 
     def coordinator(self, variant: Variant) -> Any:
         """A coordinator with its own Drafter per variant: the drafter's step cache is then not
-        warmed by the other variants' drafts of the same prompt (one shared verifier)."""
+        warmed by the other variants' drafts of the same prompt (one shared verifier). Learn
+        variants share their graph's live layer; they learn only while warming up."""
         if variant not in self._coordinators:
             from draft_service.drafting import Drafter
             from gateway.coordinator import Coordinator
 
             shared = self.decoder.coordinator
-            drafter = NoDrafts() if variant.system == "plain" else Drafter(self.decoder.graph)
+            live = self.live_layer(variant.graph) if variant.learn else None
+            drafter = (
+                NoDrafts()
+                if variant.system == "plain"
+                else Drafter(self.graph(variant.graph), live=live)
+            )
             self._coordinators[variant] = Coordinator(
                 drafter,
                 shared.verifier,
@@ -323,12 +374,31 @@ class InProcessSystems:
             )
         return self._coordinators[variant]
 
+    def warm_up_learning(self, variant: Variant, prompts: list[list[int]], seed: int) -> None:
+        """Generate the warm-up prompts through the variant, its live layer learning each."""
+        from gateway.coordinator import GenerationRequest
+
+        coordinator = self.coordinator(variant)
+        coordinator.learner = self.live_layer(variant.graph)
+        try:
+            for i, ids in enumerate(prompts):
+                coordinator.generate(
+                    GenerationRequest(
+                        prompt_ids=ids,
+                        max_tokens=self.settings.max_tokens,
+                        temperature=self.settings.temperature,
+                        seed=seed + i,
+                    )
+                )
+        finally:
+            coordinator.learner = None  # paused while measuring
+
     @property
     def tokenizer(self) -> Any:
         return self.decoder.tokenizer
 
     def encode(self, prompt: str) -> list[int]:
-        from gateway.coordinator import encode_prompt
+        from speculant.prompting import encode_prompt
 
         return encode_prompt(self.tokenizer, prompt)
 
@@ -403,24 +473,32 @@ def thread_env(threads: int) -> dict[str, str]:
 
 
 class ServiceStack:
-    """The three services as child processes on free localhost ports; stop() ends them all."""
+    """The services as child processes on free localhost ports; stop() ends them all.
+
+    One verifier; per draft tier (graph, learn) one draft service; per tier and
+    --next-round-drafts value one gateway that measures (it reports nothing to the draft tier,
+    so no measured prompt ever drafts from another variant's output of itself). A learning tier
+    also gets a warm-up gateway that reports its generations (see warm_up_learning)."""
 
     def __init__(self, settings: BenchSettings, log_dir: Path) -> None:
         self.settings = settings
         self.log_dir = log_dir
         self.children: list[ServiceProcess] = []
         self.channels: list[Any] = []
-        self.stubs: dict[int, Any] = {}  # next_round_drafts -> its gateway's stub
+        self.stubs: dict[tuple[str, bool, int], Any] = {}  # (graph, learn, prep) -> gateway
+        self.drafts: dict[tuple[str, bool], ServiceProcess] = {}
+        self.verifier: ServiceProcess | None = None
+        self._split = None
 
-    def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
+    def _spawn(self, name: str, args: list[str], address: str | None = None) -> ServiceProcess:
         from gateway.up import _die_with_parent
 
         host = "127.0.0.1"
-        address = f"{host}:{free_port(host)}"
+        address = address or f"{host}:{free_port(host)}"
         log_path = self.log_dir / f"{name}.log"
         command = [sys.executable, "-m", "speculant.cli", *args]
         command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
-        with open(log_path, "wb") as log:
+        with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command,
                 stdout=log,
@@ -446,40 +524,125 @@ class ServiceStack:
                 return
         raise RuntimeError(f"the {child.name} service was not serving after the start-up timeout")
 
+    def _tiers(self) -> list[tuple[str, bool]]:
+        return [
+            (g, learn)
+            for g in ("", *self.settings.compare_graphs)
+            for learn in self.settings.learns
+        ]
+
+    def _draft_args(self, tier: tuple[str, bool]) -> list[str]:
+        graph, learn = tier
+        args = ["serve-draft", "--graph", graph or self.settings.graph]
+        if not learn:
+            return [*args, "--no-learn"]
+        # the learn log lives in the bench's own directory, never beside the user's graph
+        index = self._tiers().index(tier)
+        return [*args, "--learn-log", str(self.log_dir / f"learned-{index}.jsonl")]
+
+    @staticmethod
+    def _tier_name(kind: str, tier: tuple[str, bool], prep: int | None = None) -> str:
+        graph, learn = tier
+        name = kind + (f" graph={Path(graph).name}" if graph else "") + (" learn" if learn else "")
+        return name + (f" prep={prep}" if prep is not None else "")
+
     def start(self) -> None:
-        import grpc
-
-        from speculant.v1 import gateway_pb2_grpc
-
         s = self.settings
-        draft = self._spawn("draft", ["serve-draft", "--graph", s.graph])
-        verifier = self._spawn(
+        for tier in self._tiers():
+            self.drafts[tier] = self._spawn(self._tier_name("draft", tier), self._draft_args(tier))
+        self.verifier = self._spawn(
             "verifier",
             [
                 *("serve-verifier", "--model", s.model, "--device", s.device),
                 *("--torch-threads", str(s.torch_threads)),
             ],
         )
-        self._wait_ready(draft)
-        self._wait_ready(verifier)
-        split = split_cores(s.torch_threads) if s.pin_cpus else None
-        if split is not None:
-            pin_process(verifier.process.pid, split.model)
-            pin_process(draft.process.pid, split.other)
-        for prep in s.next_round_drafts:
-            gateway = self._spawn(
-                "gateway" if len(s.next_round_drafts) == 1 else f"gateway prep={prep}",
-                [
-                    *("serve-gateway", "--draft", draft.address, "--verifier", verifier.address),
-                    *("--next-round-drafts", str(prep)),
-                ],
+        for child in [*self.drafts.values(), self.verifier]:
+            self._wait_ready(child)
+        self._split = split_cores(s.torch_threads) if s.pin_cpus else None
+        for child in [*self.drafts.values(), self.verifier]:
+            self._pin(child)
+        for tier, draft in self.drafts.items():
+            for prep in s.next_round_drafts:
+                several = len(s.next_round_drafts) > 1
+                name = self._tier_name("gateway", tier, prep if several else None)
+                self.stubs[(*tier, prep)] = self._gateway(name, draft, ["--no-learn"], prep)
+
+    def _pin(self, child: ServiceProcess) -> None:
+        if self._split is not None:
+            cores = self._split.model if child is self.verifier else self._split.other
+            pin_process(child.process.pid, cores)
+
+    def _gateway(self, name: str, draft: ServiceProcess, extra: list[str], prep: int) -> Any:
+        """Start a gateway on draft and the verifier; its stub."""
+        import grpc
+
+        from speculant.v1 import gateway_pb2_grpc
+
+        assert self.verifier is not None
+        gateway = self._spawn(
+            name,
+            [
+                *("serve-gateway", "--draft", draft.address, "--verifier", self.verifier.address),
+                *("--next-round-drafts", str(prep), *extra),
+            ],
+        )
+        self._wait_ready(gateway)
+        self._pin(gateway)
+        channel = grpc.insecure_channel(gateway.address)
+        self.channels.append(channel)
+        return gateway_pb2_grpc.GatewayServiceStub(channel)
+
+    def warm_up_learning(
+        self, tier: tuple[str, bool], prompts: list[str], progress: Callable[[str], None]
+    ) -> dict[str, Any]:
+        """Generate the warm-up prompts through a reporting gateway of the tier's draft
+        service, wait until it learned them all, and (learn_restart) restart it gracefully,
+        so that what it measures after comes from its learn log. Returns the live layer's
+        figures."""
+        from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2
+
+        draft = self.drafts[tier]
+        stub = self._gateway(self._tier_name("gateway warm-up", tier), draft, [], 0)
+        for i, prompt in enumerate(prompts):
+            request = gateway_pb2.GenerateRequest(
+                prompt=prompt,
+                max_tokens=self.settings.max_tokens,
+                temperature=self.settings.temperature,
+                seed=10_000 + i,
             )
-            self._wait_ready(gateway)
-            if split is not None:
-                pin_process(gateway.process.pid, split.other)
-            channel = grpc.insecure_channel(gateway.address)
-            self.channels.append(channel)
-            self.stubs[prep] = gateway_pb2_grpc.GatewayServiceStub(channel)
+            stub.Generate(request, timeout=RPC_TIMEOUT_S)
+        draft_stub = draft_pb2_grpc.DraftServiceStub(self._channel(draft.address))
+        deadline = time.monotonic() + 60
+        while True:  # the gateway reports in the background
+            live = draft_stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=10).live
+            if live.learned_documents >= len(prompts) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        figures = {"warmup_generations": len(prompts), "learned_documents": live.learned_documents}
+        if self.settings.learn_restart:
+            progress(f"restarting {draft.name} (SIGTERM; it replays its learn log)")
+            from gateway.up import Child, stop_children
+
+            stop_children([Child(draft.name, draft.address, draft.process)])
+            self.children.remove(draft)
+            self.drafts[tier] = draft = self._spawn(
+                draft.name, self._draft_args(tier), draft.address
+            )
+            self._wait_ready(draft)
+            self._pin(draft)
+            draft_stub = draft_pb2_grpc.DraftServiceStub(self._channel(draft.address))
+            live = draft_stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=10).live
+            figures["documents_after_restart"] = live.documents
+        figures["live_layer_bytes"] = live.estimated_bytes
+        return figures
+
+    def _channel(self, address: str) -> Any:
+        import grpc
+
+        channel = grpc.insecure_channel(address)
+        self.channels.append(channel)
+        return channel
 
     def run(self, variant: Variant, prompt: str, seed: int) -> RunRecord:
         from google.protobuf import json_format
@@ -503,7 +666,7 @@ class ServiceStack:
             ),
         )
         started = time.perf_counter()
-        stub = self.stubs[variant.next_round_drafts or 0]
+        stub = self.stubs[(*variant.draft_tier, variant.next_round_drafts or 0)]
         response = stub.Generate(request, timeout=RPC_TIMEOUT_S)
         wall = time.perf_counter() - started
         stats = json_format.MessageToDict(
@@ -750,6 +913,7 @@ def run_benchmark(
         if "services" in settings.systems:
             progress("starting the draft, verifier and gateway services")
             services = stack.enter_context(service_stack(settings))
+        learning = _warm_up_learning(settings, variants, in_process, services, progress)
         run = _runner(in_process, services)
         warm = min(settings.warmup, len(prompts))
         progress(f"warm-up: {warm} prompt(s) through {len(variants)} variants")
@@ -761,9 +925,60 @@ def run_benchmark(
         service_processes = services.process_info() if services else {}
     in_process.close()
     prompt_lengths = [len(ids) for ids in prompt_ids]
-    return _result(
+    result = _result(
         settings, variants, records, prompt_lengths, service_processes, load_start, started
     )
+    if learning:
+        result["learning"] = learning
+    return result
+
+
+def learn_warmup_prompts(settings: BenchSettings, graph_meta: Any) -> list[str]:
+    """The prompts learn variants see before measuring: --learn-warmup-prompts, else
+    prefixes of documents of the graph's own corpus (other text than the measured prompts)."""
+    if settings.learn_warmup_prompts:
+        return load_prompts(settings.learn_warmup_prompts, settings.learn_warmup)
+    from distill.prompts import corpus_prompts, graph_corpus
+
+    inputs, separator, text_field = graph_corpus(graph_meta.build_params)
+    prompts = corpus_prompts(
+        inputs, settings.learn_warmup, seed=1, doc_separator=separator, text_field=text_field
+    )
+    return [p.text for p in prompts]
+
+
+def _warm_up_learning(
+    settings: BenchSettings,
+    variants: list[Variant],
+    in_process: InProcessSystems,
+    services: ServiceStack | None,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Warm up every learning drafter on learn_warmup other prompts (then learning pauses);
+    the live layers' figures by draft tier."""
+    tiers = sorted({(v.system, *v.draft_tier) for v in variants if v.learn})
+    if not tiers or settings.learn_warmup <= 0:
+        return {}
+    prompts = learn_warmup_prompts(settings, in_process.decoder.graph.meta)
+    figures: dict[str, Any] = {}
+    for system, graph, _ in tiers:
+        label = f"{system}{f' graph={Path(graph).name}' if graph else ''}"
+        progress(f"learning: {len(prompts)} warm-up generations through {label}")
+        started = time.perf_counter()
+        if system == "embedded":
+            first = next(v for v in variants if (v.system, *v.draft_tier) == (system, graph, True))
+            in_process.warm_up_learning(first, [in_process.encode(p) for p in prompts], seed=10_000)
+            stats = in_process.live_layer(graph).stats()
+            figures[label] = {
+                "warmup_generations": len(prompts),
+                "learned_documents": stats.learned_documents,
+                "live_layer_bytes": stats.estimated_bytes,
+            }
+        else:
+            assert services is not None
+            figures[label] = services.warm_up_learning((graph, True), prompts, progress)
+        figures[label]["warmup_seconds"] = round(time.perf_counter() - started, 1)
+    return figures
 
 
 def _result(
@@ -862,6 +1077,17 @@ def format_footer(result: dict[str, Any]) -> str:
             f"{name}: total {_fmt(f['tokens_per_second_total'], '.0f')} tok/s, "
             f"speedup {_fmt(f.get('speedup_total'), '.2f')}x, tau {_fmt(f['tau_total'], '.2f')}"
             f"{extra}"
+        )
+    for label, figures in result.get("learning", {}).items():
+        restart = (
+            f", {figures['documents_after_restart']} replayed after a restart"
+            if "documents_after_restart" in figures
+            else ""
+        )
+        lines.append(
+            f"learning ({label}): {figures['learned_documents']} generations learned in "
+            f"{figures['warmup_seconds']} s warm-up, live layer "
+            f"{figures['live_layer_bytes'] / 2**20:.1f} MiB{restart}"
         )
     mem = result["memory"]
     rss = [f"bench {mem['bench_process_peak_rss_bytes'] / 2**20:.0f} MiB"]
@@ -967,6 +1193,42 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         help="run model forwards (this process's hf and embedded runs, the verifier service) "
         "on the first core and the draft service and gateway on the others",
     )
+    p.add_argument(
+        "--compare-graph",
+        dest="compare_graphs",
+        action="append",
+        default=[],
+        metavar="GRAPH_DIR",
+        help="also draft from this graph (e.g. a distilled copy of --graph), side by side; "
+        "repeatable",
+    )
+    p.add_argument(
+        "--learn",
+        dest="learns",
+        type=_csv(_on_off),
+        default=(False,),
+        help="online learning: off, on, or off,on side by side (default off); on = a live layer "
+        "warmed up on --learn-warmup other generations, paused while measuring",
+    )
+    p.add_argument(
+        "--learn-warmup",
+        type=int,
+        default=300,
+        metavar="N",
+        help="generations a learning drafter sees before measuring (default 300)",
+    )
+    p.add_argument(
+        "--learn-warmup-prompts",
+        default=None,
+        metavar="FILE.jsonl",
+        help="their prompts (default: document prefixes of the graph's own corpus)",
+    )
+    p.add_argument(
+        "--learn-restart",
+        action="store_true",
+        help="services: restart a learning draft service (SIGTERM) after its warm-up, so that "
+        "it measures what it replayed from its learn log",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
     p.add_argument(
@@ -1002,6 +1264,11 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         overlay_weights=tuple(args.overlay_weights),
         adaptive_ks=tuple(args.adaptive_ks),
         pin_cpus=args.pin_cpus,
+        compare_graphs=tuple(args.compare_graphs),
+        learns=tuple(args.learns),
+        learn_warmup=args.learn_warmup,
+        learn_warmup_prompts=args.learn_warmup_prompts,
+        learn_restart=args.learn_restart,
     )
 
 

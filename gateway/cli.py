@@ -142,6 +142,12 @@ def register(
         help="require clients to send 'authorization: Bearer <token>' with the token in this "
         "file (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
     )
+    serve.add_argument(
+        "--no-learn",
+        action="store_true",
+        help="do not report finished generations to the draft tier (default: report them, so "
+        "the draft services learn from what they serve; see README, Learning)",
+    )
     add_http_arguments(serve)
     add_server_tls_arguments(serve)
     add_client_tls_arguments(serve, "--backend-tls", "the draft and verifier services")
@@ -241,6 +247,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             tls=tls,
             backend_tls=backend_tls,
             metrics=metrics,
+            learn=not args.no_learn,
         )
         http = None
         if args.http_port is not None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -194,6 +194,18 @@ def _refused(exc: RemoteError, exchange: StreamExchange) -> bool:
     """Whether a stream failed because the service refused it (it serves its limit of streams,
     see speculant.grpc_server.CallLimit), not because of the request or the service."""
     return exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and exchange.responses == 0
+
+
+LEARN_TIMEOUT_S = 2.0  # one Learn report to one draft replica (off the request's path)
+
+
+@dataclass
+class LearnDelivery:
+    """Where one Learn report went: the replicas that took it, failed, and persisted it."""
+
+    delivered: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    persisted_by: str = ""
 
 
 class GrpcDraftClient:
@@ -394,6 +406,27 @@ class GrpcDraftClient:
                 request.next_round_seed = next_round_seed
         exchange.send(request)
         return GrpcDraftCall(self, replica, exchange, request)
+
+    def learn(
+        self, token_ids: Sequence[int], generation_id: str, timeout_s: float = LEARN_TIMEOUT_S
+    ) -> LearnDelivery:
+        """Report a finished generation to every current replica (each learns it), asking
+        exactly one to persist it: the first that answers, in round-robin order. Never raises:
+        failures are counted in the result."""
+        request = draft_pb2.LearnRequest(token_ids=token_ids, generation_id=generation_id)
+        delivery = LearnDelivery()
+        for replica in self._replica_order():
+            request.persist = not delivery.persisted_by
+            try:
+                response = replica.stub.Learn(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                delivery.failed.append(replica.address)
+                log.debug("learn report to %s failed: %s", replica.address, exc)
+                continue
+            delivery.delivered.append(replica.address)
+            if response.persisted:
+                delivery.persisted_by = replica.address
+        return delivery
 
     def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
         """The graph meta of the first replica that answers (each asked within timeout_s)."""

@@ -28,7 +28,13 @@ from transformers import PreTrainedTokenizerBase
 
 from gateway.adaptive_k import next_draft_length
 from gateway.detokenizer import IncrementalDetokenizer
-from gateway.interfaces import DraftCall, DraftSource, PreparingDraftSource, TargetVerifier
+from gateway.interfaces import (
+    DraftCall,
+    DraftSource,
+    GenerationLearner,
+    PreparingDraftSource,
+    TargetVerifier,
+)
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason, find_stop_string, safe_text_length
 from speculant.errors import InvalidArgumentError, OutOfRangeError
@@ -98,34 +104,6 @@ class GenerationResult:
     @property
     def acceptance_rate(self) -> float:
         return self.stats.acceptance_rate
-
-
-def encode_prompt(
-    tokenizer: PreTrainedTokenizerBase,
-    prompt: str = "",
-    messages: list[dict[str, str]] | None = None,
-) -> list[int]:
-    """Token ids of a text prompt (with the tokenizer's default special tokens, e.g. BOS) or of
-    chat messages rendered with the tokenizer's chat template."""
-    if messages:
-        if prompt:
-            raise InvalidArgumentError("prompt", "give either a prompt or messages, not both")
-        if not getattr(tokenizer, "chat_template", None):
-            raise InvalidArgumentError(
-                "messages", "this model's tokenizer has no chat template; send a text prompt"
-            )
-        for i, message in enumerate(messages):
-            if message.get("role") not in ("system", "user", "assistant", "tool"):
-                raise InvalidArgumentError(
-                    f"messages[{i}].role", "must be system, user, assistant or tool"
-                )
-        rendered = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        return list(tokenizer(rendered, add_special_tokens=False).input_ids)
-    if not prompt:
-        raise InvalidArgumentError("prompt", "must not be empty")
-    return list(tokenizer(prompt).input_ids)
 
 
 def _accepted_sources(proposal: DraftProposal, result: VerifyResult) -> list[str]:
@@ -251,6 +229,7 @@ class Coordinator:
         *,
         draft_context_window: int = 16,
         next_round_drafts: int = 0,
+        learner: GenerationLearner | None = None,
     ) -> None:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
         with a request's draft.overlay_weight > 0 it sees the whole context instead.
@@ -259,8 +238,12 @@ class Coordinator:
         ask it each round to prepare drafts for this many likely outcomes of the verification
         while the verifier runs; when the outcome is one of them, the next round starts without
         waiting for a draft call. The output is the same either way (0 = off).
+
+        learner: gets each finished generation's tokens (prompt and output), so that the
+        drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).
         """
         self.drafter = drafter
+        self.learner = learner
         self.next_round_drafts = next_round_drafts
         self.verifier = verifier
         self.tokenizer = tokenizer
@@ -371,6 +354,7 @@ class Coordinator:
             final_chunk = output.take_chunk()
             if final_chunk.token_ids or final_chunk.text_delta:
                 yield final_chunk
+            self._learn(request.prompt_ids, output.token_ids)
             yield GenerationResult(output.text, output.token_ids, output.finish_reason, stats)
         finally:
             if prefilled:
@@ -422,6 +406,15 @@ class Coordinator:
             stats.draft_failures += 1
             log.warning("draft failed, continuing with an empty draft: %s", exc)
             return DraftProposal()
+
+    def _learn(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Hand a finished generation to the learner; a failure is logged, never raised."""
+        if self.learner is None or not output_ids:
+            return
+        try:
+            self.learner.learn(prompt_ids + output_ids)
+        except Exception as exc:  # learning is an optimisation, like drafting
+            log.warning("could not learn from the generation: %s", exc)
 
     def _release(self, session_id: str) -> None:
         try:

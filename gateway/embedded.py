@@ -21,15 +21,16 @@ from pathlib import Path
 
 from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
+from draft_service.live_layer import LiveLayer
 from gateway.alignment import check_tokenizer_alignment
 from gateway.coordinator import (
     Coordinator,
     GenerationRequest,
     GenerationResult,
     StreamChunk,
-    encode_prompt,
 )
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
+from speculant.prompting import encode_prompt
 from speculant.types import DraftParams
 from verifier_service.verifier import LocalVerifier
 
@@ -42,10 +43,16 @@ class SpeculativeDecoder:
         graph_path: str | Path,
         verifier_config: VerifierConfig | None = None,
         draft_config: DraftConfig | None = None,
+        *,
+        learn: bool = True,
     ) -> None:
+        """learn: the drafter learns from every finished generation (a live layer in this
+        process, draft_service.live_layer: drafts improve as similar text is generated; the
+        output never changes). False: drafts from the graph alone."""
         self.verifier_config = verifier_config or VerifierConfig()
         self.draft_config = draft_config or DraftConfig()
         self.graph = NGramGraph.open(graph_path)
+        self.live = LiveLayer(self.graph.max_order) if learn else None
         self.verifier = LocalVerifier(self.verifier_config)
         info = self.verifier.info
         meta = self.graph.meta
@@ -57,10 +64,11 @@ class SpeculativeDecoder:
         )
         self.tokenizer = self.verifier.model.tokenizer
         self.coordinator = Coordinator(
-            Drafter(self.graph),
+            Drafter(self.graph, live=self.live),
             self.verifier,
             self.tokenizer,
             draft_context_window=meta.max_order,
+            learner=self.live,
         )
 
     def _request(

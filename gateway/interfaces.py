@@ -91,3 +91,13 @@ class TargetVerifier(Protocol):
         ...
 
     def release(self, session_id: str) -> bool: ...
+
+
+class GenerationLearner(Protocol):
+    """Learns from finished generations: a draft tier's live layer (draft_service.live_layer)
+    in one process, a reporter to the draft services over gRPC (gateway.learning). Best effort
+    and quick: it never raises into the request and never waits for the network."""
+
+    def learn(self, token_ids: Sequence[int]) -> object:
+        """Take one finished generation's tokens: the prompt's, then the output's."""
+        ...

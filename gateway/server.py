@@ -35,8 +35,9 @@ from gateway.coordinator import (
     GenerationRequest,
     GenerationResult,
     StreamChunk,
-    encode_prompt,
 )
+from gateway.interfaces import GenerationLearner
+from gateway.learning import LearnReporter
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limits import SLACK, check_prompt_chars, max_token_chars
 from gateway.stats import GenerationStats
@@ -57,6 +58,7 @@ from speculant.errors import (
 )
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
+from speculant.prompting import encode_prompt
 from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
@@ -124,11 +126,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         max_concurrent: int = 64,
         next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
         metrics: GatewayMetrics | None = None,
+        learner: GenerationLearner | None = None,
     ) -> None:
         """max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
         next_round_drafts: drafts the draft service prepares for the next round while the
-        verifier runs (see Coordinator; 0 = off). metrics: count generations in it."""
+        verifier runs (see Coordinator; 0 = off). metrics: count generations in it.
+        learner: gets every finished generation (gateway.learning.LearnReporter; None: the
+        draft tier learns nothing from this gateway)."""
         self.metrics = metrics
+        self.learner = learner
         if next_round_drafts < 0:
             raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
         self.max_concurrent = max_concurrent
@@ -194,6 +200,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             tokenizer,
             draft_context_window=graph.max_order if graph is not None else 1,
             next_round_drafts=self.next_round_drafts if graph is not None else 0,
+            learner=self.learner,
         )
 
     def _load_tokenizer(self, verifier_tokenizer: str, fingerprint: str) -> object:
@@ -398,21 +405,25 @@ def start_gateway(
     tls: ServerTls | None = None,
     backend_tls: ClientTls | None = None,
     metrics: Metrics | None = None,
+    learn: bool = True,
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
     verifier_timeout_s: the most a verifier call or Session step may wait for its answer.
-    metrics: count calls and generations in it (its /metrics endpoint is the caller's)."""
+    metrics: count calls and generations in it (its /metrics endpoint is the caller's).
+    learn: report every finished generation to the draft tier (gateway.learning)."""
+    drafter = GrpcDraftClient(
+        draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
+    )
     servicer = GatewayServicer(
-        GrpcDraftClient(
-            draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
-        ),
+        drafter,
         GrpcVerifierClient(verifier_address, timeout_s=verifier_timeout_s, tls=backend_tls),
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,
         metrics=None if metrics is None else GatewayMetrics(metrics.registry),
+        learner=LearnReporter(drafter) if learn else None,
     )
     if check_backends:
         servicer.find_draft_tier()

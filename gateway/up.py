@@ -44,9 +44,11 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         help="give the verifier its own cores (one per torch thread; --torch-threads defaults "
         "to 1 then) and the draft service and gateway the others: faster rounds on small hosts",
     )
+    from draft_service.cli import add_learning_arguments
     from gateway.cli import add_http_arguments
 
     add_http_arguments(up)
+    add_learning_arguments(up)
     up.add_argument(
         "--metrics-port-base",
         type=int,
@@ -65,6 +67,14 @@ def _observability_args(args: argparse.Namespace, offset: int) -> list[str]:
     if args.metrics_port_base is not None:
         extra += ["--metrics-port", str(args.metrics_port_base + offset)]
     return extra
+
+
+def _learning_flags(args: argparse.Namespace) -> list[str]:
+    """serve-draft's learning flags, as given to up."""
+    if args.no_learn:
+        return ["--no-learn"]
+    flags = ["--learn-memory", str(args.learn_memory), "--learn-weight", str(args.learn_weight)]
+    return flags + (["--learn-log", args.learn_log] if args.learn_log else [])
 
 
 def _cpu_list(cores: frozenset[int]) -> str:
@@ -142,6 +152,7 @@ def run_up(args: argparse.Namespace) -> int:
                     host,
                     "--port",
                     str(args.draft_port),
+                    *_learning_flags(args),
                     *_observability_args(args, 1),
                 ],
             )
@@ -185,6 +196,7 @@ def run_up(args: argparse.Namespace) -> int:
                     host,
                     "--port",
                     str(args.gateway_port),
+                    *(["--no-learn"] if args.no_learn else []),
                     *_http_flags(args),
                     *_observability_args(args, 0),
                 ],

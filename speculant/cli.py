@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from builder import cli as builder_cli
+from distill import cli as distill_cli
 from draft_service import cli as draft_cli
 from gateway import cli as gateway_cli
 from speculant.request_context import configure_logging
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = subparsers.add_parser("bench", help="benchmarks (print figures; --json writes them)")
     bench_subparsers = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
-    for module in (builder_cli, draft_cli, verifier_cli, gateway_cli):
+    for module in (builder_cli, distill_cli, draft_cli, verifier_cli, gateway_cli):
         module.register(subparsers, bench_subparsers)
     return parser
 

@@ -49,6 +49,10 @@ DEFAULT_DRAFT_REFRESH_S = 10.0
 # forward pass grows with its square; the gateway sends at most MAX_DRAFT_K).
 DEFAULT_MAX_CONTEXT_TOKENS = 65_536
 DEFAULT_MAX_DRAFT_TOKENS = 64
+# Online learning in the draft tier (draft_service.live_layer): the live layer's memory cap and
+# the weight of its counts against the graph's (measured: see the README, Learning from traffic).
+DEFAULT_LEARN_MEMORY_MB = 256
+DEFAULT_LEARN_WEIGHT = 8.0
 
 
 class GraphConfig(BaseSettings):
@@ -73,8 +77,9 @@ class DraftConfig(BaseSettings):
     ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o`` and
     q = sum_o softmax(score/mix_temperature)_o * P_o) or "backoff" (the highest matching order
     alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says.
-    ``min_draft_prob`` (0 = off) ends a draft before the first token whose running probability
-    q(d_1)*...*q(d_i) falls below it; the first token is always drafted.
+    ``min_draft_prob`` (0 = off) ends a draft before the first position i where
+    q(d_1)*...*q(d_{i-1})*max q_i falls below it (for greedy drafts: d_i's running probability);
+    the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
     ``tree_nodes`` (default 12; 0 = a chain of k) drafts a tree of up to that many tokens, k

@@ -39,7 +39,8 @@ def load_tokenizer(name_or_dir: str, hf_token: str | None = None) -> PreTrainedT
                 " (not a local folder; as a hub name it needs network access, or a cached copy"
                 " when HF_HUB_OFFLINE=1, and HF_TOKEN for gated models)"
             )
-        raise TokenizerLoadError(f"cannot load tokenizer {name_or_dir!r}{hint}: {exc}") from exc
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise TokenizerLoadError(f"cannot load tokenizer {name_or_dir!r}{hint}: {reason}") from exc
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

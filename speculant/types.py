@@ -56,8 +56,9 @@ class DraftParams:
     ``mixing`` ("seed", "backoff", "witten-bell") picks how the matching orders are combined into
     q; ``attentive_mix=False`` forces "backoff" (see :attr:`effective_mixing`). ``escape_weight``
     (> 0, 1 = classic) scales the mass each order lends to the lower ones under "witten-bell".
-    ``min_draft_prob`` in [0, 1] (0 = off) stops a draft before the first token d_i whose running
-    probability q(d_1)*...*q(d_i) is below it (the first token is always drafted).
+    ``min_draft_prob`` in [0, 1] (0 = off) stops a draft before the first position i whose best
+    running probability q(d_1)*...*q(d_{i-1})*max q_i is below it (the first token is always
+    drafted; decided before d_i is drawn, so sampled drafts stay exact).
     ``overlay_weight`` (finite, >= 0; 0 = off) adds the request's own context as a second source:
     at every order o the successor counts become c_graph,o + overlay_weight * c_context,o before
     mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.

@@ -56,3 +56,28 @@ def tinystories_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     builder.build_from_files([str(TINYSTORIES_TRAIN)], doc_separator=STORY_SEPARATOR)
     builder.save(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def distilled_graph(tinystories_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of tinystories_graph with 256 greedy continuations of 64 tokens by stories260K
+    distilled into it (speculant distill, prompts from the demo corpus)."""
+    import shutil
+
+    from distill.run import DistillOptions, distill_graph
+
+    out = tmp_path_factory.mktemp("distilled") / "tinystories-distilled"
+    shutil.copytree(tinystories_graph, out)
+    distill_graph(
+        DistillOptions(
+            graph=str(out),
+            model=str(STORIES_MODEL),
+            corpus=[str(ROOT / "demo" / "tinystories-slice.txt")],
+            doc_separator=STORY_SEPARATOR,
+            generations=256,
+            max_tokens=64,
+            device="cpu",
+            progress=False,
+        )
+    )
+    return out

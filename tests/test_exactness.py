@@ -1,17 +1,28 @@
 """Exactness, greedy: speculative decoding at temperature 0 is token-identical to Hugging Face
 `generate(do_sample=False)` of the same model, on every dev prompt, embedded and over the
-services, for every drafting strategy with and without attentive mixing; and it needs well
+services, for every drafting strategy with and without attentive mixing, with learning on (the
+decoder learning from every generation as it goes) and with a distilled graph; and it needs well
 under one verifier forward per token (verification is parallel)."""
 
 from __future__ import annotations
 
+import time
+
+import grpc
 import pytest
 
+from gateway import SpeculativeDecoder
 from gateway.baseline import PlainDecoder
 from speculant.config import DraftConfig, GenerationConfig
-from speculant.v1 import common_pb2, gateway_pb2
+from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2
 from tests.conftest import STORIES_MODEL, load_dev_prompts
-from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
+from tests.e2e_fixtures import (  # noqa: F401  (fixtures)
+    embedded_decoder,
+    learning_decoder,
+    learning_services,
+    services,
+    verifier_config,
+)
 
 MAX_TOKENS = 128
 K = 8
@@ -133,3 +144,49 @@ def test_greedy_identical_over_services(
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
     assert_parallel(*totals(stats), strategy)
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sampling"])
+def test_greedy_identical_embedded_while_learning(
+    learning_decoder,  # noqa: F811
+    dev_prompts,
+    reference_outputs,
+    strategy,
+):
+    """Learning on (the default): each generation is learned as soon as it finishes, so later
+    prompts draft from what earlier ones generated; the output stays plain greedy decoding."""
+    before = learning_decoder.live.stats().learned_documents
+    draft = DraftConfig(strategy=strategy)  # the default draft tree
+    mismatches, stats = generate_embedded(learning_decoder, dev_prompts, reference_outputs, draft)
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert learning_decoder.live.stats().learned_documents == before + len(dev_prompts)
+    assert_parallel(*totals(stats), strategy)
+
+
+def test_greedy_identical_over_services_while_learning(
+    learning_services,  # noqa: F811
+    dev_prompts,
+    reference_outputs,
+):
+    prompts, references = dev_prompts[:24], reference_outputs[:24]
+    mismatches, stats = generate_over_gateway(
+        learning_services.gateway, prompts, references, common_pb2.DraftOptions()
+    )
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_drafts_served(stats)
+    with grpc.insecure_channel(learning_services.draft_address) as channel:
+        stub = draft_pb2_grpc.DraftServiceStub(channel)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the gateway reports in the background
+            live = stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=5).live
+            if live.learned_documents >= len(prompts):
+                break
+            time.sleep(0.1)
+    assert live.learned_documents >= len(prompts)
+
+
+def test_greedy_identical_with_a_distilled_graph(distilled_graph, dev_prompts, reference_outputs):
+    decoder = SpeculativeDecoder(distilled_graph, verifier_config(), learn=False)
+    mismatches, stats = generate_embedded(decoder, dev_prompts, reference_outputs, DraftConfig())
+    assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
+    assert_parallel(*totals(stats), "greedy")

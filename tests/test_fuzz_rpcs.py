@@ -266,14 +266,26 @@ def plausible_propose(draw) -> draft_pb2.ProposeRequest:
     return draw(plausible_options(request))
 
 
+@st.composite
+def plausible_learn(draw) -> draft_pb2.LearnRequest:
+    return draft_pb2.LearnRequest(
+        token_ids=draw(token_ids(300)),
+        generation_id=draw(st.text(max_size=140)),
+        persist=draw(st.booleans()),
+    )
+
+
 def draft_calls() -> list[tuple[st.SearchStrategy[Call], int]]:
     propose = st.one_of(messages(draft_pb2.ProposeRequest.DESCRIPTOR), plausible_propose())
     desc = draft_pb2.ProposeRequest.DESCRIPTOR
     info = draft_pb2.GetGraphInfoRequest.DESCRIPTOR
+    learn_desc = draft_pb2.LearnRequest.DESCRIPTOR
+    learn = st.one_of(messages(learn_desc), plausible_learn())
     return [
         (unary(DRAFT + "Propose", propose, desc), 5),
         (bidi(DRAFT + "ProposeStream", propose, desc), 4),
         (unary(DRAFT + "GetGraphInfo", messages(info), info), 1),
+        (unary(DRAFT + "Learn", learn, learn_desc), 2),
     ]
 
 
@@ -493,6 +505,7 @@ def test_undecodable_request_is_invalid_argument(services):  # noqa: F811
     for address, method, kind in (
         (services.draft_address, DRAFT + "Propose", "unary"),
         (services.draft_address, DRAFT + "ProposeStream", "bidi"),
+        (services.draft_address, DRAFT + "Learn", "unary"),
         (services.verifier_address, VERIFIER + "Session", "bidi"),
         (services.verifier_address, VERIFIER + "GetStats", "unary"),
         (services.gateway_address, GATEWAY + "GenerateStream", "server_stream"),

@@ -283,27 +283,69 @@ def test_min_draft_prob_needs_a_match_for_the_first_token(graph: NGramGraph) -> 
 
 
 @pytest.mark.parametrize("mixing", ["seed", "witten-bell"])
-def test_sampled_drafts_stop_where_their_running_q_falls_below(
+def test_sampled_drafts_stop_before_a_position_whose_best_q_falls_below(
     core_graph: NGramGraph, mixing: str
 ) -> None:
     """With one seed, the thresholded draft is the longest prefix (>= 1 token) of the free draft
-    whose running product of q(d_i) stays >= min_draft_prob."""
+    such that before each position i >= 2, q(d_1) * ... * q(d_{i-1}) * max q_i stays >=
+    min_draft_prob: decided before d_i is drawn, never from d_i itself."""
     drafter = Drafter(core_graph)
     for seed in range(40):
         free = drafter.propose(
             [20, 20], ClassicParams(k=8, strategy="sampling", mixing=mixing), seed
         )
-        running = np.cumprod(
-            [as_dict(d)[t] for t, d in zip(free.token_ids, free.distributions, strict=True)]
-        )
+        q_of_draft = [
+            as_dict(d)[t] for t, d in zip(free.token_ids, free.distributions, strict=True)
+        ]
+        best_q = [float(d.probs.max()) for d in free.distributions]
+        running = np.cumprod(q_of_draft)
         for threshold in (0.05, 0.2, 0.5):
-            keep = max(1, int(np.sum(running >= threshold))) if free.token_ids else 0
-            assert all(np.diff(running) <= 1e-15)  # a running product never grows
+            keep = len(free.token_ids)
+            for i in range(1, len(free.token_ids)):
+                if running[i - 1] * best_q[i] < threshold:
+                    keep = i
+                    break
             params = ClassicParams(
                 k=8, strategy="sampling", mixing=mixing, min_draft_prob=threshold
             )
             cut = drafter.propose([20, 20], params, seed)
             assert cut.token_ids == free.token_ids[:keep]
+
+
+# After 30: 31 or 32 (q = 1/2 each, backoff); after (30, 31): 40..43 with q 0.4, 0.3, 0.2, 0.1.
+SPREAD_CHAINS = {
+    1: {(30,): {31: 1, 32: 1}, (31,): {40: 4, 41: 3, 42: 2, 43: 1}},
+    2: {(30, 31): {40: 4, 41: 3, 42: 2, 43: 1}},
+}
+
+
+def test_a_sampled_draft_token_is_a_plain_draw_from_the_q_it_reports(tmp_path: Path) -> None:
+    """Exactness of adaptive length with sampled drafts: given the tokens before it, a drafted
+    token must be distributed as the q it reports (the verifier corrects against that q).
+
+    With min_draft_prob = 1/2 * 1/4, a rule that cut the draft after drawing d_2 (dropping
+    d_2 when q(d_1) q(d_2) < 1/8, i.e. q(d_2) < 1/4) would only ever draft 40 and 41 after 31,
+    a draw from q restricted to its likelier tokens: the chi-square below rejects it."""
+    from scipy.stats import chisquare
+
+    path = write_graph(tmp_path / "graph", SPREAD_CHAINS, vocab_size=VOCAB)
+    params = DraftParams(
+        k=2, strategy="sampling", mixing="backoff", tree_nodes=0, min_draft_prob=1 / 8
+    )
+    seconds: list[int] = []
+    with NGramGraph.open(path) as graph:
+        drafter = Drafter(graph)
+        for seed in range(4000):
+            proposal = drafter.propose([30], params, seed)
+            if proposal.token_ids[0] == 31:
+                assert len(proposal.token_ids) == 2  # 1/2 * max q = 0.2 >= 1/8: always drafted
+                assert as_dict(proposal.distributions[1]) == pytest.approx(
+                    {40: 0.4, 41: 0.3, 42: 0.2, 43: 0.1}
+                )
+                seconds.append(proposal.token_ids[1])
+    observed = [seconds.count(t) for t in (40, 41, 42, 43)]
+    expected = [len(seconds) * q for q in (0.4, 0.3, 0.2, 0.1)]
+    assert chisquare(observed, expected).pvalue > 1e-3, observed
 
 
 # -- validation -------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.coordinator import encode_prompt
 from speculant.errors import InvalidArgumentError
+from speculant.prompting import encode_prompt
 from speculant.tokenizer import load_tokenizer
 from tests.conftest import PHI3_TOKENIZER, STORIES_MODEL
 

@@ -45,6 +45,7 @@ def test_public_names_exist():
         "Propose",
         "ProposeStream",
         "GetGraphInfo",
+        "Learn",
     }
     assert set(services["VerifierService"].methods_by_name) == {
         "Prefill",

@@ -20,7 +20,11 @@ from scipy.stats import chisquare
 import verifier_service.rejection as rejection
 from gateway.coordinator import GenerationRequest
 from speculant.types import DraftParams
-from tests.e2e_fixtures import embedded_decoder  # noqa: F401  (fixture)
+from tests.e2e_fixtures import (  # noqa: F401  (fixtures)
+    embedded_decoder,
+    learning_decoder,
+    verifier_config,
+)
 
 PROMPT = "One day,"
 RUNS = 5000
@@ -47,12 +51,13 @@ def sample_pairs(
     strategy: str,
     tree_nodes: int = 0,
     overlay_weight: float = 0.0,
+    runs: int = RUNS,
 ) -> Counter:
     """(first, second) generated token counts over RUNS seeds; tree_nodes > 0: the second
     token comes from verifying a draft tree (one level: up to 3 sibling drafts);
     overlay_weight > 0: drafts mix in the request's own context."""
     counts: Counter = Counter()
-    for seed in range(RUNS):
+    for seed in range(runs):
         request = GenerationRequest(
             prompt_ids=prompt_ids,
             max_tokens=3,
@@ -68,12 +73,13 @@ def sample_pairs(
 
 
 def chi_square_p_value(joint: np.ndarray, counts: Counter) -> float:
-    expected = joint * RUNS
+    runs = sum(counts.values())
+    expected = joint * runs
     cells = np.argwhere(expected >= MIN_EXPECTED)
     observed = [counts.get((int(a), int(b)), 0) for a, b in cells]
     expected_cells = [expected[a, b] for a, b in cells]
-    observed.append(RUNS - sum(observed))  # every other pair, pooled
-    expected_cells.append(RUNS - sum(expected_cells))
+    observed.append(runs - sum(observed))  # every other pair, pooled
+    expected_cells.append(runs - sum(expected_cells))
     assert len(cells) >= 10, "the prompt should spread its mass over enough pairs"
     return float(chisquare(observed, expected_cells).pvalue)
 
@@ -101,3 +107,75 @@ def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):  # noq
     counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "sampling")
     p_value = chi_square_p_value(joint, counts)
     assert p_value < 1e-6, f"the test failed to catch a wrong rule (p = {p_value:.2e})"
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "sampling"])
+def test_first_two_tokens_follow_the_model_while_learning(learning_decoder, strategy):  # noqa: F811
+    """Learning on: the decoder learns from each of the 3,000 runs, so the drafts (and, for
+    sampled drafts, the q they report) change from run to run; the law of the output does not."""
+    prompt_ids = learning_decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(learning_decoder, prompt_ids, 1.0)
+    before = learning_decoder.live.stats().learned_documents
+    counts = sample_pairs(learning_decoder, prompt_ids, 1.0, strategy, tree_nodes=12, runs=3000)
+    assert learning_decoder.live.stats().learned_documents == before + 3000
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
+
+
+def test_first_two_tokens_follow_the_model_with_a_distilled_graph(distilled_graph):
+    from gateway import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(distilled_graph, verifier_config(), learn=False)
+    prompt_ids = decoder.tokenizer(PROMPT).input_ids
+    joint = exact_joint(decoder, prompt_ids, 1.0)
+    counts = sample_pairs(decoder, prompt_ids, 1.0, "sampling", tree_nodes=12, runs=3000)
+    p_value = chi_square_p_value(joint, counts)
+    assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
+
+
+def exact_triples(
+    decoder, prompt_ids: list[int], temperature: float, runs: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pairs [P, 2], P[t1, t2] of each [P], p(t3 | prompt, t1, t2) [P, V]) for the pairs (t1, t2)
+    expected at least MIN_EXPECTED times in `runs` runs: the exact law of the first three tokens
+    wherever a chi-square cell can see it."""
+    joint = exact_joint(decoder, prompt_ids, temperature)
+    pairs = np.argwhere(joint * runs >= MIN_EXPECTED)  # [P, 2]
+    model = decoder.verifier.model.model
+    with torch.inference_mode():
+        batch = torch.tensor([[*prompt_ids, int(a), int(b)] for a, b in pairs])  # [P, len+2]
+        third = model(batch).logits[:, -1].double()  # [P, V]
+        p3 = torch.softmax(third / temperature, -1).numpy()  # [P, V]
+    return pairs, joint[pairs[:, 0], pairs[:, 1]], p3
+
+
+def test_adaptive_length_keeps_sampled_drafts_exact(embedded_decoder):  # noqa: F811
+    """min_draft_prob > 0 with sampled drafts: the first three tokens follow the model.
+
+    With max_tokens=4 the second round verifies a chain of up to 2 sampled drafts, cut by
+    min_draft_prob; the third token is either the second draft (accepted), a correction of it,
+    or the next round's. A drafter that cut the draft after drawing a token whose q was small
+    (so that a kept token was a draw from q restricted to its likelier tokens) failed this
+    with p = 2.5e-12 (and passes with p = 0.92)."""
+    runs = 3000
+    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
+    pairs, pair_probs, p3 = exact_triples(embedded_decoder, prompt_ids, 1.0, runs)
+    counts: Counter = Counter()
+    for seed in range(runs):
+        request = GenerationRequest(
+            prompt_ids=prompt_ids,
+            max_tokens=4,
+            temperature=1.0,
+            seed=seed,
+            draft=DraftParams(k=4, strategy="sampling", tree_nodes=0, min_draft_prob=0.2),
+        )
+        counts[tuple(embedded_decoder.coordinator.generate(request).token_ids[:3])] += 1
+    expected = pair_probs[:, None] * p3 * runs  # [P, V]
+    cells = np.argwhere(expected >= MIN_EXPECTED)
+    assert len(cells) >= 10, "the prompt should spread its mass over enough triples"
+    observed = [counts.get((*map(int, pairs[i]), int(c)), 0) for i, c in cells]
+    expected_cells = [expected[i, c] for i, c in cells]
+    observed.append(runs - sum(observed))  # every other triple, pooled
+    expected_cells.append(runs - sum(expected_cells))
+    p_value = float(chisquare(observed, expected_cells).pvalue)
+    assert p_value > 1e-3, f"sampled triples do not follow the model (p = {p_value:.2e})"

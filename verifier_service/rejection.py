@@ -15,6 +15,14 @@ Terms (see also :mod:`speculant.types`):
 Every call emits ``accepted + 1`` tokens, and the emitted sequence is distributed exactly as
 tokens sampled one at a time from the target model.
 
+Point-mass drafts (chains and trees) are verified by *sample-and-match*: at each position a
+token x is drawn from p with one uniform of the session's generator; the draft is accepted while
+x equals it, and the first x that differs (or the one after the last draft) is the corrected or
+bonus token. That is the point-mass rule above (accept with probability p(d), else a draw from p
+without d), and it spends exactly one draw per emitted token, so a seeded request's tokens do
+not depend on its drafts: with greedy drafting, learning, k and the draft shape change speed,
+never the output, at any temperature.
+
 *Draft tree* of point-mass drafts (:func:`tree_sample`): from the pending token, sample x from p
 at the current node; if a child of the node is x, it is accepted and the walk goes on from it,
 else x is emitted and the walk ends (x is then the corrected token, or the bonus token at a
@@ -132,15 +140,18 @@ def rejection_sample(
         return RejectionOutput(accepted, best[: accepted + 1].tolist())
 
     draft_list: list[int] = draft_ids.tolist()
+    if draft_probs is None:
+        # Point masses: sample-and-match (a draw from p at each position, accepted while it
+        # equals the draft), one draw per emitted token: the tokens a seed gives do not depend
+        # on the draft (nor on learning, k or the draft shape).
+        out = tree_sample(logits, draft_list, list(range(-1, k - 1)), temperature, generator)
+        return RejectionOutput(out.accepted_count, out.token_ids)
     p = target_probs(logits, temperature)  # [k+1, V]
     if k:
         rows = torch.arange(k, device=p.device)
         p_draft = p[rows, draft_ids]  # [k] p_i(d_i)
-        if draft_probs is None:
-            accept_prob = p_draft  # q_i(d_i) = 1
-        else:
-            q_draft = draft_probs[rows, draft_ids]  # [k] q_i(d_i) > 0
-            accept_prob = torch.clamp_max(p_draft / q_draft, 1.0)
+        q_draft = draft_probs[rows, draft_ids]  # [k] q_i(d_i) > 0
+        accept_prob = torch.clamp_max(p_draft / q_draft, 1.0)
         uniforms = torch.rand(k, device=p.device, generator=generator)  # [k], one per position
         accepted_mask = (uniforms < accept_prob).int()  # [k]
         accepted = int(torch.cumprod(accepted_mask, 0).sum())  # leading accepts
@@ -150,8 +161,7 @@ def rejection_sample(
     if accepted == k:
         final_dist = p[k]  # bonus: p after the last draft
     else:
-        q_row = None if draft_probs is None else draft_probs[accepted]
-        final_dist = residual_distribution(p[accepted], q_row, draft_list[accepted])
+        final_dist = residual_distribution(p[accepted], draft_probs[accepted], draft_list[accepted])
     final_token = sample_index(final_dist, generator)
     return RejectionOutput(accepted, [*draft_list[:accepted], final_token])
 

@@ -79,6 +79,48 @@ class ProposeResponse(_message.Message):
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., next_round: _Optional[_Iterable[_Union[NextRoundDraft, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class LearnRequest(_message.Message):
+    __slots__ = ("token_ids", "generation_id", "persist")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    generation_id: str
+    persist: bool
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., generation_id: _Optional[str] = ..., persist: _Optional[bool] = ...) -> None: ...
+
+class LiveLayerStats(_message.Message):
+    __slots__ = ("documents", "tokens", "contexts", "estimated_bytes", "max_bytes", "learned_documents", "forgotten_documents", "weight")
+    DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXTS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_DOCUMENTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    documents: int
+    tokens: int
+    contexts: int
+    estimated_bytes: int
+    max_bytes: int
+    learned_documents: int
+    forgotten_documents: int
+    weight: float
+    def __init__(self, documents: _Optional[int] = ..., tokens: _Optional[int] = ..., contexts: _Optional[int] = ..., estimated_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., learned_documents: _Optional[int] = ..., forgotten_documents: _Optional[int] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class LearnResponse(_message.Message):
+    __slots__ = ("learning", "learned_tokens", "persisted", "live")
+    LEARNING_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    learning: bool
+    learned_tokens: int
+    persisted: bool
+    live: LiveLayerStats
+    def __init__(self, learning: _Optional[bool] = ..., learned_tokens: _Optional[int] = ..., persisted: _Optional[bool] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ...) -> None: ...
+
 class GetGraphInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -96,7 +138,7 @@ class OrderStats(_message.Message):
     def __init__(self, order: _Optional[int] = ..., contexts: _Optional[int] = ..., ngrams: _Optional[int] = ..., total_count: _Optional[int] = ...) -> None: ...
 
 class GetGraphInfoResponse(_message.Message):
-    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version")
+    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version", "live")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_ORDER_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +151,7 @@ class GetGraphInfoResponse(_message.Message):
     BUILT_AT_FIELD_NUMBER: _ClassVar[int]
     GRAPH_PATH_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     max_order: int
     tokenizer_name: str
@@ -121,4 +164,5 @@ class GetGraphInfoResponse(_message.Message):
     built_at: str
     graph_path: str
     graph_version: int
-    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ...) -> None: ...
+    live: LiveLayerStats
+    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ...) -> None: ...

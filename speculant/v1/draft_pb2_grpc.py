@@ -50,6 +50,11 @@ class DraftServiceStub:
                 request_serializer=speculant_dot_v1_dot_draft__pb2.GetGraphInfoRequest.SerializeToString,
                 response_deserializer=speculant_dot_v1_dot_draft__pb2.GetGraphInfoResponse.FromString,
                 _registered_method=True)
+        self.Learn = channel.unary_unary(
+                '/speculant.v1.DraftService/Learn',
+                request_serializer=speculant_dot_v1_dot_draft__pb2.LearnRequest.SerializeToString,
+                response_deserializer=speculant_dot_v1_dot_draft__pb2.LearnResponse.FromString,
+                _registered_method=True)
 
 
 class DraftServiceServicer:
@@ -79,6 +84,18 @@ class DraftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Learn(self, request, context):
+        """Learn from a finished generation: its tokens (the prompt's, then the output's) join the
+        service's live layer, whose counts drafting adds to the graph's, so drafts improve with
+        traffic. A gateway reports each finished generation to every draft replica it knows and
+        asks exactly one of them to persist it (into the learn log the replicas share, which a
+        replica replays when it starts). Best effort: a draft service that does not learn
+        (--no-learn) answers learning = false.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DraftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +113,11 @@ def add_DraftServiceServicer_to_server(servicer, server):
                     servicer.GetGraphInfo,
                     request_deserializer=speculant_dot_v1_dot_draft__pb2.GetGraphInfoRequest.FromString,
                     response_serializer=speculant_dot_v1_dot_draft__pb2.GetGraphInfoResponse.SerializeToString,
+            ),
+            'Learn': grpc.unary_unary_rpc_method_handler(
+                    servicer.Learn,
+                    request_deserializer=speculant_dot_v1_dot_draft__pb2.LearnRequest.FromString,
+                    response_serializer=speculant_dot_v1_dot_draft__pb2.LearnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -180,6 +202,33 @@ class DraftService:
             '/speculant.v1.DraftService/GetGraphInfo',
             speculant_dot_v1_dot_draft__pb2.GetGraphInfoRequest.SerializeToString,
             speculant_dot_v1_dot_draft__pb2.GetGraphInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Learn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/speculant.v1.DraftService/Learn',
+            speculant_dot_v1_dot_draft__pb2.LearnRequest.SerializeToString,
+            speculant_dot_v1_dot_draft__pb2.LearnResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,128 @@
+"""Continuations of prompts by the target model, batched, with Hugging Face ``generate``.
+
+Terms: a *generation* is one prompt and its *continuation*, the tokens the model emitted after it
+up to ``max_tokens`` or its first EOS (the EOS itself is not kept: graphs never count EOS).
+``temperature`` 0 is greedy decoding (``do_sample=False``, what speculative greedy output equals);
+above 0 each token is sampled from softmax(logits / temperature) with no top-k or top-p, the
+distribution a server samples at that temperature.
+
+Prompts are grouped by token length (the longest first), so each batch pads little, and
+left-padded, as ``generate`` needs for decoder-only models. Reproducible for a seed on one device
+(batched and padded forwards may differ from one-at-a-time decoding in the last bits, which can
+change a near-tie greedy token: harmless, since a graph only proposes drafts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from distill.prompts import Prompt
+from speculant.prompting import encode_prompt
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's token ids and the model's continuation of it."""
+
+    index: int  # the prompt's position in the list given
+    prompt_ids: list[int]
+    continuation_ids: list[int]
+
+
+def prompt_token_ids(
+    tokenizer: PreTrainedTokenizerBase, prompt: Prompt, *, chat: bool, max_length: int
+) -> list[int]:
+    """The ids the model sees for a prompt (as a server tokenizes it); with chat, a text prompt
+    is sent as one user message. Cut to its last max_length tokens."""
+    if prompt.messages:
+        messages = [{"role": role, "content": content} for role, content in prompt.messages]
+        ids = encode_prompt(tokenizer, messages=messages)
+    elif chat:
+        ids = encode_prompt(tokenizer, messages=[{"role": "user", "content": prompt.text}])
+    else:
+        ids = encode_prompt(tokenizer, prompt.text)
+    return ids[-max_length:]
+
+
+def generate_continuations(
+    model: PreTrainedModel,
+    prompts: Sequence[list[int]],
+    *,
+    max_tokens: int,
+    temperature: float,
+    batch_size: int,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    seed: int = 0,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> Iterator[Generation]:
+    """Continue every prompt (token ids), batch_size at a time; yields in batch order (longest
+    prompts first; Generation.index gives each one's place in prompts).
+
+    on_batch(generations, tokens) is called after each batch with its counts (progress).
+    """
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+    eos = set(int(t) for t in eos_token_ids)
+    generator_seed = seed
+    for start in range(0, len(order), batch_size):
+        indexes = order[start : start + batch_size]
+        rows = [prompts[i] for i in indexes]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # [B, L]
+        attention = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
+        for row, ids in enumerate(rows):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        torch.manual_seed(generator_seed)
+        generator_seed += 1
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                max_new_tokens=max_tokens,
+                eos_token_id=list(eos) or None,
+                pad_token_id=pad_token_id,
+                **(sampling if temperature > 0 else {"do_sample": False}),
+            )  # [B, L + new]
+        new = output[:, width:].tolist()
+        tokens = 0
+        for index, ids, continuation in zip(indexes, rows, new, strict=True):
+            kept = _until_eos(continuation, eos)
+            tokens += len(kept)
+            yield Generation(index, list(ids), kept)
+        if on_batch is not None:
+            on_batch(len(rows), tokens)
+
+
+def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:i]
+    return tokens
+
+
+def model_fingerprint(model: PreTrainedModel) -> str:
+    """``sha256:<hex>`` of the model's config and of every parameter's name, shape, dtype and
+    two sums (of values and of absolute values, in float64, to 9 significant digits, so that
+    the summation order of a device does not matter): the same checkpoint and dtype give the
+    same fingerprint, a fine-tuned or other checkpoint a different one. One pass over the
+    weights (milliseconds on a GPU)."""
+    config = model.config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version", "torch_dtype", "dtype"):
+        config.pop(volatile, None)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    with torch.inference_mode():
+        for name, tensor in model.state_dict().items():
+            values = tensor.detach().double()
+            summary = [name, list(tensor.shape), str(tensor.dtype)]
+            summary += [f"{float(values.sum()):.9g}", f"{float(values.abs().sum()):.9g}"]
+            digest.update(json.dumps(summary).encode())
+    return "sha256:" + digest.hexdigest()

@@ -1,0 +1,232 @@
+"""The live layer: n-gram counts a draft service learns from the generations it helps to serve.
+
+Terms. A *learned document* is one finished generation's tokens, its prompt and its output, as a
+gateway reports them (``DraftService/Learn``). The layer counts the n-grams of orders
+1..max_order of every learned document exactly as the builder counts a corpus document
+(c_live,o(x) = the number of times the order-o context was followed by x), keyed like the graph
+(context ids packed as big-endian uint32), so a drafter combines them with the graph's counts:
+
+    c_o(x) = c_graph,o(x) + weight * c_live,o(x)
+
+(see :mod:`draft_service.overlay`, whose rule this is; ``weight`` is the layer's). A drafter
+asks :meth:`LiveLayer.successors` for a tail's counts: one dict lookup per order.
+
+Bounded: the layer estimates its memory (:meth:`LiveLayer.estimated_bytes`: its documents, its
+keys, its (context, successor) pairs and its published tuples, at costs measured with
+tracemalloc, see KEY_BYTES and PAIR_BYTES) and forgets its oldest documents (subtracts their
+counts) while the estimate is over ``max_bytes``. Thread-safe: learning takes a lock; lookups
+read published tuples and take the lock only to build one (dropping all of them first when that
+would pass the cap).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from speculant.config import DEFAULT_LEARN_MEMORY_MB, DEFAULT_LEARN_WEIGHT
+
+# Bytes of Python objects per context key (its bytes object, dict slots, the inner dict of
+# successors) and per (context, successor) pair (a dict slot, the int objects), measured with
+# tracemalloc on the counts of stories260K's continuations of tinystories prompts and of random
+# token streams (32k vocabulary), rounded up: tests/test_live_layer.py checks that the estimate
+# covers what tracemalloc sees.
+KEY_BYTES = 320
+PAIR_BYTES = 120
+DOCUMENT_BYTES = 120  # a learned document's bytes object and deque slot, beyond 4 bytes a token
+# A published successor tuple: the tuple and its dict slot, and per successor a 2-tuple.
+FROZEN_BYTES = 120
+FROZEN_PAIR_BYTES = 72
+DEFAULT_MAX_BYTES = DEFAULT_LEARN_MEMORY_MB << 20
+DEFAULT_WEIGHT = DEFAULT_LEARN_WEIGHT
+
+Successors = tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # ((order, ((id, count),)),)
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """What the layer holds now, and what it has learned and forgotten since it started."""
+
+    documents: int
+    tokens: int
+    contexts: int
+    pairs: int
+    estimated_bytes: int
+    max_bytes: int
+    learned_documents: int
+    forgotten_documents: int
+
+
+class LiveLayer:
+    """Successor counts of learned documents, bounded by memory (see the module docstring)."""
+
+    def __init__(
+        self, max_order: int, *, max_bytes: int = DEFAULT_MAX_BYTES, weight: float = DEFAULT_WEIGHT
+    ) -> None:
+        if max_order < 1:
+            raise ValueError(f"max_order must be >= 1, got {max_order}")
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if not 0 < weight < float("inf"):
+            raise ValueError(f"weight must be a finite number > 0, got {weight}")
+        self.max_order = max_order
+        self.max_bytes = max_bytes
+        self.weight = float(weight)
+        self._lock = threading.Lock()
+        self._counts: dict[bytes, dict[int, int]] = {}  # context -> {successor: count}
+        # published successors, on demand: key -> (stamp, sorted (id, count) items)
+        self._frozen: dict[bytes, tuple[int, tuple[tuple[int, int], ...]]] = {}
+        self._stamp = 0
+        self._documents: deque[bytes] = deque()  # packed tokens, oldest first
+        self._tokens = 0
+        self._pairs = 0
+        self._frozen_bytes = 0
+        self._learned = 0
+        self._forgotten = 0
+
+    # -- learning ----------------------------------------------------------------------------
+
+    def learn(self, token_ids: Sequence[int] | np.ndarray) -> int:
+        """Count one document's n-grams; forget the oldest documents while over the memory cap.
+        Returns the tokens kept (a document that alone exceeds the cap keeps its last tokens;
+        one shorter than two tokens has no n-gram and is not kept)."""
+        packed = np.asarray(token_ids, dtype=">u4").tobytes()
+        fits = (self.max_bytes - DOCUMENT_BYTES) // (4 + self.max_order * (KEY_BYTES + PAIR_BYTES))
+        packed = packed[-4 * max(0, fits) :] if len(packed) > 4 * fits else packed
+        if len(packed) < 8:
+            return 0
+        with self._lock:
+            self._count(packed, +1)
+            self._documents.append(packed)
+            self._tokens += len(packed) >> 2
+            self._learned += 1
+            if self.estimated_bytes() > self.max_bytes:
+                self._drop_frozen()
+            while self._documents and self.estimated_bytes() > self.max_bytes:
+                oldest = self._documents.popleft()
+                self._count(oldest, -1)
+                self._tokens -= len(oldest) >> 2
+                self._forgotten += 1
+        return len(packed) >> 2
+
+    def _count(self, packed: bytes, delta: int) -> None:
+        """Add (delta +1) or subtract (-1) one document's n-gram counts (lock held)."""
+        counts, frozen, top = self._counts, self._frozen, self.max_order
+        tokens = np.frombuffer(packed, dtype=">u4").tolist()
+        for i in range(1, len(tokens)):  # token i follows the contexts ending at token i - 1
+            successor = tokens[i]
+            for order in range(1, min(top, i) + 1):
+                key = packed[4 * (i - order) : 4 * i]
+                stale = frozen.pop(key, None)
+                if stale is not None:
+                    self._frozen_bytes -= FROZEN_BYTES + FROZEN_PAIR_BYTES * len(stale[1])
+                successors = counts.get(key)
+                if successors is None:
+                    if delta > 0:
+                        counts[key] = {successor: 1}
+                        self._pairs += 1
+                    continue
+                count = successors.get(successor, 0) + delta
+                if count > 0:
+                    if count == 1 and delta > 0:
+                        self._pairs += 1
+                    successors[successor] = count
+                else:
+                    del successors[successor]
+                    self._pairs -= 1
+                    if not successors:
+                        del counts[key]
+
+    def _drop_frozen(self) -> None:
+        """Drop every published tuple (lock held); lookups build them again."""
+        self._frozen.clear()
+        self._frozen_bytes = 0
+
+    def clear(self) -> None:
+        """Forget everything."""
+        with self._lock:
+            self._counts.clear()
+            self._drop_frozen()
+            self._documents.clear()
+            self._tokens = self._pairs = 0
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def successors(self, tail: bytes) -> Successors:
+        """((order, ((successor id, count), ...)), ...) for the orders whose last `order` tail
+        tokens the layer has seen followed, highest order first, ids ascending; () when none.
+        tail: packed like the keys."""
+        return self.lookup(tail)[0]
+
+    def lookup(self, tail: bytes) -> tuple[Successors, tuple[tuple[int, int], ...]]:
+        """(successors(tail), its signature): ((order, stamp), ...), a short key that equals
+        another lookup's only when the counts are the same ones (each published tuple gets a
+        stamp of its own, and a tuple is published again whenever its counts change), so a
+        drafter's step caches can be keyed by it without hashing every count."""
+        if not self._counts:
+            return (), ()
+        found = []
+        signature = []
+        for order in range(min(len(tail) >> 2, self.max_order), 0, -1):
+            key = tail[-4 * order :]
+            published = self._frozen.get(key)
+            if published is None:
+                if key not in self._counts:
+                    continue
+                published = self._publish(key)
+                if published is None:
+                    continue
+            stamp, items = published
+            found.append((order, items))
+            signature.append((order, stamp))
+        return tuple(found), tuple(signature)
+
+    def _publish(self, key: bytes) -> tuple[int, tuple[tuple[int, int], ...]] | None:
+        """Build (a new stamp, the sorted successor items) of a key, and keep it if it fits."""
+        with self._lock:
+            successors = self._counts.get(key)
+            if successors is None:
+                return None
+            self._stamp += 1
+            published = (self._stamp, tuple(sorted(successors.items())))
+            size = FROZEN_BYTES + FROZEN_PAIR_BYTES * len(published[1])
+            if self.estimated_bytes() + size > self.max_bytes:
+                self._drop_frozen()
+            if self.estimated_bytes() + size <= self.max_bytes:  # else: not kept
+                self._frozen[key] = published
+                self._frozen_bytes += size
+            return published
+
+    # -- size --------------------------------------------------------------------------------
+
+    def estimated_bytes(self) -> int:
+        """The layer's memory, estimated (see the module docstring)."""
+        return (
+            4 * self._tokens
+            + DOCUMENT_BYTES * len(self._documents)
+            + KEY_BYTES * len(self._counts)
+            + PAIR_BYTES * self._pairs
+            + self._frozen_bytes
+        )
+
+    def documents(self) -> list[bytes]:
+        """The learned documents kept, oldest first (packed big-endian uint32)."""
+        with self._lock:
+            return list(self._documents)
+
+    def stats(self) -> LiveStats:
+        with self._lock:
+            return LiveStats(
+                documents=len(self._documents),
+                tokens=self._tokens,
+                contexts=len(self._counts),
+                pairs=self._pairs,
+                estimated_bytes=self.estimated_bytes(),
+                max_bytes=self.max_bytes,
+                learned_documents=self._learned,
+                forgotten_documents=self._forgotten,
+            )

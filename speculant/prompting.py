@@ -1,0 +1,41 @@
+"""Turning a request's prompt (text, or chat messages) into the token ids the model sees.
+
+One rule for every caller (the gateway, the embedded decoder, distillation): a text prompt is
+tokenized with the tokenizer's default special tokens (e.g. a leading BOS), as the graph builder
+tokenizes a document; chat messages are rendered with the tokenizer's chat template and a
+generation prompt, then tokenized without adding special tokens again.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from speculant.errors import InvalidArgumentError
+
+
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str = "",
+    messages: list[dict[str, str]] | None = None,
+) -> list[int]:
+    """Token ids of a text prompt (with the tokenizer's default special tokens, e.g. BOS) or of
+    chat messages rendered with the tokenizer's chat template."""
+    if messages:
+        if prompt:
+            raise InvalidArgumentError("prompt", "give either a prompt or messages, not both")
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidArgumentError(
+                "messages", "this model's tokenizer has no chat template; send a text prompt"
+            )
+        for i, message in enumerate(messages):
+            if message.get("role") not in ("system", "user", "assistant", "tool"):
+                raise InvalidArgumentError(
+                    f"messages[{i}].role", "must be system, user, assistant or tool"
+                )
+        rendered = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(rendered, add_special_tokens=False).input_ids)
+    if not prompt:
+        raise InvalidArgumentError("prompt", "must not be empty")
+    return list(tokenizer(prompt).input_ids)
