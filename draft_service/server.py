@@ -164,9 +164,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self,
         defaults: DraftParams | None = None,
         metrics: DraftMetrics | None = None,
+        learning: Learning | None = None,
+        *,
         max_streams: int = 8,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-        learning: Learning | None = None,
     ) -> None:
         """learning: learn from reported generations (Learn); None: Learn answers
         learning = false and drafts come from the graph alone."""
