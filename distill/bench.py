@@ -2,11 +2,12 @@
 
 The model's continuations of max(budgets) prompts are generated once; for each budget b a copy
 of the graph gets the first b of them (in prompt order) appended, as ``speculant distill
---generations b`` would, and the embedded decoder generates greedily on the held-out prompts with
-the default draft settings. tau = generated tokens / verifier forward passes (the prefill
-included), per prompt; the table reports its median over prompts and its value over all tokens,
-and the acceptance rate. A user picks a budget from the curve: the time it costs against the tau
-it buys (tau is what carries to a GPU: the draft is free there, the forward is not).
+--generations b`` would, and the embedded decoder generates greedily on the held-out prompts
+with the default draft settings and learning off (tau of the graph alone). tau = generated
+tokens / verifier forward passes (the prefill included), per prompt; the table reports its
+median over prompts and its value over all tokens, and the acceptance rate. A user picks a
+budget from the curve: the time it costs against the tau it buys (tau is what carries to a
+GPU: the draft is free there, the forward is not).
 """
 
 from __future__ import annotations
@@ -40,10 +41,15 @@ def eval_prompts(path: str | None, limit: int | None) -> tuple[Path, list[str]]:
 
 
 def measure_tau(graph: Path, model_name: str, prompts: list[str], max_tokens: int) -> dict:
-    """Greedy generation on the prompts with the default drafts: tau and acceptance."""
+    """Greedy generation on the prompts with the default drafts from the graph alone: tau and
+    acceptance."""
     from gateway import GenerationConfig, SpeculativeDecoder, VerifierConfig
 
-    decoder = SpeculativeDecoder(graph, VerifierConfig(model_name=model_name, device="cpu"))
+    # learn=False: tau of the graph alone (a learning decoder would also draft from the
+    # earlier evaluation prompts' outputs)
+    decoder = SpeculativeDecoder(
+        graph, VerifierConfig(model_name=model_name, device="cpu"), learn=False
+    )
     taus, tokens, rounds, drafted, accepted = [], 0, 0, 0, 0
     started = time.perf_counter()
     for prompt in prompts:
@@ -114,7 +120,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def format_table(result: dict[str, Any], base: float | None) -> str:
     lines = [
-        f"tau on {result['prompts']} held-out prompts ({result['eval_prompts']}), "
+        f"tau on {result['prompts']} evaluation prompts ({result['eval_prompts']}), "
         f"{result['eval_max_tokens']} tokens, greedy, default drafts; distilled with "
         f"{result['model']} at temperature {result['temperature']}, weight {result['weight']}, "
         f"{result['generations_per_second']:.1f} generations/s on {result['device']}",

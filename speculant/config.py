@@ -50,9 +50,12 @@ DEFAULT_DRAFT_REFRESH_S = 10.0
 DEFAULT_MAX_CONTEXT_TOKENS = 65_536
 DEFAULT_MAX_DRAFT_TOKENS = 64
 # Online learning in the draft tier (draft_service.live_layer): the live layer's memory cap and
-# the weight of its counts against the graph's (measured: see the README, Learning from traffic).
+# the weight of its counts against the graph's. Measured on the 64 tinystories dev prompts after
+# 300 learned generations of other stories (embedded, default drafts, learning paused while
+# measuring), tau median / over all tokens for weight 1, 4, 8, 16, 32: 3.82 / 3.71, 4.13 / 4.00,
+# 4.13 / 4.07, 4.20 / 4.10, 4.34 / 4.08 (no learning: 3.12 / 3.05).
 DEFAULT_LEARN_MEMORY_MB = 256
-DEFAULT_LEARN_WEIGHT = 8.0
+DEFAULT_LEARN_WEIGHT = 16.0
 
 
 class GraphConfig(BaseSettings):
