@@ -27,6 +27,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from builder.disk import open_array
 from builder.errors import BuildError
 from builder.keys import KeyCodec
 from speculant.graph_format import (
@@ -38,7 +39,6 @@ from speculant.graph_format import (
     open_graph_env,
     order_db_name,
     read_meta,
-    verify_manifest,
 )
 
 EXPORT_BATCH = 65_536  # LMDB entries decoded at a time while exporting
@@ -62,12 +62,13 @@ def read_base_meta(out: Path) -> GraphMeta:
         env.close()
 
 
-def _open_base(out: Path) -> Any:
+def _open_base(out: Path, checksum: bool = False) -> Any:
+    """The graph's environment, its manifest checked first (with checksum: its SHA-256 too)."""
     if not (out / DATA_FILE).is_file():
         raise BuildError(
             f"nothing to append to: {out} is not a graph (build it first without --append)"
         )
-    return open_graph_env(out)
+    return open_graph_env(out, checksum=checksum)
 
 
 def check_compatible(
@@ -111,8 +112,7 @@ def export_base(
 ) -> BaseGraph:
     """Open the graph at out, check it (manifest; ``check``: :func:`check_compatible`'s keyword
     arguments), and write each order's counts as one sorted run into directory."""
-    verify_manifest(out)
-    env = _open_base(out)
+    env = _open_base(out, checksum=True)
     try:
         meta = read_meta(env, out)
         if check is not None:
@@ -133,15 +133,13 @@ def _export_order(
     env: Any, out: Path, codec: KeyCodec, ngrams: int, vocab_size: int, directory: Path
 ) -> list[tuple[Path, Path]]:
     """One order's entries as one run (``[]`` when the order is empty)."""
-    from numpy.lib.format import open_memmap
-
     order = codec.length - 1
     if ngrams == 0:
         return []
     kpath = directory / f"base-order{order:02d}-keys.npy"
     cpath = directory / f"base-order{order:02d}-counts.npy"
-    keys_out = open_memmap(kpath, mode="w+", dtype=np.uint64, shape=(ngrams, codec.words))
-    counts_out = open_memmap(cpath, mode="w+", dtype=np.uint64, shape=(ngrams,))
+    keys_out = open_array(kpath, np.uint64, (ngrams, codec.words))
+    counts_out = open_array(cpath, np.uint64, (ngrams,))
     n = 0
     try:
         db = env.open_db(order_db_name(order), create=False)

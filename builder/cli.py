@@ -316,7 +316,11 @@ def run_build(args: argparse.Namespace) -> int:
     errors = _builder_errors()
     try:
         from builder import GraphBuilder
+        from builder.publish import remove_stale_run_dirs, remove_stale_temp_dirs
 
+        # what killed builds left beside the graph and in the work directory
+        remove_stale_temp_dirs(_absolute(args.out))
+        remove_stale_run_dirs(args.work_dir)
         if args.append and args.max_order is None:  # default: the graph's own max order
             from builder.append import read_base_meta
 

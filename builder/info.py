@@ -38,6 +38,9 @@ def graph_info(path: str | Path) -> dict[str, Any]:
                     f"corrupt graph {path}: order {stats.order} has {entries} contexts, "
                     f"the meta says {stats.contexts}"
                 )
+        damage = env.mapped.damage()  # the file shrank or changed while it was read
+        if damage is not None:
+            raise GraphFormatError(f"graph {path} changed while it was read: {damage}")
     finally:
         env.close()
     info = asdict(meta)

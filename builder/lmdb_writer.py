@@ -17,9 +17,11 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
+from builder.disk import write_failure
 from builder.errors import BuildError
 from builder.keys import KeyCodec, group_starts
 from speculant.graph_format import (
+    DATA_FILE,
     KEY_DTYPE,
     MAX_SUPPORTED_ORDER,
     META_DB,
@@ -66,6 +68,9 @@ def encode_entries(
     return lmdb_keys, values
 
 
+GRAPH_HINT = "the graph is written beside --out: free space on that disk"
+
+
 class GraphWriter:
     """Creates the LMDB environment of a graph in an (empty, temporary) directory."""
 
@@ -96,6 +101,8 @@ class GraphWriter:
                 return
             except lmdb.MapFullError:
                 self._grow()
+            except lmdb.Error as exc:  # e.g. the disk is full
+                raise write_failure(self.path / DATA_FILE, exc, GRAPH_HINT) from exc
 
     def write_order(
         self, codec: KeyCodec, blocks: Iterable[tuple[np.ndarray, np.ndarray]]
@@ -141,8 +148,14 @@ class GraphWriter:
                 return
             except lmdb.MapFullError:
                 self._grow()
+            except lmdb.Error as exc:
+                raise write_failure(self.path / DATA_FILE, exc, GRAPH_HINT) from exc
 
     def close(self) -> None:
         """Flush everything to disk (fsync) and close the environment."""
-        self.env.sync(True)
-        self.env.close()
+        try:
+            self.env.sync(True)
+        except lmdb.Error as exc:
+            raise write_failure(self.path / DATA_FILE, exc, GRAPH_HINT) from exc
+        finally:
+            self.env.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from builder.disk import open_array, save_array
 from builder.keys import keys_le, sort_reduce
 
 FAN_IN = 32  # runs merged at once
@@ -46,15 +47,13 @@ def _merge_to_disk(
     runs: list[tuple[Path, Path]], block_rows: int, level: int, index: int
 ) -> tuple[Path, Path]:
     """Merge runs into one new run file pair (written block by block), deleting the inputs."""
-    from numpy.lib.format import open_memmap
-
     total = sum(np.load(c, mmap_mode="r", allow_pickle=False).shape[0] for _, c in runs)
     words = np.load(runs[0][0], mmap_mode="r", allow_pickle=False).shape[1]
     stem = runs[0][0].name.split("-run")[0]
     kpath = runs[0][0].parent / f"{stem}-pass{level:02d}-{index:05d}-keys.npy"
     cpath = kpath.with_name(kpath.name.replace("-keys.npy", "-counts.npy"))
-    keys_out = open_memmap(kpath, mode="w+", dtype=np.uint64, shape=(total, words))
-    counts_out = open_memmap(cpath, mode="w+", dtype=np.uint64, shape=(total,))
+    keys_out = open_array(kpath, np.uint64, (total, words))
+    counts_out = open_array(cpath, np.uint64, (total,))
     n = 0
     for keys, counts in _merge(runs, block_rows):
         keys_out[n : n + keys.shape[0]] = keys
@@ -66,7 +65,7 @@ def _merge_to_disk(
     if n < total:  # equal keys were summed: keep only the rows written
         for path in (kpath, cpath):
             trimmed = path.with_name(path.name + ".tmp.npy")
-            np.save(trimmed, np.load(path, mmap_mode="r", allow_pickle=False)[:n])
+            save_array(trimmed, np.load(path, mmap_mode="r", allow_pickle=False)[:n])
             os.replace(trimmed, path)
     for k, c in runs:
         k.unlink(missing_ok=True)

@@ -29,7 +29,6 @@ from speculant.graph_format import (
     GraphMeta,
     open_graph_env,
     read_meta,
-    verify_manifest,
     write_manifest,
 )
 
@@ -42,8 +41,7 @@ def update_meta(path: str | Path, change: Callable[[GraphMeta], GraphMeta]) -> G
     must match: a damaged graph is not re-checksummed into a valid-looking one)."""
     path = Path(path)
     with append_lock(path):  # an append publishing meanwhile would be lost, or lose this
-        verify_manifest(path)
-        env = open_graph_env(path)
+        env = open_graph_env(path, checksum=True)
         try:
             meta = change(read_meta(env, path))
         finally:

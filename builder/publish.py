@@ -11,9 +11,12 @@ uses), then fsynced and published:
   graph -> ``.<name>.old-*``, new -> output): readers may then find no graph for an instant,
   but never a partial one.
 
-A killed build leaves only a temporary directory (never served, since its name differs); those of
-builds whose process is gone are removed by the next build of the same output (and spilled-run
-directories ``.speculant-runs-<pid>-*`` of dead builders of the same host by the next builder).
+A killed build leaves only a temporary directory (never served, since its name differs). Each
+records its owner (host and pid, in ``.speculant-build-owner``, removed before publishing); at
+the start of every build, the temporary directories beside its output whose owner is a gone
+process of this host are removed, whatever graph they were for (and the spilled-run directories
+``.speculant-runs-<pid>-*`` of gone builders of this host, in the work directory and the
+system's temporary directory).
 """
 
 from __future__ import annotations
@@ -50,23 +53,42 @@ def temp_prefix(out: Path) -> str:
     return f".{out.name}.tmp-"
 
 
+TEMP_OWNER = ".speculant-build-owner"  # {"host": ..., "pid": ...} of a temporary directory
+
+
 def make_temp_dir(out: Path) -> Path:
     """Create the temporary build directory beside out (creating out's parent if needed)."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{temp_prefix(out)}{os.getpid()}-", dir=out.parent))
+    path = Path(tempfile.mkdtemp(prefix=f"{temp_prefix(out)}{os.getpid()}-", dir=out.parent))
+    owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    (path / TEMP_OWNER).write_text(json.dumps(owner), encoding="utf-8")
+    return path
 
 
 def remove_stale_temp_dirs(out: Path) -> None:
-    """Remove temporary directories of earlier builds of out whose process no longer runs."""
-    prefix = temp_prefix(out)
+    """Remove the temporary directories beside out of builds whose process no longer runs:
+    those of any graph whose owner is a gone process of this host, and those of out itself
+    without an owner record (made before owners were recorded) whose pid is gone."""
     if not out.parent.is_dir():
         return
-    for entry in out.parent.iterdir():
-        if not entry.name.startswith(prefix) or not entry.is_dir():
-            continue
-        pid = entry.name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(entry, ignore_errors=True)
+    host = socket.gethostname()
+    with contextlib.suppress(OSError):
+        for entry in out.parent.iterdir():
+            name = entry.name
+            if not (name.startswith(".") and ".tmp-" in name) or not entry.is_dir():
+                continue
+            try:
+                owner = json.loads((entry / TEMP_OWNER).read_text(encoding="utf-8"))
+                pid, same_host = int(owner["pid"]), owner.get("host") == host
+            except (OSError, ValueError, KeyError, TypeError):
+                if not name.startswith(temp_prefix(out)):
+                    continue  # not ours to judge
+                digits = name[len(temp_prefix(out)) :].split("-", 1)[0]
+                if not digits.isdigit():
+                    continue
+                pid, same_host = int(digits), True
+            if same_host and not _pid_alive(pid):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 RUNS_PREFIX = ".speculant-runs-"  # + "<pid>-<random>": a build's partial counts
@@ -88,8 +110,16 @@ def make_run_dir(work_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def remove_stale_run_dirs(work_dir: str | os.PathLike[str] | None) -> None:
-    """Remove partial-count directories of builds of this host whose process no longer runs."""
-    parent = Path(work_dir if work_dir is not None else tempfile.gettempdir())
+    """Remove partial-count directories of builds of this host whose process no longer runs,
+    in work_dir and in the system's temporary directory (the default work directory)."""
+    parents = {Path(tempfile.gettempdir()).absolute()}
+    if work_dir is not None:
+        parents.add(Path(work_dir).absolute())
+    for parent in parents:
+        _remove_stale_runs_in(parent)
+
+
+def _remove_stale_runs_in(parent: Path) -> None:
     host = socket.gethostname()
     with contextlib.suppress(OSError):
         for entry in parent.iterdir():
@@ -159,6 +189,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def publish(tmp: Path, out: Path) -> None:
     """Atomically make the finished graph in tmp visible at out, replacing any previous one."""
+    (tmp / TEMP_OWNER).unlink(missing_ok=True)  # not part of the graph
     fsync_tree(tmp)
     if out.exists():
         check_output(out)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from builder.disk import save_array
 from builder.keys import sort_reduce
 
 
@@ -47,7 +48,7 @@ class RunStore:
             index = len(self.runs[order])
             kpath = self.directory / f"order{order:02d}-run{index:05d}-keys.npy"
             cpath = self.directory / f"order{order:02d}-run{index:05d}-counts.npy"
-            np.save(kpath, keys, allow_pickle=False)
-            np.save(cpath, counts, allow_pickle=False)
+            save_array(kpath, keys)
+            save_array(cpath, counts)
             self.runs[order].append((kpath, cpath))
         self._rows = 0

@@ -27,6 +27,7 @@ from speculant.config import (
     DEFAULT_DRAFT_K,
     DEFAULT_LEARN_MEMORY_MB,
     DEFAULT_LEARN_WEIGHT,
+    DEFAULT_MAX_CONTEXT_TOKENS,
     DEFAULT_RELOAD_INTERVAL_S,
     DEFAULT_TREE_NODES,
     MIXING_MODES,
@@ -55,7 +56,21 @@ def register(
     serve.add_argument("--graph", required=True, help="graph directory (from `speculant build`)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=50051, help="0 picks a free port")
-    serve.add_argument("--workers", type=int, default=8, help="gRPC worker threads")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=8,
+        help="ProposeStream streams served at once, one gRPC thread each (more are refused and "
+        "their clients use unary Propose); 8 more threads answer health checks, GetGraphInfo "
+        "and Propose",
+    )
+    serve.add_argument(
+        "--max-context",
+        type=int,
+        default=DEFAULT_MAX_CONTEXT_TOKENS,
+        metavar="TOKENS",
+        help="refuse Propose contexts longer than this (INVALID_ARGUMENT; default %(default)s)",
+    )
     serve.add_argument(
         "--reload-interval",
         type=float,
@@ -268,6 +283,7 @@ def _serve(
             tls=tls,
             reload_interval_s=args.reload_interval,
             metrics=metrics,
+            max_context_tokens=args.max_context,
             learning=learning,
         )
     except InvalidArgumentError as exc:

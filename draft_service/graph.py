@@ -27,9 +27,7 @@ import numpy as np
 
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import (
-    DATA_FILE,
     KEY_DTYPE,
-    MANIFEST_FILE,
     MAX_SUPPORTED_ORDER,
     GraphFormatError,
     GraphMeta,
@@ -38,7 +36,6 @@ from speculant.graph_format import (
     open_graph_env,
     order_db_name,
     read_meta,
-    verify_manifest,
 )
 from speculant.types import TUNABLE_FIELDS, DraftParams
 
@@ -116,9 +113,7 @@ class NGramGraph:
         path = Path(path)
         if not path.is_dir():
             raise GraphFormatError(f"graph not found: {path} is not a directory")
-        if not verify_manifest(path):
-            log.warning("graph %s has no %s: its data file is not verified", path, MANIFEST_FILE)
-        env = open_graph_env(path)
+        env = open_graph_env(path, checksum=True)  # the manifest, checked before mapping
         try:
             meta = read_meta(env, path)
         except BaseException:
@@ -139,6 +134,11 @@ class NGramGraph:
     def file_id(self) -> tuple[int, int]:
         """(device, inode) of the data file this graph maps (a republished graph has another)."""
         return self._env.file_id
+
+    def damage(self) -> str | None:
+        """Why the mapped data file can no longer be trusted (it shrank or changed since it
+        was verified, or a read hit its truncated end), or None (speculant.map_guard)."""
+        return self._env.mapped.damage()
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -206,21 +206,7 @@ class NGramGraph:
 
     def _map_regions(self) -> list[tuple[int, int]]:
         """(start, end) addresses of this graph's data.mdb mapping in this process (Linux)."""
-        regions = getattr(self, "_regions", None)
-        if regions is None:
-            regions = []
-            target = str((self.path / DATA_FILE).resolve())
-            try:
-                with open("/proc/self/maps", encoding="utf-8") as maps:
-                    for line in maps:
-                        fields = line.split(maxsplit=5)
-                        if len(fields) == 6 and fields[5].strip() == target:
-                            start, end = (int(x, 16) for x in fields[0].split("-"))
-                            regions.append((start, end))
-            except OSError:
-                pass
-            self._regions = regions
-        return regions
+        return self._env.mapped.regions
 
     def release_pages(self) -> int:
         """Unmap the graph pages this process has touched; return the bytes advised.

@@ -6,11 +6,17 @@ answers wholly from it; :meth:`GraphSlot.install` makes a new one current for th
 start afterwards (a reference swap under a lock). The graph it replaces is *retired*: closed
 when the last call using it ends (reference counts), so a call in flight never sees a closed
 graph and never mixes two graphs.
+
+A *damaged* graph is one whose mapped data file shrank or changed while served
+(:mod:`speculant.map_guard`): checked before and after every call, it answers nothing more
+(GraphDamagedError, UNAVAILABLE) until another graph is installed; ``on_health`` hears False
+when the current graph is found damaged, True when a graph is installed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +28,12 @@ from speculant.errors import UnavailableError
 
 STILL_OPENING = "the draft service is still opening its graph"  # UNAVAILABLE before a graph
 
+log = logging.getLogger(__name__)
+
+
+class GraphDamagedError(UnavailableError):
+    """The served graph's data file was damaged while mapped: no answer comes from it."""
+
 
 @dataclass(eq=False)
 class LoadedGraph:
@@ -31,18 +43,25 @@ class LoadedGraph:
     drafter: Drafter
     users: int = 0
     retired: bool = False
+    damaged: bool = False
 
 
 class GraphSlot:
     """Holds the current loaded graph; swaps it atomically (see the module docstring).
 
     live_for: the live layer a new graph's drafter combines with it (``Learning.attach``), or
-    None for drafts from the graph alone."""
+    None for drafts from the graph alone. on_health: told False when the current graph is found
+    damaged, True when a graph is installed."""
 
-    def __init__(self, live_for: Callable[[NGramGraph], LiveLayer] | None = None) -> None:
+    def __init__(
+        self,
+        live_for: Callable[[NGramGraph], LiveLayer] | None = None,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._current: LoadedGraph | None = None
         self._live_for = live_for
+        self.on_health = on_health
 
     @property
     def current(self) -> LoadedGraph | None:
@@ -58,7 +77,13 @@ class GraphSlot:
                 raise UnavailableError(STILL_OPENING)
             loaded.users += 1
         try:
-            yield loaded
+            self._check(loaded)
+            try:
+                yield loaded
+            except Exception:
+                self._check(loaded)  # an error from reading a damaged map: say that instead
+                raise
+            self._check(loaded)  # a read that hit the truncated end read zeros: no answer
         finally:
             with self._lock:
                 loaded.users -= 1
@@ -74,7 +99,32 @@ class GraphSlot:
         with self._lock:
             old, self._current = self._current, loaded
         self._retire(old)
+        if self.on_health is not None:
+            self.on_health(True)
         return loaded
+
+    def _check(self, loaded: LoadedGraph) -> None:
+        """GraphDamagedError when the graph's data file is damaged (logged once)."""
+        reason = loaded.graph.damage()
+        if reason is None:
+            return
+        with self._lock:
+            first = not loaded.damaged
+            loaded.damaged = True
+            current = loaded is self._current
+        if first:
+            log.error(
+                "graph %s is damaged: %s; answering UNAVAILABLE until a good graph is "
+                "published there",
+                loaded.graph.path,
+                reason,
+            )
+            if current and self.on_health is not None:
+                self.on_health(False)
+        raise GraphDamagedError(
+            f"the draft service's graph {loaded.graph.path} is damaged ({reason}); "
+            "publish a good graph there (it is loaded without a restart)"
+        )
 
     def replace_drafter(self, drafter: Drafter) -> None:
         """Answer from the current graph with another drafter (e.g. a wrapper in tests)."""

@@ -26,8 +26,15 @@ from draft_service.learning import Learning, LearningConfig
 from draft_service.live_layer import LiveStats
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
+from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.grpc_server import (
+    RESERVED_THREADS,
+    CallLimit,
+    ServiceServer,
+    map_errors,
+    map_stream_errors,
+)
 from speculant.metrics import Metrics
 from speculant.request_context import clean_request_id, request_id_scope
 from speculant.strategies import STRATEGY_FROM_PROTO
@@ -85,6 +92,17 @@ MAX_NEXT_ROUND_DRAFTS = 64
 DEFAULT_LEARNING = LearningConfig()  # learning is on unless a caller passes None
 
 
+def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
+    """INVALID_ARGUMENT naming context_token_ids when it has more than `limit` tokens (checked
+    before any work on them)."""
+    count = len(request.context_token_ids)
+    if count > limit:
+        raise InvalidArgumentError(
+            "context_token_ids",
+            f"has {count} tokens; this draft service takes at most {limit} (--max-context)",
+        )
+
+
 def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | None]:
     """(how many next-round drafts to prepare, their seed) from a ProposeRequest."""
     count = request.next_round_drafts if request.HasField("next_round_drafts") else 0
@@ -137,6 +155,9 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     current when it arrived; a stream opened before a reload uses the new graph from its next
     request on. Each proposal is logged (DEBUG) under the request id it names
     (ProposeRequest.request_id, else the call's).
+
+    At most `max_streams` ProposeStreams are served at once (each holds a worker thread while
+    open); more are refused with RESOURCE_EXHAUSTED at once, and their clients use Propose.
     """
 
     def __init__(
@@ -144,13 +165,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         defaults: DraftParams | None = None,
         metrics: DraftMetrics | None = None,
         learning: Learning | None = None,
+        *,
+        max_streams: int = 8,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
     ) -> None:
         """learning: learn from reported generations (Learn); None: Learn answers
         learning = false and drafts come from the graph alone."""
         self.defaults = (defaults or DraftParams()).validate()
         self.metrics = metrics
         self.learning = learning
+        self.max_context_tokens = max_context_tokens
         self.slot = GraphSlot(learning.attach if learning is not None else None)
+        self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
 
     def load(self, graph: NGramGraph) -> None:
         """Serve graph (replacing the current one, which closes once no call uses it)."""
@@ -191,6 +217,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
         with request_id_scope(clean_request_id(request.request_id)), self.slot.use() as loaded:
+            check_context_length(request, self.max_context_tokens)
             params, seed = params_from_request(request, self.defaults)
             count, next_seed = next_round_request(request)
             drafter = loaded.drafter
@@ -220,8 +247,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         """
         if self.slot.current is None:
             raise UnavailableError(STILL_OPENING)
+        with self.streams.hold():
+            yield from self._propose_stream(requests)
+
+    def _propose_stream(
+        self, requests: Iterator[draft_pb2.ProposeRequest]
+    ) -> Iterator[draft_pb2.ProposeResponse]:
         for request in requests:
             with request_id_scope(clean_request_id(request.request_id)):
+                check_context_length(request, self.max_context_tokens)
                 params, seed = params_from_request(request, self.defaults)
                 count, next_seed = next_round_request(request)
                 with self.slot.use() as loaded:
@@ -318,6 +352,10 @@ class DraftServer:
     to SERVING and starts watching the graph path: a graph newly published there is loaded
     without a restart (every ``reload_interval_s`` seconds, 0 = only on request_reload(); see
     :mod:`draft_service.reload`); stop() shuts down and closes the graph.
+
+    Threads: ``workers`` open ProposeStreams are served at once (one thread each, while open);
+    the server runs RESERVED_THREADS more for health checks, GetGraphInfo and unary Propose, so
+    that no number of streams, idle or busy, leaves those unanswered.
     """
 
     def __init__(
@@ -332,21 +370,38 @@ class DraftServer:
         reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
         metrics: Metrics | None = None,
         learning: LearningConfig | None = DEFAULT_LEARNING,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
     ) -> None:
         """metrics: count calls and drafts in it (its /metrics endpoint is the caller's).
-        learning: learn from reported generations (draft_service.learning); None: off."""
+        learning: learn from reported generations (draft_service.learning); None: off.
+        max_context_tokens: longer Propose contexts are refused (INVALID_ARGUMENT)."""
         if reload_interval_s < 0:
             raise InvalidArgumentError(
                 "reload_interval_s", f"must be >= 0, got {reload_interval_s}"
             )
+        if max_context_tokens < 1:
+            raise InvalidArgumentError(
+                "max_context_tokens", f"must be >= 1, got {max_context_tokens}"
+            )
         self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
         self.servicer = DraftServicer(
-            defaults, self.metrics, Learning(learning) if learning is not None else None
+            defaults,
+            self.metrics,
+            Learning(learning) if learning is not None else None,
+            max_streams=workers,
+            max_context_tokens=max_context_tokens,
         )
         self.server = ServiceServer(
-            host, port, [SERVICE_NAME], max_workers=workers, tls=tls, metrics=metrics
+            host,
+            port,
+            [SERVICE_NAME],
+            max_workers=workers + RESERVED_THREADS,
+            tls=tls,
+            metrics=metrics,
         )
         draft_pb2_grpc.add_DraftServiceServicer_to_server(self.servicer, self.server.grpc_server)
+        # a damaged graph turns health NOT_SERVING, the next graph installed SERVING again
+        self.servicer.slot.on_health = self.server.set_serving
         self._stopped = threading.Event()
         self.release_interval_s = release_interval_s
         self.reload_interval_s = reload_interval_s
@@ -443,6 +498,7 @@ def start_server(
     reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
     metrics: Metrics | None = None,
     learning: LearningConfig | None = DEFAULT_LEARNING,
+    max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
@@ -460,6 +516,7 @@ def start_server(
         reload_interval_s=reload_interval_s,
         metrics=metrics,
         learning=learning,
+        max_context_tokens=max_context_tokens,
     )
     server.start()
     try:

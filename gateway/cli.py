@@ -113,6 +113,15 @@ def register(
     )
     serve.add_argument("--draft-timeout", type=float, default=0.25, help="seconds per Propose")
     serve.add_argument(
+        "--verifier-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="the most a verifier call or one round's Verify may wait (then UNAVAILABLE); a "
+        "verifier that stops answering at all (frozen, host gone) fails calls within 10 s "
+        "(keepalive)",
+    )
+    serve.add_argument(
         "--max-concurrent",
         type=int,
         default=64,
@@ -215,6 +224,8 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
     if not args.draft_refresh >= 0:
         return _fail(f"--draft-refresh must be >= 0 seconds, got {args.draft_refresh}", 2)
+    if not args.verifier_timeout > 0:
+        return _fail(f"--verifier-timeout must be > 0 seconds, got {args.verifier_timeout}", 2)
     server = metrics = None
     try:
         metrics = metrics_from_args(args)
@@ -228,6 +239,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             port=args.port,
             tokenizer_name=args.tokenizer,
             draft_timeout_s=args.draft_timeout,
+            verifier_timeout_s=args.verifier_timeout,
             draft_refresh_s=args.draft_refresh,
             max_concurrent=args.max_concurrent,
             next_round_drafts=args.next_round_drafts,

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from speculant.config import DEFAULT_DRAFT_REFRESH_S
+from gateway.stream_pool import StreamPool
+from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
-from speculant.grpc_server import GRPC_OPTIONS
+from speculant.grpc_server import CLIENT_KEEPALIVE_OPTIONS, GRPC_OPTIONS
 from speculant.request_context import REQUEST_ID, request_metadata
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
@@ -82,7 +84,7 @@ def remaining_time(default_s: float | None) -> float | None:
 
 
 def _channel(address: str, tls: ClientTls | None) -> grpc.Channel:
-    return open_channel(address, tls, GRPC_OPTIONS + RECONNECT_OPTIONS)
+    return open_channel(address, tls, GRPC_OPTIONS + RECONNECT_OPTIONS + CLIENT_KEEPALIVE_OPTIONS)
 
 
 def propose_request(
@@ -92,7 +94,7 @@ def propose_request(
     being served (see speculant.request_context)."""
     return draft_pb2.ProposeRequest(
         request_id=REQUEST_ID.get() or "",
-        context_token_ids=context_ids,
+        context_token_ids=context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:],  # what a replica takes
         k=params.k,
         strategy=STRATEGY_TO_PROTO[params.strategy],
         attentive_mix=params.attentive_mix,
@@ -117,11 +119,11 @@ class _Watchdog:
     """Cancels stream exchanges that run past their deadline (streams have no per-message
     timeout). One thread, waking every `tick_s` only while calls are in flight."""
 
-    def __init__(self, tick_s: float = 0.01) -> None:
+    def __init__(self, tick_s: float = 0.01, name: str = "draft-watchdog") -> None:
         self._tick_s = tick_s
         self._in_flight: dict[int, tuple[float, StreamExchange]] = {}
         self._lock = threading.Condition()
-        threading.Thread(target=self._run, name="draft-watchdog", daemon=True).start()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def watch(self, exchange: StreamExchange, timeout_s: float) -> int:
         with self._lock:
@@ -130,9 +132,10 @@ class _Watchdog:
             self._lock.notify()
             return ticket
 
-    def done(self, ticket: int) -> None:
+    def done(self, ticket: int) -> bool:
+        """The exchange is answered (or failed); False when the watchdog had cancelled it."""
         with self._lock:
-            self._in_flight.pop(ticket, None)
+            return self._in_flight.pop(ticket, None) is not None
 
     def _run(self) -> None:
         while True:
@@ -174,12 +177,23 @@ REPLICA_HOLD_OFF_S = 1.0
 
 @dataclass(eq=False)
 class _Replica:
-    """One draft service: its stub, its idle open streams, and its hold-off after a failure."""
+    """One draft service: its stub, its open streams, and its hold-off after a failure."""
 
     address: str
     stub: draft_pb2_grpc.DraftServiceStub
-    idle: list[StreamExchange] = field(default_factory=list)
+    streams: StreamPool
     held_off_until: float = 0.0  # time.monotonic()
+
+    @classmethod
+    def connect(cls, address: str, tls: ClientTls | None) -> _Replica:
+        stub = draft_pb2_grpc.DraftServiceStub(_channel(address, tls))
+        return cls(address, stub, StreamPool(lambda: StreamExchange(stub.ProposeStream, None)))
+
+
+def _refused(exc: RemoteError, exchange: StreamExchange) -> bool:
+    """Whether a stream failed because the service refused it (it serves its limit of streams,
+    see speculant.grpc_server.CallLimit), not because of the request or the service."""
+    return exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and exchange.responses == 0
 
 
 LEARN_TIMEOUT_S = 2.0  # one Learn report to one draft replica (off the request's path)
@@ -202,7 +216,12 @@ class GrpcDraftClient:
 
     The replica set can change while calls run (``refresh``): with ``dns:NAME:PORT`` entries
     (see expand_addresses) a background thread resolves them again every ``refresh_s`` seconds,
-    so replicas a scaler adds are used and removed ones are dropped without a restart."""
+    so replicas a scaler adds are used and removed ones are dropped without a restart.
+
+    Streams: each replica's open streams are pooled (gateway.stream_pool): idle ones are closed
+    after a few seconds, and a replica that refuses a new stream (it serves its limit: each
+    open stream holds one of its threads) is asked by unary Propose until it takes streams
+    again, which is not a failure."""
 
     def __init__(
         self,
@@ -231,6 +250,7 @@ class GrpcDraftClient:
             threading.Thread(
                 target=self._refresh_loop, args=(refresh_s,), name="draft-dns", daemon=True
             ).start()
+        threading.Thread(target=self._trim_loop, name="draft-streams", daemon=True).start()
 
     @property
     def addresses(self) -> list[str]:
@@ -246,17 +266,13 @@ class GrpcDraftClient:
             raise UnavailableError(f"--draft: {', '.join(self._entries)} resolved to nothing")
         with self._lock:
             known = {replica.address: replica for replica in self._replicas}
-            replicas = [
-                known.get(a) or _Replica(a, draft_pb2_grpc.DraftServiceStub(_channel(a, self._tls)))
-                for a in addresses
-            ]
+            replicas = [known.get(a) or _Replica.connect(a, self._tls) for a in addresses]
             current = set(addresses)
             gone = [r for r in self._replicas if r.address not in current]
             self._replicas = replicas
         for replica in gone:
             log.info("draft replica %s left the set", replica.address)
-            for exchange in replica.idle:
-                exchange.close()
+            replica.streams.close()
         for replica in replicas:
             if replica.address not in known and known:
                 log.info("draft replica %s joined the set", replica.address)
@@ -268,9 +284,17 @@ class GrpcDraftClient:
             except (InvalidArgumentError, UnavailableError) as exc:  # keep the current set
                 log.warning("draft replicas not refreshed: %s", exc)
 
+    def _trim_loop(self, interval_s: float = 1.0) -> None:
+        """Close the streams that stayed idle too long (they hold a draft service thread)."""
+        while not self._stopped.wait(interval_s):
+            for replica in self._replicas:
+                replica.streams.trim()
+
     def close(self) -> None:
-        """Stop refreshing the replica set."""
+        """Stop refreshing the replica set and close the idle streams."""
         self._stopped.set()
+        for replica in self._replicas:
+            replica.streams.close()
 
     def _replica_order(self) -> list[_Replica]:
         """Round robin, replicas held off after a failure last."""
@@ -285,21 +309,13 @@ class GrpcDraftClient:
         with self._lock:
             replica.held_off_until = time.monotonic() + REPLICA_HOLD_OFF_S
 
-    def _checkout(self, replica: _Replica) -> StreamExchange:
-        """An idle open stream to the replica (a new one when none is idle)."""
-        with self._lock:
-            exchange = replica.idle.pop() if replica.idle else None
-        if exchange is None:
-            exchange = StreamExchange(replica.stub.ProposeStream, timeout_s=None)
-        return exchange
-
     def _checkin(self, replica: _Replica, exchange: StreamExchange) -> None:
         with self._lock:
             current = replica in self._replicas
-            if current:
-                replica.idle.append(exchange)
-        if not current:  # the replica left the set while this call ran
-            exchange.close()
+        if current:
+            replica.streams.checkin(exchange)
+        else:  # the replica left the set while this call ran
+            replica.streams.discard(exchange)
 
     def _receive(self, replica: _Replica, exchange: StreamExchange) -> draft_pb2.ProposeResponse:
         """The next response on `exchange`, cancelled by the watchdog past the draft timeout."""
@@ -312,11 +328,34 @@ class GrpcDraftClient:
     def _propose_on(
         self, replica: _Replica, request: draft_pb2.ProposeRequest
     ) -> draft_pb2.ProposeResponse:
-        exchange = self._checkout(replica)
+        """The replica's answer: on a pooled stream, or by unary Propose when it takes none."""
+        exchange = replica.streams.checkout()
+        if exchange is None:
+            return self._propose_unary(replica, request)
         exchange.send(request)
-        response = self._receive(replica, exchange)  # a failed stream is dropped, not checked in
+        try:
+            response = self._receive(replica, exchange)
+        except RemoteError as exc:
+            if not _refused(exc, exchange):
+                replica.streams.discard(exchange)
+                raise
+            replica.streams.refused(exchange)
+            return self._propose_unary(replica, request)
+        except UnavailableError:
+            replica.streams.discard(exchange)
+            raise
         self._checkin(replica, exchange)
         return response
+
+    def _propose_unary(
+        self, replica: _Replica, request: draft_pb2.ProposeRequest
+    ) -> draft_pb2.ProposeResponse:
+        try:
+            return replica.stub.Propose(
+                request, timeout=remaining_time(self.timeout_s), metadata=request_metadata()
+            )
+        except grpc.RpcError as exc:
+            raise RemoteError.from_rpc_error(exc, f"draft service {replica.address}") from exc
 
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
@@ -350,17 +389,21 @@ class GrpcDraftClient:
         next_round_drafts: int,
         next_round_seed: int | None,
         draft_known: bool = False,
-    ) -> GrpcDraftCall:
+    ) -> GrpcDraftCall | UnaryDraftCall:
         """Send a ProposeRequest that also asks for next-round drafts; return at once.
-        draft_known: the caller holds this draft already; only the next-round drafts come."""
+        draft_known: the caller holds this draft already; only the next-round drafts come.
+        Without a stream to the replica (it takes none now), the draft comes by unary Propose
+        when asked for, without next-round drafts."""
         request = propose_request(context_ids, params, seed)
+        replica = self._replica_order()[0]
+        exchange = replica.streams.checkout()
+        if exchange is None:
+            return UnaryDraftCall(self, request, draft_known)
         if next_round_drafts > 0:
             request.next_round_drafts = next_round_drafts
             request.next_round_only = draft_known
             if next_round_seed is not None:
                 request.next_round_seed = next_round_seed
-        replica = self._replica_order()[0]
-        exchange = self._checkout(replica)
         exchange.send(request)
         return GrpcDraftCall(self, replica, exchange, request)
 
@@ -385,13 +428,13 @@ class GrpcDraftClient:
                 delivery.persisted_by = replica.address
         return delivery
 
-    def graph_info(self) -> draft_pb2.GetGraphInfoResponse:
-        """The graph meta of the first replica that answers."""
+    def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
+        """The graph meta of the first replica that answers (each asked within timeout_s)."""
         last_error: grpc.RpcError | None = None
         for replica in self._replica_order():
             try:
                 return replica.stub.GetGraphInfo(
-                    draft_pb2.GetGraphInfoRequest(), timeout=5.0, metadata=request_metadata()
+                    draft_pb2.GetGraphInfoRequest(), timeout=timeout_s, metadata=request_metadata()
                 )
             except grpc.RpcError as exc:
                 last_error = exc
@@ -418,6 +461,29 @@ def proposal_from_message(
         sources=list(message.draft_sources),
         parents=list(getattr(message, "draft_parents", ())),
     )
+
+
+class UnaryDraftCall:
+    """A DraftCall (see gateway.interfaces) without a stream: the draft by unary Propose when
+    asked for (any replica, failing over), no next-round drafts."""
+
+    def __init__(
+        self, client: GrpcDraftClient, request: draft_pb2.ProposeRequest, draft_known: bool
+    ) -> None:
+        self._client = client
+        self._request = request
+        self._draft_known = draft_known
+
+    def proposal(self) -> DraftProposal:
+        if self._draft_known:
+            raise ValueError("this call was made for next-round drafts only")
+        return self._client._propose(self._request)
+
+    def next_round(self) -> list[NextRoundDraft]:
+        return []
+
+    def discard(self) -> None:
+        pass
 
 
 class GrpcDraftCall:
@@ -452,10 +518,16 @@ class GrpcDraftCall:
                 response = self._client._receive(self._replica, exchange)
                 self._draft = proposal_from_message(response, self._greedy)
             except (RemoteError, UnavailableError) as exc:
+                request = self._request_without_next_round()
+                if isinstance(exc, RemoteError) and exchange and _refused(exc, exchange):
+                    self._exchange = None
+                    self._replica.streams.refused(exchange)
+                    self._expects_next_round = False
+                    self._draft = self._client._propose(request)
+                    return self._draft
                 self.discard()
                 self._client._hold_off(self._replica)
                 log.debug("draft replica %s failed: %s", self._replica.address, exc)
-                request = self._request_without_next_round()
                 self._draft = self._client._propose(request, skip=self._replica)
             else:
                 self._finish_unless_next_round()
@@ -484,7 +556,7 @@ class GrpcDraftCall:
 
     def discard(self) -> None:
         if self._exchange is not None:
-            self._exchange.cancel()
+            self._replica.streams.discard(self._exchange)
             self._exchange = None
 
     def _finish_unless_next_round(self) -> None:
@@ -500,14 +572,24 @@ class GrpcDraftCall:
         return request
 
 
+# The most a verifier call, or one step of a Session stream, waits for its answer (a verifier that
+# answers its keepalive pings but not the call: stuck, not frozen).
+DEFAULT_VERIFIER_TIMEOUT_S = 60.0
+
+
 class GrpcVerifierClient:
     """The verifier service: one open Session stream per generation (prefill, then verifies);
-    closing it releases the session on the verifier."""
+    closing it releases the session on the verifier.
+
+    Bounds: every call and every step on a Session stream waits at most ``timeout_s`` for its
+    answer (then UNAVAILABLE: the verifier does not answer), and the channel's keepalive fails
+    every call within about 10 s once the verifier stops answering pings (frozen, host gone;
+    see speculant.grpc_server.KEEPALIVE_TIME_MS)."""
 
     def __init__(
         self,
         address: str,
-        timeout_s: float = 60.0,
+        timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S,
         session_timeout_s: float = 3600.0,
         tls: ClientTls | None = None,
     ) -> None:
@@ -515,10 +597,37 @@ class GrpcVerifierClient:
         self.address = address
         self.timeout_s = timeout_s
         self.session_timeout_s = session_timeout_s
-        self._stub = verifier_pb2_grpc.VerifierServiceStub(_channel(address, tls))
+        self._channel = _channel(address, tls)
+        self._stub = verifier_pb2_grpc.VerifierServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+        self._watchdog = _Watchdog(tick_s=0.1, name="verifier-watchdog")
         self._info: ModelInfo | None = None
         self._sessions: dict[str, StreamExchange] = {}
         self._lock = threading.Lock()
+
+    def health(self, timeout_s: float) -> str:
+        """The verifier's health status name (SERVING, NOT_SERVING) or the status code of the
+        failed check (UNAVAILABLE, DEADLINE_EXCEEDED, ...)."""
+        try:
+            response = self._health.Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError as exc:
+            return exc.code().name
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def _step(self, stream: StreamExchange, request: object, what: str) -> object:
+        """One request and its answer on a Session stream, within timeout_s."""
+        ticket = self._watchdog.watch(stream, self.timeout_s)
+        try:
+            stream.send(request)
+            return stream.receive(what)
+        except RemoteError:
+            if self._watchdog.done(ticket):
+                raise
+            raise UnavailableError(
+                f"{what}: the verifier at {self.address} did not answer within {self.timeout_s:g} s"
+            ) from None
+        finally:
+            self._watchdog.done(ticket)
 
     def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         try:
@@ -573,7 +682,7 @@ class GrpcVerifierClient:
             )
         )
         try:
-            return stream.call(request, "verifier Prefill").prefill.token_id
+            return self._step(stream, request, "verifier Prefill").prefill.token_id
         except Exception:
             self.release(session_id)
             raise
@@ -601,7 +710,7 @@ class GrpcVerifierClient:
                 draft_parents=draft_parents or (),
             )
         )
-        response = stream.call(request, "verifier Verify").verify
+        response = self._step(stream, request, "verifier Verify").verify
         return VerifyResult(
             response.accepted_count,
             list(response.token_ids),

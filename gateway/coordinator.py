@@ -43,6 +43,7 @@ from speculant.types import DraftParams, DraftProposal, NextRoundDraft, VerifyRe
 log = logging.getLogger(__name__)
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000  # per stop string
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,13 @@ class GenerationRequest:
             )
         if self.seed is not None and not 0 <= self.seed < 2**64:
             raise InvalidArgumentError("seed", f"must be in 0..2^64-1, got {self.seed}")
-        if len(self.stop) > MAX_STOP_STRINGS or any(not s for s in self.stop):
+        if len(self.stop) > MAX_STOP_STRINGS or any(
+            not 0 < len(s) <= MAX_STOP_CHARS for s in self.stop
+        ):
             raise InvalidArgumentError(
-                "stop", f"at most {MAX_STOP_STRINGS} stop strings, none of them empty"
+                "stop",
+                f"at most {MAX_STOP_STRINGS} stop strings, none of them empty or longer than "
+                f"{MAX_STOP_CHARS} characters",
             )
         try:
             self.draft.validate()

@@ -2,8 +2,9 @@
 completions, beside the gRPC server in the same process.
 
 Routes (JSON in and out; streams are server-sent events ending with ``data: [DONE]``):
-- ``GET /health``: 200 ``{"status": "ok", "model": NAME}`` once the backends answer and their
-  tokenizers agree, else 503. Open even when a bearer token is required.
+- ``GET /health``: 200 ``{"status": "ok", "model": NAME}`` while the verifier answers its health
+  checks and the tokenizers agree (as the gRPC health), else 503. Open even when a bearer token
+  is required.
 - ``GET /v1/models``: the one served model.
 - ``POST /generate``: a GenerateRequest as JSON -> ``{text, token_ids, finish_reason, stats}``.
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's requests and answers
@@ -46,7 +47,12 @@ from gateway.openai_format import (
 )
 from gateway.server import GatewayServicer
 from speculant.auth import bearer_matches, expected_bearer
-from speculant.errors import InvalidArgumentError, OutOfRangeError, SpeculantError
+from speculant.errors import (
+    InvalidArgumentError,
+    OutOfRangeError,
+    SpeculantError,
+    UnavailableError,
+)
 from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
 from speculant.tls import ServerTls
 from speculant.v1 import gateway_pb2
@@ -189,6 +195,8 @@ class HttpApi:
 
     def _health(self, handler: _Handler) -> None:
         try:
+            if self.servicer.problem is not None:  # from the gateway's last backend check
+                raise UnavailableError(self.servicer.problem)
             self.servicer.coordinator()  # the backends answer and their tokenizers agree
             name = self.model_name()
         except Exception as exc:

@@ -3,6 +3,15 @@
 At start-up (and again whenever the check has not yet succeeded, e.g. a backend was down) the
 gateway compares the graph's tokenizer fingerprint with the verifier's and refuses to generate
 on a mismatch (FAILED_PRECONDITION naming both tokenizers).
+
+Drafts are an optimisation: while no draft replica answers (the draft tier is down at the
+gateway's start, say), the gateway serves verifier-only (empty drafts: exactly the target's
+output, one token per forward) and asks the draft tier for its graph every second; once one
+answers and its tokenizer is the verifier's, requests draft again. Both switches are logged.
+
+Health (gRPC and HTTP) follows the backends: a watcher thread checks the verifier's health every
+WATCH_INTERVAL_S (deadline HEALTH_TIMEOUT_S); while it does not answer SERVING, or the tokenizers
+do not agree, the gateway reports NOT_SERVING and refuses new generations at once (UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import grpc
 
 from gateway.alignment import check_tokenizer_alignment
 from gateway.clients import (
+    DEFAULT_VERIFIER_TIMEOUT_S,
     GrpcDraftClient,
     GrpcVerifierClient,
     request_deadline,
@@ -29,6 +39,7 @@ from gateway.coordinator import (
 from gateway.interfaces import GenerationLearner
 from gateway.learning import LearnReporter
 from gateway.metrics import GatewayMetrics
+from gateway.prompt_limits import SLACK, check_prompt_chars, max_token_chars
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
 from speculant.config import (
@@ -42,6 +53,8 @@ from speculant.errors import (
     InvalidArgumentError,
     RemoteError,
     ResourceExhaustedError,
+    SpeculantError,
+    UnavailableError,
 )
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
@@ -49,8 +62,8 @@ from speculant.prompting import encode_prompt
 from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
-from speculant.types import DraftParams
-from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from speculant.types import DraftParams, DraftProposal
+from speculant.v1 import common_pb2, draft_pb2, gateway_pb2, gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +80,8 @@ _OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strateg
 # a request's strategy: unset (None: the gateway's default) or a name
 REQUESTED_STRATEGY = {common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None, **STRATEGY_FROM_PROTO}
 MAX_TOKENS_LIMIT = 1 << 20
+WATCH_INTERVAL_S = 1.0  # how often the gateway checks its verifier (and a missing draft tier)
+HEALTH_TIMEOUT_S = 2.0  # deadline of those checks
 
 
 def stats_to_proto(stats: GenerationStats) -> gateway_pb2.GenerationStats:
@@ -87,6 +102,14 @@ def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftCon
             values[name] = getattr(options, name)
     values["strategy"] = REQUESTED_STRATEGY[options.strategy] or defaults.strategy
     return DraftParams(**values)
+
+
+class NoDrafts:
+    """The drafter while no draft replica answers: every draft is empty (the verifier then
+    emits one token per round, the target model's own)."""
+
+    def propose(self, context_ids: Sequence[int], params: DraftParams, seed=None) -> DraftProposal:
+        return DraftProposal()
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
@@ -124,43 +147,124 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         self.generation_defaults = generation_defaults or GenerationConfig()
         self._coordinator: Coordinator | None = None
         self._lock = threading.Lock()
+        # The draft tier's graph, once a replica has answered (None: serving verifier-only).
+        self._graph: draft_pb2.GetGraphInfoResponse | None = None
+        self._draft_tier_missing_logged = False
+        # Why the verifier's last health check failed (None: it answered SERVING).
+        self._verifier_down: str | None = None
+        # Why the gateway cannot serve, from the last backend check (None: it can).
+        self.problem: str | None = None
+        # (name, fingerprint, tokenizer, the most characters a token stands for)
+        self._tokenizer: tuple[str, str, object, int] | None = None
+        self._prompt_chars_limit = 0  # longer prompts are refused untokenized (prompt_limits)
 
     def coordinator(self) -> Coordinator:
-        """The coordinator, created once the backends answer and their tokenizers agree."""
+        """The coordinator, created once the backends answer and their tokenizers agree
+        (UnavailableError at once while the verifier's health check fails)."""
+        if self._coordinator is None and self._graph is None:
+            self.find_draft_tier()  # drafting from the start if a replica answers
         with self._lock:
             if self._coordinator is None:
+                if self._verifier_down is not None:
+                    raise UnavailableError(
+                        f"the verifier at {self.verifier.address} does not answer "
+                        f"({self._verifier_down}); retry later"
+                    )
                 self._coordinator = self._connect()
             return self._coordinator
 
     def _connect(self) -> Coordinator:
         info = self.verifier.info
-        graph = self.drafter.graph_info()
-        check_tokenizer_alignment(
-            graph.tokenizer_name,
-            graph.tokenizer_fingerprint,
-            info.tokenizer_name,
-            info.tokenizer_fingerprint,
-        )
-        tokenizer = load_tokenizer(self.tokenizer_name or info.tokenizer_name)
-        if tokenizer_fingerprint(tokenizer) != info.tokenizer_fingerprint:
-            raise FailedPreconditionError(
-                f"the gateway's tokenizer {self.tokenizer_name or info.tokenizer_name!r} differs "
-                f"from the verifier's ({info.tokenizer_name!r})"
+        graph = self._graph
+        if graph is not None:
+            check_tokenizer_alignment(
+                graph.tokenizer_name,
+                graph.tokenizer_fingerprint,
+                info.tokenizer_name,
+                info.tokenizer_fingerprint,
             )
+        tokenizer = self._load_tokenizer(info.tokenizer_name, info.tokenizer_fingerprint)
+        assert self._tokenizer is not None
+        self._prompt_chars_limit = SLACK * info.max_context_length * self._tokenizer[3]
         log.info(
-            "backends ready: model %s, graph of order %d (tokenizer %s)",
+            "backends ready: model %s, %s (tokenizer %s)",
             info.model_name,
-            graph.max_order,
+            "verifier-only: no draft replica answers yet"
+            if graph is None
+            else f"graph of order {graph.max_order}",
             info.tokenizer_name,
         )
         return Coordinator(
-            self.drafter,
+            self.drafter if graph is not None else NoDrafts(),
             self.verifier,
             tokenizer,
-            draft_context_window=graph.max_order,
-            next_round_drafts=self.next_round_drafts,
+            draft_context_window=graph.max_order if graph is not None else 1,
+            next_round_drafts=self.next_round_drafts if graph is not None else 0,
             learner=self.learner,
         )
+
+    def _load_tokenizer(self, verifier_tokenizer: str, fingerprint: str) -> object:
+        """The prompts' tokenizer (loaded once per verifier tokenizer), checked against the
+        verifier's fingerprint."""
+        name = self.tokenizer_name or verifier_tokenizer
+        if self._tokenizer is not None and self._tokenizer[:2] == (name, fingerprint):
+            return self._tokenizer[2]
+        tokenizer = load_tokenizer(name)
+        if tokenizer_fingerprint(tokenizer) != fingerprint:
+            raise FailedPreconditionError(
+                f"the gateway's tokenizer {name!r} differs "
+                f"from the verifier's ({verifier_tokenizer!r})"
+            )
+        self._tokenizer = (name, fingerprint, tokenizer, max_token_chars(tokenizer))
+        return tokenizer
+
+    def find_draft_tier(self, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+        """Whether a draft replica has answered: until one does, ask for its graph (then the
+        coordinator is made again, drafting). Never raises."""
+        if self._graph is not None:
+            return True
+        try:
+            graph = self.drafter.graph_info(timeout_s)
+        except UnavailableError as exc:
+            if not self._draft_tier_missing_logged:
+                self._draft_tier_missing_logged = True
+                log.warning("%s: serving verifier-only until a draft replica answers", exc)
+            return False
+        with self._lock:
+            self._graph = graph
+            self._coordinator = None  # made again on the next request, with drafts
+        log.info(
+            "draft tier answers: graph %s (version %d, order %d); drafting",
+            graph.graph_path,
+            graph.graph_version,
+            graph.max_order,
+        )
+        return True
+
+    def check_backends(self, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
+        """Check the backends now: None when the gateway can serve, else why it cannot (the
+        verifier does not answer SERVING, or the tokenizers disagree). While the verifier does
+        not answer, new generations are refused at once."""
+        status = self.verifier.health(timeout_s)
+        if status != "SERVING":
+            with self._lock:
+                was_up, self._verifier_down = self._verifier_down is None, status
+            if was_up:
+                log.warning(
+                    "the verifier at %s does not answer (%s)", self.verifier.address, status
+                )
+                self._forget_backends()
+            return f"the verifier at {self.verifier.address} does not answer ({status})"
+        with self._lock:
+            was_down, self._verifier_down = self._verifier_down is not None, None
+        if was_down:
+            log.info("the verifier at %s answers again", self.verifier.address)
+        self.find_draft_tier(timeout_s)
+        try:
+            self.coordinator()
+        except SpeculantError as exc:
+            return str(exc)
+        return None
 
     def _to_request(
         self, request: gateway_pb2.GenerateRequest, coordinator: Coordinator
@@ -170,6 +274,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if max_tokens > MAX_TOKENS_LIMIT:
             raise InvalidArgumentError("max_tokens", f"must be <= {MAX_TOKENS_LIMIT}")
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
+        check_prompt_chars(
+            request.prompt, messages, self._prompt_chars_limit, coordinator.max_context_length
+        )
         return GenerationRequest(
             prompt_ids=encode_prompt(coordinator.tokenizer, request.prompt, messages or None),
             max_tokens=max_tokens,
@@ -289,6 +396,7 @@ def start_gateway(
     port: int = 50050,
     tokenizer_name: str | None = None,
     draft_timeout_s: float = 0.25,
+    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S,
     draft_refresh_s: float = DEFAULT_DRAFT_REFRESH_S,
     check_backends: bool = True,
     max_concurrent: int = 64,
@@ -302,6 +410,7 @@ def start_gateway(
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
+    verifier_timeout_s: the most a verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's).
     learn: report every finished generation to the draft tier (gateway.learning)."""
     drafter = GrpcDraftClient(
@@ -309,7 +418,7 @@ def start_gateway(
     )
     servicer = GatewayServicer(
         drafter,
-        GrpcVerifierClient(verifier_address, tls=backend_tls),
+        GrpcVerifierClient(verifier_address, timeout_s=verifier_timeout_s, tls=backend_tls),
         tokenizer_name=tokenizer_name,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,
@@ -317,12 +426,13 @@ def start_gateway(
         learner=LearnReporter(drafter) if learn else None,
     )
     if check_backends:
+        servicer.find_draft_tier()
         try:
             servicer.coordinator()
         except FailedPreconditionError:
             raise
-        except Exception as exc:  # a backend not up yet: check again on the first request
-            log.warning("backends not ready yet (%s); will check on the first request", exc)
+        except Exception as exc:  # a backend not up yet: the watcher checks again
+            log.warning("backends not ready yet (%s); checking every %g s", exc, WATCH_INTERVAL_S)
     # Enough worker threads that requests over the limit are answered RESOURCE_EXHAUSTED at
     # once instead of queueing for a thread.
     server = ServiceServer(
@@ -336,5 +446,30 @@ def start_gateway(
     )
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
-    server.set_serving()
+    watch_backends(servicer, server)
     return server, servicer
+
+
+def watch_backends(
+    servicer: GatewayServicer, server: ServiceServer, interval_s: float = WATCH_INTERVAL_S
+) -> threading.Thread:
+    """Report the gateway's health from its backends now, then every interval_s until the
+    server stops (see GatewayServicer.check_backends); returns the watcher thread."""
+
+    def report() -> None:
+        problem = servicer.check_backends()
+        servicer.problem = problem
+        server.set_serving(problem is None)
+
+    def run() -> None:
+        while not server.stopping.wait(interval_s):
+            try:
+                report()
+            except Exception:  # never let the watcher die
+                log.exception("backend check failed")
+        servicer.drafter.close()
+
+    report()
+    thread = threading.Thread(target=run, name="backend-watch", daemon=True)
+    thread.start()
+    return thread

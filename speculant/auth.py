@@ -23,7 +23,8 @@ _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 
 def load_token(token_file: str | None, env: dict[str, str] | None = None) -> str | None:
     """The token from token_file (surrounding whitespace stripped), else from $SPECULANT_AUTH_TOKEN,
-    else None (no authentication). An unreadable or empty file is an InvalidArgumentError."""
+    else None (no authentication). An unreadable or empty file, and a variable that is set but
+    empty or blank (which would silently turn authentication off), are InvalidArgumentErrors."""
     if token_file:
         try:
             token = Path(token_file).read_text(encoding="utf-8").strip()
@@ -33,8 +34,16 @@ def load_token(token_file: str | None, env: dict[str, str] | None = None) -> str
         if not token:
             raise InvalidArgumentError("--auth-token-file", f"{token_file} is empty")
         return token
-    token = (env if env is not None else os.environ).get(TOKEN_ENV, "").strip()
-    return token or None
+    raw = (env if env is not None else os.environ).get(TOKEN_ENV)
+    if raw is None:
+        return None
+    token = raw.strip()
+    if not token:
+        raise InvalidArgumentError(
+            TOKEN_ENV,
+            "is set but blank: set it to the token, or unset it to run without authentication",
+        )
+    return token
 
 
 def expected_bearer(token: str) -> bytes:

@@ -42,6 +42,13 @@ DEFAULT_NEXT_ROUND_DRAFTS = 0
 # often the gateway resolves dns:NAME:PORT draft replicas again (gateway.clients), in seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0
+# Input bounds of the internal services, checked before any work (INVALID_ARGUMENT naming the
+# field): context tokens a Propose request may carry (the gateway sends the last max_order
+# tokens, or with the context overlay the whole context, clipped to this; the overlay indexes
+# them at about 1.5 KB a token), and draft tokens a Verify may score (a tree's cost in the
+# forward pass grows with its square; the gateway sends at most MAX_DRAFT_K).
+DEFAULT_MAX_CONTEXT_TOKENS = 65_536
+DEFAULT_MAX_DRAFT_TOKENS = 64
 # Online learning in the draft tier (draft_service.live_layer): the live layer's memory cap and
 # the weight of its counts against the graph's. Measured on the 64 tinystories dev prompts after
 # 300 learned generations of other stories (embedded, default drafts, learning paused while
@@ -118,7 +125,10 @@ class VerifierConfig(BaseSettings):
     # local cache or folder, "force" re-downloads.
     download_mode: Literal["auto", "offline", "force"] = "auto"
     session_ttl_s: float = Field(300.0, gt=0)
+    # Live sessions of Session streams (the gateway's generations; each holds a server thread).
     max_sessions: int = Field(64, ge=1)
+    # Live sessions made by unary Prefill calls (direct clients), capped apart from the others.
+    max_unary_sessions: int = Field(16, ge=0)
     # torch intra-op threads (None = torch's default). Small models on busy CPUs run best on 1.
     torch_threads: int | None = Field(None, ge=1)
     # Run Llama models through verifier_service.lean_llama (the same torch operations without
@@ -127,6 +137,8 @@ class VerifierConfig(BaseSettings):
     # Verify calls of concurrent sessions run together in one forward pass, up to this many
     # (1 = every call on its own); see verifier_service.batching.
     max_batch: int = Field(8, ge=1, le=256)
+    # Draft tokens one Verify may carry (more: INVALID_ARGUMENT, before any work).
+    max_draft_tokens: int = Field(DEFAULT_MAX_DRAFT_TOKENS, ge=1, le=4096)
 
 
 class GenerationConfig(BaseSettings):

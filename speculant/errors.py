@@ -38,6 +38,12 @@ class NotFoundError(SpeculantError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class AlreadyExistsError(SpeculantError):
+    """A resource the caller names for a new one (a verifier session id) is taken."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class ResourceExhaustedError(SpeculantError):
     """Over capacity (too many sessions or generations); the caller may retry later."""
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import threading
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -32,6 +33,7 @@ import lmdb
 import numpy as np
 
 from speculant.errors import FailedPreconditionError
+from speculant.map_guard import MappedFile
 
 FORMAT_VERSION = 1
 MAX_SUPPORTED_ORDER = 10
@@ -115,13 +117,61 @@ class GraphMeta:
 
     @classmethod
     def from_json(cls, raw: bytes) -> GraphMeta:
+        """Parse and type-check a meta record (TypeError naming the first bad field)."""
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise TypeError("the meta record is not a JSON object")
-        data["orders"] = [OrderStats(**o) for o in data.get("orders", [])]
+        orders = data.get("orders", [])
+        if not isinstance(orders, list) or not all(isinstance(o, dict) for o in orders):
+            raise TypeError("meta field 'orders' must be a list of objects")
+        for i, order in enumerate(orders):
+            _check_types(order, _ORDER_TYPES, f"orders[{i}].")
+        data["orders"] = [
+            OrderStats(**{k: v for k, v in o.items() if k in _ORDER_TYPES}) for o in orders
+        ]
         known = {f.name for f in fields(cls)}
         # Fields added by later versions of the format are ignored (they are optional).
-        return cls(**{k: v for k, v in data.items() if k in known})
+        data = {k: v for k, v in data.items() if k in known}
+        _check_types(data, _META_TYPES)
+        return cls(**data)
+
+
+# The JSON types of the meta record's fields (bool is not an int here).
+_META_TYPES: dict[str, tuple[type, ...]] = {
+    "format_version": (int,),
+    "max_order": (int,),
+    "tokenizer_name": (str,),
+    "tokenizer_fingerprint": (str,),
+    "vocab_size": (int,),
+    "corpus_documents": (int,),
+    "corpus_tokens": (int,),
+    "build_params": (dict,),
+    "built_at": (str,),
+    "build_seconds": (int, float),
+    "version": (int,),
+    "sources": (list,),
+    "tuned": (dict,),
+}
+_ORDER_TYPES: dict[str, tuple[type, ...]] = {
+    "order": (int,),
+    "contexts": (int,),
+    "ngrams": (int,),
+    "total_count": (int,),
+}
+
+
+def _check_types(
+    data: dict[str, Any], types: dict[str, tuple[type, ...]], prefix: str = ""
+) -> None:
+    """TypeError naming the first field of data whose value is not of its type (or missing,
+    for the fields without a default)."""
+    for name, allowed in types.items():
+        if name not in data:
+            continue  # a missing required field fails in the constructor, by name
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            expected = " or ".join(t.__name__ for t in allowed)
+            raise TypeError(f"meta field '{prefix}{name}' must be {expected}, got {value!r:.40}")
 
 
 class SharedGraphEnv:
@@ -136,11 +186,12 @@ class SharedGraphEnv:
     """
 
     _lock = threading.RLock()  # re-entrant: __del__ may run while a thread holds it
-    _open: ClassVar[dict[tuple[int, int], tuple[lmdb.Environment, int]]] = {}
+    _open: ClassVar[dict[tuple[int, int], tuple[lmdb.Environment, MappedFile, int]]] = {}
 
-    def __init__(self, env: lmdb.Environment, key: tuple[int, int]) -> None:
+    def __init__(self, env: lmdb.Environment, key: tuple[int, int], mapped: MappedFile) -> None:
         self._env = env
         self._key = key
+        self.mapped = mapped  # the data file's damage check (speculant.map_guard)
         self._closed = False
 
     def __getattr__(self, name: str) -> Any:
@@ -152,15 +203,25 @@ class SharedGraphEnv:
         return self._key
 
     @classmethod
-    def acquire(cls, path: Path) -> SharedGraphEnv:
-        stat = (path / DATA_FILE).stat()
+    def acquire(cls, path: Path, size: int) -> SharedGraphEnv:
+        """The shared environment of path's data file, verified to have `size` bytes."""
+        fd = os.open(path / DATA_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        stat = os.fstat(fd)
         key = (stat.st_dev, stat.st_ino)
         with cls._lock:
-            env, users = cls._open.get(key, (None, 0))
-            if env is None:
-                env = _open_lmdb(path)
-            cls._open[key] = (env, users + 1)
-        return cls(env, key)
+            env, mapped, users = cls._open.get(key, (None, None, 0))
+            if env is None or mapped is None:
+                mapped = MappedFile(path / DATA_FILE, size, fd)
+                try:
+                    env = _open_lmdb(path)
+                except BaseException:
+                    mapped.close()
+                    raise
+                mapped.find_regions()
+            else:
+                os.close(fd)
+            cls._open[key] = (env, mapped, users + 1)
+        return cls(env, key, mapped)
 
     def __del__(self) -> None:
         # A handle dropped without close() (e.g. ``read_meta(open_graph_env(p), p)``) releases.
@@ -173,12 +234,13 @@ class SharedGraphEnv:
             if self._closed:
                 return
             self._closed = True
-            env, users = self._open[self._key]
+            env, mapped, users = self._open[self._key]
             if users > 1:
-                self._open[self._key] = (env, users - 1)
+                self._open[self._key] = (env, mapped, users - 1)
             else:
                 del self._open[self._key]
                 env.close()
+                mapped.close()
 
 
 def _open_lmdb(path: Path) -> lmdb.Environment:
@@ -196,8 +258,13 @@ def _open_lmdb(path: Path) -> lmdb.Environment:
         raise GraphFormatError(f"cannot open graph {path}: {exc}") from exc
 
 
-def open_graph_env(path: str | Path) -> SharedGraphEnv:
+def open_graph_env(path: str | Path, checksum: bool = False) -> SharedGraphEnv:
     """Open a published graph's LMDB environment read-only and memory-mapped.
+
+    The data file is checked against the graph's manifest before it is mapped (its size, and
+    with checksum its SHA-256 too): a graph without a manifest, or whose data file differs, is
+    refused (GraphFormatError), since reading a truncated map would kill the process. Once
+    open, ``env.mapped`` tells whether the file shrank or changed since (speculant.map_guard).
 
     The graph is immutable once published, so no lock file is used (works on read-only media);
     readahead is off so that random lookups only page in what they touch. Close the handle
@@ -208,7 +275,13 @@ def open_graph_env(path: str | Path) -> SharedGraphEnv:
         raise GraphFormatError(f"graph not found: {path} is not a directory")
     if not (path / DATA_FILE).is_file():
         raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
-    return SharedGraphEnv.acquire(path)
+    before = (path / DATA_FILE).stat()
+    size = verify_manifest(path, checksum=checksum)
+    env = SharedGraphEnv.acquire(path, size)
+    if env.file_id != (before.st_dev, before.st_ino):  # republished meanwhile: check that one
+        env.close()
+        return open_graph_env(path, checksum)
+    return env
 
 
 def read_meta(env: lmdb.Environment | SharedGraphEnv, path: str | Path = "") -> GraphMeta:
@@ -253,14 +326,19 @@ def write_manifest(directory: str | Path) -> None:
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def verify_manifest(path: str | Path) -> bool:
-    """Check the data file against the manifest: True when it matches, False when the graph
-    has no manifest (built before manifests existed), GraphFormatError when it differs."""
+def verify_manifest(path: str | Path, checksum: bool = True) -> int:
+    """Check the data file against the manifest (its size, and with checksum its SHA-256);
+    return its size. GraphFormatError when it differs or the graph has no manifest (its data
+    file could not be checked before it is mapped)."""
     path = Path(path)
     try:
         raw = (path / MANIFEST_FILE).read_text(encoding="utf-8")
     except FileNotFoundError:
-        return False
+        raise GraphFormatError(
+            f"unverifiable graph {path}: it has no {MANIFEST_FILE} (written by `speculant "
+            "build` since graph checksums exist), so its data file cannot be checked before it "
+            "is mapped; rebuild it with `speculant build`"
+        ) from None
     except OSError as exc:
         raise GraphFormatError(f"cannot read {path / MANIFEST_FILE}: {exc}") from exc
     try:
@@ -277,9 +355,9 @@ def verify_manifest(path: str | Path) -> bool:
             f"corrupt graph {path}: {DATA_FILE} has {actual} bytes, the manifest says {size} "
             "(truncated or modified after publishing)"
         )
-    if _sha256(data) != digest:
+    if checksum and _sha256(data) != digest:
         raise GraphFormatError(
             f"corrupt graph {path}: {DATA_FILE} does not match its checksum in {MANIFEST_FILE} "
             "(damaged or modified after publishing)"
         )
-    return True
+    return size

@@ -7,6 +7,7 @@ until they are ready, and turn library errors into gRPC status codes the same wa
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import signal
@@ -20,7 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from speculant.auth import BearerTokenInterceptor
-from speculant.errors import InvalidArgumentError, SpeculantError
+from speculant.errors import InvalidArgumentError, ResourceExhaustedError, SpeculantError
 from speculant.interceptors import wrap_behaviour, wrappable
 from speculant.metrics import Metrics
 from speculant.request_context import RequestIdInterceptor
@@ -36,6 +37,26 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+]
+# Keepalive: a client of a Speculant service pings every KEEPALIVE_TIME_MS while it has calls in
+# flight and closes the connection (its calls fail UNAVAILABLE) when a ping is not answered
+# within KEEPALIVE_TIMEOUT_MS: a backend that stopped answering (frozen, a host or network gone)
+# fails its calls within 10 s, whatever they wait for. gRPC's own ping answers do not need the
+# service's Python threads, so a slow forward pass (or a long prefill) is not mistaken for it.
+KEEPALIVE_TIME_MS = 5000
+KEEPALIVE_TIMEOUT_MS = 5000
+CLIENT_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),  # gRPC's default: 1 minute
+    ("grpc.http2.max_pings_without_data", 0),  # keep pinging during a long silent call
+]
+# ...and the servers accept those pings, also while no data flows (gRPC's default would answer
+# a ping more often than every 5 minutes without data with GOAWAY after two strikes).
+SERVER_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 
 
@@ -100,6 +121,55 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 
     return wrapper  # type: ignore[return-value]
+
+
+# The health service name that reports only whether the process is up and serving calls at all
+# (SERVING from start() to stop()): what a liveness probe asks. The overall name "" and the
+# service names report readiness (a gateway whose verifier does not answer, a draft service
+# whose graph was damaged: NOT_SERVING), which a restart would not cure.
+LIVENESS_SERVICE = "liveness"
+
+# Worker threads a service keeps for short calls (health checks, info, stats, unary drafts) on
+# top of those its long-lived streams may hold (see CallLimit).
+RESERVED_THREADS = 8
+
+
+class CallLimit:
+    """At most `limit` calls of one kind in progress at once; more are refused at once with
+    RESOURCE_EXHAUSTED (the refusal names `what` and `hint`).
+
+    A sync gRPC server runs every call on one of its worker threads, and an open stream holds
+    its thread for as long as the client keeps it open, idle or not: streams (and unary calls
+    that may wait long, for the model) are capped below the server's worker count, so that
+    health checks and short calls always find a thread. A refused call costs its thread a few
+    microseconds instead of waiting in the server's queue for a thread that never frees.
+    """
+
+    def __init__(self, limit: int, what: str, hint: str = "retry later") -> None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.limit = limit
+        self.what = what
+        self.hint = hint
+        self._lock = threading.Lock()
+        self.in_progress = 0
+        self.refused = 0
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Count one call for the block (ResourceExhaustedError when `limit` are in progress)."""
+        with self._lock:
+            if self.in_progress >= self.limit:
+                self.refused += 1
+                raise ResourceExhaustedError(
+                    f"this service is serving its limit of {self.limit} {self.what}; {self.hint}"
+                )
+            self.in_progress += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_progress -= 1
 
 
 class _Undecodable:
@@ -230,7 +300,7 @@ class ServiceServer:
         interceptors.append(MalformedRequestInterceptor())
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-            options=GRPC_OPTIONS,
+            options=GRPC_OPTIONS + SERVER_KEEPALIVE_OPTIONS,
             interceptors=interceptors,
         )
         self.health = health.HealthServicer()
@@ -245,7 +315,9 @@ class ServiceServer:
         if self.port == 0:
             raise OSError(f"cannot bind {host}:{port} (address in use or not allowed)")
         self.host = host
+        self._stopping = threading.Event()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     @property
     def address(self) -> str:
@@ -258,13 +330,25 @@ class ServiceServer:
 
     def start(self) -> None:
         self.grpc_server.start()
+        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
-    def set_serving(self) -> None:
-        self._set_status(health_pb2.HealthCheckResponse.SERVING)
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once stop() has begun: the server never reports SERVING again."""
+        return self._stopping
+
+    def set_serving(self, serving: bool = True) -> None:
+        """Report SERVING (or NOT_SERVING with serving=False); never SERVING once stopping."""
+        if serving and not self._stopping.is_set():
+            self._set_status(health_pb2.HealthCheckResponse.SERVING)
+        else:
+            self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def stop(self, grace: float | None = 5.0) -> None:
         """Report NOT_SERVING, refuse new calls, let in-flight calls finish for `grace` seconds."""
+        self._stopping.set()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_server.stop(grace).wait()
 
     def wait_for_termination_signal(self, grace: float = 5.0) -> None:

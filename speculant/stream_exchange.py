@@ -29,6 +29,7 @@ class StreamExchange:
             iter(self._requests.get, _END_OF_STREAM), timeout=timeout_s, metadata=metadata or None
         )
         self.broken = False
+        self.responses = 0  # received so far
 
     def call(self, request: object, backend: str) -> object:
         """Send one request and wait for the next response."""
@@ -42,13 +43,15 @@ class StreamExchange:
     def receive(self, backend: str) -> object:
         """Wait for the next response; RemoteError / UnavailableError naming `backend`."""
         try:
-            return next(self._responses)
+            response = next(self._responses)
         except grpc.RpcError as exc:
             self.broken = True
             raise RemoteError.from_rpc_error(exc, backend) from exc
         except StopIteration:
             self.broken = True
             raise UnavailableError(f"{backend}: the stream ended unexpectedly") from None
+        self.responses += 1
+        return response
 
     def cancel(self) -> None:
         """Abort the stream (the next or current call raises CANCELLED)."""

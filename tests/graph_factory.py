@@ -23,6 +23,7 @@ from speculant.graph_format import (
     encode_context,
     encode_successors,
     order_db_name,
+    write_manifest,
 )
 
 Chains = dict[int, dict[tuple[int, ...], dict[int, int]]]
@@ -39,12 +40,13 @@ def write_graph(
     format_version: int = FORMAT_VERSION,
     write_meta: bool = True,
     version: int = 1,
+    manifest: bool = True,
 ) -> Path:
     """Write a graph directory at path and return it.
 
     max_order defaults to the highest order in chains; every order 1..max_order gets a database
     (possibly empty). write_meta=False leaves an unfinished graph. version: the meta's graph
-    version.
+    version. manifest: write the checksum manifest, as the builder does.
     """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -91,4 +93,6 @@ def write_graph(
     finally:
         env.close()
     assert (path / DATA_FILE).is_file()
+    if manifest:
+        write_manifest(path)
     return path

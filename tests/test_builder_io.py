@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import builder.corpus as corpus
 from builder import BuildError, CorpusError, GraphBuilder
 from builder.cli import parse_escapes
 from speculant.cli import main
-from speculant.graph_format import open_graph_env, read_meta
+from speculant.graph_format import open_graph_env, read_meta, write_manifest
 
 STORIES = str(STORIES_MODEL)
 
@@ -191,9 +192,13 @@ def test_graph_info_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     env = lmdb.open(str(tmp_path / "unfinished"), max_dbs=4)
     env.open_db(b"order:1")
     env.close()
+    shutil.copytree(tmp_path / "unfinished", tmp_path / "unverifiable")
+    write_manifest(tmp_path / "corrupt")
+    write_manifest(tmp_path / "unfinished")
     cases = {
         "missing": "graph not found",
         "empty": "not a graph",
+        "unverifiable": "has no manifest.json",
         "corrupt": "cannot open graph",
         "unfinished": "unfinished graph",
     }

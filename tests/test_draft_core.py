@@ -17,7 +17,7 @@ from draft_service.drafting import Drafter
 from draft_service.graph import NGramGraph
 from draft_service.mixing import order_weights
 from speculant.errors import InvalidArgumentError
-from speculant.graph_format import META_DB, META_KEY, GraphFormatError
+from speculant.graph_format import META_DB, META_KEY, GraphFormatError, write_manifest
 from speculant.types import DraftParams
 
 VOCAB = 100
@@ -383,6 +383,7 @@ def test_missing_order_is_refused(tmp_path: Path) -> None:
         raw = txn.get(META_KEY).replace(b'"max_order": 1', b'"max_order": 2')
         txn.put(META_KEY, raw)
     env.close()
+    write_manifest(path)  # a consistent graph, only its meta claims order 2
     with pytest.raises(GraphFormatError, match="order 2"):
         NGramGraph.open(path)
 

@@ -61,7 +61,7 @@ ALLOWED = frozenset(
     }
 )
 # An unknown verifier session id (never created, released or expired) is NOT_FOUND.
-ALLOWED_VERIFIER = ALLOWED | {Code.NOT_FOUND}
+ALLOWED_VERIFIER = ALLOWED | {Code.NOT_FOUND, Code.ALREADY_EXISTS}
 
 
 @dataclass

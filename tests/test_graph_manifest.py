@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import shutil
 from pathlib import Path
 
@@ -65,11 +64,10 @@ def test_a_truncated_data_file_is_refused_by_the_service_cli(copy_of, capsys):
     assert "bytes, the manifest says" in err and "Traceback" not in err
 
 
-def test_a_graph_without_manifest_opens_with_a_warning(copy_of, caplog):
+def test_a_graph_without_manifest_is_refused_before_it_is_mapped(copy_of):
     (copy_of / MANIFEST_FILE).unlink()
-    with caplog.at_level(logging.WARNING, logger="draft_service.graph"):
-        NGramGraph.open(copy_of).close()
-    assert "is not verified" in caplog.text
+    with pytest.raises(GraphFormatError, match=r"has no manifest\.json"):
+        NGramGraph.open(copy_of)
 
 
 def test_an_unreadable_manifest_is_refused(copy_of):

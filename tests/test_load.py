@@ -26,6 +26,25 @@ def test_load_reports_latencies_throughput_errors_and_memory(services, tmp_path,
     assert "time to first token p50" in capsys.readouterr().out
 
 
+def test_a_mixed_load_reports_outcomes_health_and_sessions(services, tmp_path):  # noqa: F811
+    out = tmp_path / "load.json"
+    addresses = [services.gateway_address, services.draft_address, services.verifier_address]
+    args = ["load", "--gateway", services.gateway_address, "--concurrency", "4"]
+    args += ["--duration", "3", "--max-tokens", "16", "--mix", "stream=2,unary=1,cancel=1,bad=2"]
+    args += ["--health", ",".join(addresses), "--verifier", services.verifier_address]
+    assert main([*args, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["outcomes"]) == {"stream", "unary", "cancel", "bad"}
+    assert set(report["outcomes"]["bad"]) <= {"INVALID_ARGUMENT", "OUT_OF_RANGE"}
+    assert report["unexpected"] == {} and report["errors"] == {}
+    for address in addresses:
+        tally = report["health"][address]
+        assert tally["checks"] >= 1 and tally["answered"] == tally["checks"] == tally["serving"]
+    sessions = report["verifier_sessions"]
+    assert sessions["created"] == sessions["released"] > 0
+    assert sessions["expired"] == 0 and sessions["live_at_end"] == 0
+
+
 def test_load_counts_errors_by_status_code(tmp_path):
     (port,) = free_ports(1)
     out = tmp_path / "load.json"
@@ -41,6 +60,8 @@ def test_load_stays_local_and_bounded(capsys):
     assert "not a loopback address" in capsys.readouterr().err
     assert main(["load", "--gateway", "127.0.0.1:1", "--concurrency", "0"]) == 2
     assert main(["load", "--gateway", "127.0.0.1:1", "--duration", "99999"]) == 2
+    assert main(["load", "--gateway", "127.0.0.1:1", "--mix", "stream=1,fast=2"]) == 2
+    assert main(["load", "--gateway", "127.0.0.1:1", "--health", "10.1.2.3:1"]) == 2
     assert is_loopback("localhost:1") and is_loopback("[::1]:5") and not is_loopback("example:1")
 
 

@@ -16,6 +16,7 @@ from conftest import STORIES_MODEL, load_dev_prompts
 
 from speculant.config import VerifierConfig
 from speculant.errors import (
+    AlreadyExistsError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -172,6 +173,7 @@ def test_seeded_determinism(verifier, references) -> None:
     def run(seed: int, sid: str) -> list[list[int]]:
         out = [[verifier.prefill(sid, prompt, temperature=1.0, seed=seed)]]
         out += [verifier.verify(sid, d).token_ids for d in drafts * 3]
+        verifier.release(sid)
         return out
 
     assert run(7, "a") == run(7, "b")
@@ -264,7 +266,8 @@ def test_max_sessions_cap(loaded) -> None:
         v.prefill("b", [1, 2])
         with pytest.raises(ResourceExhaustedError):
             v.prefill("c", [1, 2])
-        v.prefill("a", [1, 3])  # restarting an existing session is not a new one
+        with pytest.raises(AlreadyExistsError):  # a live session is never replaced
+            v.prefill("a", [1, 3])
         v.release("a")
         v.prefill("c", [1, 2])
         assert v.stats().live_sessions == 2

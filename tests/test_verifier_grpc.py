@@ -42,8 +42,8 @@ def hf_greedy(loaded: LoadedModel, prompt: list[int], n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def served(loaded: LoadedModel):
-    """(server, verifier, stub) with a cap of 3 sessions."""
-    config = VerifierConfig(model_name=str(STORIES_MODEL), max_sessions=3)
+    """(server, verifier, stub) with a cap of 3 sessions of each kind."""
+    config = VerifierConfig(model_name=str(STORIES_MODEL), max_sessions=3, max_unary_sessions=3)
     verifier = LocalVerifier(config, model=loaded, model_thread=True)
     server, _ = start_server(config, "127.0.0.1", 0, verifier=verifier)
     channel = grpc.insecure_channel(server.address)
@@ -269,7 +269,7 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
         [
             *(sys.executable, "-m", "speculant.cli", "serve-verifier"),
             *("--model", str(STORIES_MODEL), "--port", str(port)),
-            *("--max-sessions", "2", "--session-ttl", "5"),
+            *("--max-unary-sessions", "2", "--session-ttl", "5"),
         ],
         stderr=subprocess.PIPE,
         text=True,

@@ -53,7 +53,26 @@ def register(
     serve.add_argument(
         "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
     )
-    serve.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
+    serve.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        help="cap on live sessions of Session streams (default 64); the server runs this many "
+        "gRPC threads (one per open stream) and 8 more for health checks and short calls",
+    )
+    serve.add_argument(
+        "--max-unary-sessions",
+        type=int,
+        default=None,
+        help="cap on live sessions made by unary Prefill calls (direct clients), apart from "
+        "the Session streams' (default 16)",
+    )
+    serve.add_argument(
+        "--max-draft-tokens",
+        type=int,
+        default=None,
+        help="refuse a Verify of more draft tokens than this (INVALID_ARGUMENT; default 64)",
+    )
     serve.add_argument(
         "--max-batch",
         type=int,
@@ -99,6 +118,10 @@ def _config(args: argparse.Namespace) -> object:
         overrides["max_sessions"] = args.max_sessions
     if getattr(args, "max_batch", None) is not None:
         overrides["max_batch"] = args.max_batch
+    if getattr(args, "max_unary_sessions", None) is not None:
+        overrides["max_unary_sessions"] = args.max_unary_sessions
+    if getattr(args, "max_draft_tokens", None) is not None:
+        overrides["max_draft_tokens"] = args.max_draft_tokens
     if getattr(args, "torch_threads", None) is not None:
         overrides["torch_threads"] = args.torch_threads
     try:

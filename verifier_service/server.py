@@ -11,7 +11,13 @@ import torch
 
 from speculant.config import VerifierConfig
 from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
+from speculant.grpc_server import (
+    RESERVED_THREADS,
+    CallLimit,
+    ServiceServer,
+    map_errors,
+    map_stream_errors,
+)
 from speculant.metrics import Metrics
 from speculant.tls import ServerTls
 from speculant.types import SparseDistribution
@@ -35,10 +41,26 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
 
     Created before the model is loaded (``verifier=None``): calls then get UNAVAILABLE, as the
     health service says NOT_SERVING, until :attr:`verifier` is set.
+
+    Threads (see speculant.grpc_server.CallLimit): at most `max_streams` Session streams are
+    open at once (each holds a worker thread while open) and at most `max_unary_model_calls`
+    unary Prefill / Verify calls (which may wait for the model) run at once; more are refused
+    with RESOURCE_EXHAUSTED, so the server's other threads always answer health checks,
+    GetStats, GetModelInfo and Release.
     """
 
-    def __init__(self, verifier: LocalVerifier | None = None) -> None:
+    def __init__(
+        self,
+        verifier: LocalVerifier | None = None,
+        *,
+        max_streams: int = 64,
+        max_unary_model_calls: int = RESERVED_THREADS // 2,
+    ) -> None:
         self._verifier = verifier
+        self.streams = CallLimit(max_streams, "Session streams", "retry later")
+        self.unary_model_calls = CallLimit(
+            max_unary_model_calls, "unary Prefill/Verify calls", "use Session streams or retry"
+        )
 
     @property
     def verifier(self) -> LocalVerifier:
@@ -50,20 +72,32 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def verifier(self, verifier: LocalVerifier) -> None:
         self._verifier = verifier
 
-    def _prefill(self, request: verifier_pb2.PrefillRequest) -> verifier_pb2.PrefillResponse:
+    def _prefill(
+        self, request: verifier_pb2.PrefillRequest, unary: bool
+    ) -> verifier_pb2.PrefillResponse:
         session_id = request.session_id or new_session_id()
         token = self.verifier.prefill(
             session_id,
             request.prompt_token_ids,
             temperature=request.temperature if request.HasField("temperature") else 1.0,
             seed=request.seed if request.HasField("seed") else None,
+            unary=unary,
         )
         return verifier_pb2.PrefillResponse(session_id=session_id, token_id=token)
 
-    def _verify(self, request: verifier_pb2.VerifyRequest) -> verifier_pb2.VerifyResponse:
+    def _verify(
+        self, request: verifier_pb2.VerifyRequest, unary: bool
+    ) -> verifier_pb2.VerifyResponse:
+        self.verifier.check_draft_size(
+            len(request.draft_token_ids), len(request.draft_distributions)
+        )
         dists = [_sparse(d) for d in request.draft_distributions] or None
         result = self.verifier.verify(
-            request.session_id, request.draft_token_ids, dists, request.draft_parents or None
+            request.session_id,
+            request.draft_token_ids,
+            dists,
+            request.draft_parents or None,
+            unary=unary,
         )
         return verifier_pb2.VerifyResponse(
             accepted_count=result.accepted_count,
@@ -75,13 +109,15 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def Prefill(
         self, request: verifier_pb2.PrefillRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.PrefillResponse:
-        return self._prefill(request)
+        with self.unary_model_calls.hold():
+            return self._prefill(request, unary=True)
 
     @map_errors
     def Verify(
         self, request: verifier_pb2.VerifyRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.VerifyResponse:
-        return self._verify(request)
+        with self.unary_model_calls.hold():
+            return self._verify(request, unary=True)
 
     @map_stream_errors
     def Session(
@@ -89,6 +125,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     ) -> Iterator[verifier_pb2.SessionResponse]:
         """A prefill, then verifies, on one stream; the session is released when it ends.
         Its opening and end are logged (DEBUG) under the call's request id."""
+        with self.streams.hold():
+            yield from self._session(requests)
+
+    def _session(
+        self, requests: Iterator[verifier_pb2.SessionRequest]
+    ) -> Iterator[verifier_pb2.SessionResponse]:
         session_id = ""
         verifies = 0
         try:
@@ -100,7 +142,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                     # The stream owns its session: a fresh id, never one the client names
                     # (which could be another client's live session).
                     prefill.session_id = new_session_id()
-                    response = self._prefill(prefill)
+                    response = self._prefill(prefill, unary=False)
                     session_id = response.session_id
                     log.debug(
                         "session %s: prefilled %d prompt tokens",
@@ -114,7 +156,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
                     verify = request.verify
                     verify.session_id = session_id
                     verifies += 1
-                    yield verifier_pb2.SessionResponse(verify=self._verify(verify))
+                    yield verifier_pb2.SessionResponse(verify=self._verify(verify, unary=False))
                 else:
                     raise InvalidArgumentError("step", "a message must be a prefill or a verify")
         finally:
@@ -126,7 +168,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def Release(
         self, request: verifier_pb2.ReleaseRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.ReleaseResponse:
-        return verifier_pb2.ReleaseResponse(released=self.verifier.release(request.session_id))
+        released = self.verifier.release(request.session_id, unary=True)
+        return verifier_pb2.ReleaseResponse(released=released)
 
     @map_errors
     def GetModelInfo(
@@ -175,8 +218,16 @@ def start_server(
     the server is stopped. metrics: count calls in it, and the verifier's stats once loaded
     (its /metrics endpoint is the caller's).
     """
-    server = ServiceServer(host, port, [SERVICE_NAME], tls=tls, metrics=metrics)
-    servicer = VerifierServicer()
+    # One thread per Session stream (up to the session cap), and RESERVED_THREADS for the rest.
+    server = ServiceServer(
+        host,
+        port,
+        [SERVICE_NAME],
+        max_workers=config.max_sessions + RESERVED_THREADS,
+        tls=tls,
+        metrics=metrics,
+    )
+    servicer = VerifierServicer(max_streams=config.max_sessions)
     verifier_pb2_grpc.add_VerifierServiceServicer_to_server(servicer, server.grpc_server)
     server.start()
     try:

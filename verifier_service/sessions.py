@@ -7,6 +7,13 @@ in the cache: the next Verify's forward starts with it), its temperature and its
 Calls on one session are serialised by the session's lock (use :meth:`SessionStore.use`); idle
 sessions are expired by a background sweeper thread (and lazily on every call), so a vanished
 client never leaks memory even when no more calls arrive.
+
+Sessions are of two *kinds*: those of Session streams and of the embedded mode (the stream owns
+its session and ends it), and *unary* ones, made by a unary Prefill, addressed by id in later
+unary calls and ended by Release or the TTL. Each kind has its own cap (max_sessions,
+max_unary_sessions), so direct unary clients can never fill the sessions the gateway's streams
+need; unary calls reach unary sessions only; and a live session is never replaced (a Prefill
+naming a live id gets ALREADY_EXISTS).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 import torch
 
-from speculant.errors import NotFoundError, ResourceExhaustedError
+from speculant.errors import AlreadyExistsError, NotFoundError, ResourceExhaustedError
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +46,25 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False  # released or expired: later calls get NOT_FOUND
+    unary: bool = False  # made by a unary Prefill (see the module docstring)
 
 
 class SessionStore:
-    """Sessions by id. ttl_s: idle time before expiry; max_sessions: cap on live sessions."""
+    """Sessions by id. ttl_s: idle time before expiry; max_sessions / max_unary_sessions: caps
+    on live sessions of each kind (see the module docstring)."""
 
     def __init__(
         self,
         ttl_s: float,
         max_sessions: int,
         *,
+        max_unary_sessions: int = 16,
         clock: Callable[[], float] = time.monotonic,
         sweep_interval_s: float | None = None,
     ) -> None:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
+        self.max_unary_sessions = max_unary_sessions
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
@@ -113,34 +124,43 @@ class SessionStore:
             return len(self._sessions)
 
     def add(self, session: Session) -> None:
-        """Register a new session (replacing one with the same id); RESOURCE_EXHAUSTED at cap."""
+        """Register a new session; ALREADY_EXISTS when its id is live, RESOURCE_EXHAUSTED when
+        its kind is at its cap."""
         self.sweep()
         with self._lock:
-            old = self._sessions.get(session.session_id)
-            if old is None and len(self._sessions) >= self.max_sessions:
-                raise ResourceExhaustedError(
-                    f"too many live sessions ({self.max_sessions}); release some or retry later"
-                )
-            if old is not None:
-                old.closed = True
+            self._check_new(session.session_id, session.unary)
             session.last_used = self._clock()
             self._sessions[session.session_id] = session
             self.created += 1
 
-    def check_capacity(self, session_id: str) -> None:
-        """Raise RESOURCE_EXHAUSTED early (before a prefill forward) when a new id is over cap."""
+    def check_capacity(self, session_id: str, unary: bool = False) -> None:
+        """Raise ALREADY_EXISTS / RESOURCE_EXHAUSTED early (before a prefill forward)."""
         self.sweep()
         with self._lock:
-            if session_id not in self._sessions and len(self._sessions) >= self.max_sessions:
-                raise ResourceExhaustedError(
-                    f"too many live sessions ({self.max_sessions}); release some or retry later"
-                )
+            self._check_new(session_id, unary)
+
+    def _check_new(self, session_id: str, unary: bool) -> None:
+        """(under the lock) Whether a new session of this id and kind may be added."""
+        if session_id in self._sessions:
+            raise AlreadyExistsError(
+                f"session {session_id!r} is live: a session is never replaced (release it "
+                "first, or leave session_id empty to get a fresh one)"
+            )
+        cap = self.max_unary_sessions if unary else self.max_sessions
+        if sum(1 for s in self._sessions.values() if s.unary == unary) >= cap:
+            kind = "unary-Prefill" if unary else "live"
+            raise ResourceExhaustedError(
+                f"too many {kind} sessions ({cap}); release some or retry later"
+            )
 
     @contextmanager
-    def use(self, session_id: str) -> Iterator[Session]:
-        """Hold the session's lock for one call; NOT_FOUND when unknown, released or expired."""
+    def use(self, session_id: str, unary: bool | None = None) -> Iterator[Session]:
+        """Hold the session's lock for one call; NOT_FOUND when unknown, released or expired,
+        or not of the kind asked for (unary: only unary sessions; None: any)."""
         with self._lock:
             session = self._sessions.get(session_id)
+            if session is not None and unary is not None and session.unary != unary:
+                session = None  # a unary caller never reaches a stream's session
         if session is None:
             raise NotFoundError(
                 f"session {session_id!r} not found (never created, released or expired)"
@@ -154,12 +174,14 @@ class SessionStore:
             finally:
                 session.last_used = self._clock()
 
-    def release(self, session_id: str) -> bool:
-        """Drop a session; False when unknown. Waits for a call in progress on it to finish."""
+    def release(self, session_id: str, unary: bool | None = None) -> bool:
+        """Drop a session (of the kind asked for; None: any); False when unknown. Waits for a
+        call in progress on it to finish."""
         with self._lock:
-            session = self._sessions.pop(session_id, None)
-            if session is None:
+            session = self._sessions.get(session_id)
+            if session is None or (unary is not None and session.unary != unary):
                 return False
+            del self._sessions[session_id]
             self.released += 1
         with session.lock:
             session.closed = True

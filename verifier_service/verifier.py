@@ -10,7 +10,9 @@ concurrent sessions share one forward pass (:mod:`verifier_service.batching`, up
 ``config.max_batch``).
 
 Session ids are chosen by the caller and must be non-empty here; the gRPC servicer picks a
-``uuid4().hex`` when a Prefill request leaves it empty (:func:`new_session_id`).
+``uuid4().hex`` when a Prefill request leaves it empty (:func:`new_session_id`). A live session
+is never replaced, and unary-Prefill sessions are a kind of their own (see
+:mod:`verifier_service.sessions`).
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ class LocalVerifier:
         self.config = config
         self.model = model if model is not None else LoadedModel.load(config)
         self.sessions = SessionStore(
-            config.session_ttl_s, config.max_sessions, sweep_interval_s=sweep_interval_s
+            config.session_ttl_s,
+            config.max_sessions,
+            max_unary_sessions=config.max_unary_sessions,
+            sweep_interval_s=sweep_interval_s,
         )
         self._forward_lock = threading.Lock()  # one forward at a time on the shared model
         self._model_thread = (
@@ -133,6 +138,21 @@ class LocalVerifier:
             return fn()
 
     # -- validation --------------------------------------------------------------------------
+
+    def check_draft_size(self, draft_tokens: int, distributions: int) -> None:
+        """INVALID_ARGUMENT unless a Verify of this many draft tokens and distributions is within
+        config.max_draft_tokens (checked before any work on them)."""
+        limit = self.config.max_draft_tokens
+        for field, count in (
+            ("draft_token_ids", draft_tokens),
+            ("draft_distributions", distributions),
+        ):
+            if count > limit:
+                raise InvalidArgumentError(
+                    field,
+                    f"has {count} entries; a Verify takes at most {limit} draft tokens "
+                    "(--max-draft-tokens)",
+                )
 
     def _check_ids(self, ids: Sequence[int], field: str) -> None:
         vocab = self.model.vocab_size
@@ -196,30 +216,32 @@ class LocalVerifier:
         prompt_ids: Sequence[int],
         temperature: float = 1.0,
         seed: int | None = None,
+        unary: bool = False,
     ) -> int:
-        """Create (or restart) the session from the prompt; return the first generated token.
+        """Create the session from the prompt; return the first generated token (ALREADY_EXISTS
+        when session_id is live; unary: a unary-Prefill session, see SessionStore).
 
         The first token is sampled from p after the prompt with the session's generator (seeded
         with ``seed``; random when None), or is the argmax at temperature 0.
         """
         if not session_id:
             raise InvalidArgumentError("session_id", "must not be empty")
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
+        if not prompt_ids:
             raise InvalidArgumentError("prompt_token_ids", "must not be empty")
-        self._check_ids(prompt, "prompt_token_ids")
         max_ctx = self.model.max_context
-        if len(prompt) >= max_ctx:
+        if len(prompt_ids) >= max_ctx:  # before any work on them
             raise InvalidArgumentError(
                 "prompt_token_ids",
-                f"has {len(prompt)} tokens; the model's context is {max_ctx} tokens"
+                f"has {len(prompt_ids)} tokens; the model's context is {max_ctx} tokens"
                 f" (at most {max_ctx - 1} prompt tokens, to leave room for one generated token)",
             )
+        prompt = [int(t) for t in prompt_ids]
+        self._check_ids(prompt, "prompt_token_ids")
         if not (math.isfinite(temperature) and temperature >= 0):
             raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
         if seed is not None and not 0 <= seed < 2**64:
             raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
-        self.sessions.check_capacity(session_id)
+        self.sessions.check_capacity(session_id, unary)
 
         device = self.model.device
         generator = torch.Generator(device=device)
@@ -244,6 +266,7 @@ class LocalVerifier:
                 pending_token=token,
                 temperature=float(temperature),
                 generator=generator,
+                unary=unary,
             )
         )
         return token
@@ -254,21 +277,25 @@ class LocalVerifier:
         draft_ids: Sequence[int],
         draft_distributions: Sequence[SparseDistribution] | None = None,
         draft_parents: Sequence[int] | None = None,
+        unary: bool | None = None,
     ) -> VerifyResult:
         """Score the drafts in ONE forward; return accepted drafts + a corrected/bonus token.
 
         draft_parents: a draft tree (see speculant.types.DraftProposal); None/empty: a chain.
+        unary: True for a unary caller, who reaches unary-Prefill sessions only (None: any).
 
         draft_distributions: the q of each draft token, or None/empty for point-mass (greedy)
         drafts. Drafts that would overflow the model's context are dropped from the end; when
         the context is already full, OUT_OF_RANGE.
         """
+        self.check_draft_size(len(draft_ids), len(draft_distributions or ()))
         drafts = [int(t) for t in draft_ids]
         self._check_ids(drafts, "draft_token_ids")
         q = self._dense_q(drafts, draft_distributions) if draft_distributions else None
         if draft_parents:
-            return self._verify_tree(session_id, drafts, [int(p) for p in draft_parents], q)
-        with self.sessions.use(session_id) as session:
+            parents = [int(p) for p in draft_parents]
+            return self._verify_tree(session_id, drafts, parents, q, unary)
+        with self.sessions.use(session_id, unary) as session:
             room = self._room(session_id, session.length)  # drafts that still fit
             if len(drafts) > room:
                 drafts = drafts[:room]
@@ -303,7 +330,12 @@ class LocalVerifier:
         return room
 
     def _verify_tree(
-        self, session_id: str, drafts: list[int], parents: list[int], q: torch.Tensor | None
+        self,
+        session_id: str,
+        drafts: list[int],
+        parents: list[int],
+        q: torch.Tensor | None,
+        unary: bool | None = None,
     ) -> VerifyResult:
         """verify() for a draft tree: one forward over all branches, then the tree walk.
         q: [n, V] dense q of sampled drafts, or None for point masses."""
@@ -316,7 +348,7 @@ class LocalVerifier:
                 raise InvalidArgumentError(
                     f"draft_parents[{i}]", f"must be -1 or an earlier index (< {i}), got {parent}"
                 )
-        with self.sessions.use(session_id) as session:
+        with self.sessions.use(session_id, unary) as session:
             room = self._room(session_id, session.length)  # tree depth that still fits
             tree = DraftProposal(drafts, parents=parents)
             kept = [i for i, depth in enumerate(tree.depths()) if depth < room]  # what fits
@@ -353,9 +385,10 @@ class LocalVerifier:
         self.verify(session_id, [token] * 4)
         self.release(session_id)
 
-    def release(self, session_id: str) -> bool:
-        """Free the session; False when it was unknown (already released or expired)."""
-        return self.sessions.release(session_id)
+    def release(self, session_id: str, unary: bool | None = None) -> bool:
+        """Free the session; False when it was unknown (already released or expired, or not a
+        unary-Prefill session for a unary caller)."""
+        return self.sessions.release(session_id, unary)
 
     def stats(self) -> VerifierStats:
         with self._stats_lock:

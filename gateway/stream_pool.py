@@ -1,0 +1,111 @@
+"""Open streams to one backend kept for reuse, within what the backend accepts.
+
+Terms: a backend serves each open stream on one of its worker threads for as long as the stream
+is open, idle or not, and refuses a new stream with RESOURCE_EXHAUSTED once it serves its limit
+(speculant.grpc_server.CallLimit). A pool therefore
+
+- reuses the most recently returned idle stream first (so under a steady load the streams
+  beyond what the load needs stay idle and age out),
+- closes a stream idle for longer than ``idle_s`` (its backend thread is free again for other
+  clients: another gateway, after a burst),
+- after a refusal, opens no stream beyond those it holds for ``refused_retry_s`` (its callers use
+  a unary call instead; checkout returns None), then tries again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+
+from speculant.stream_exchange import StreamExchange
+
+IDLE_STREAM_S = 5.0  # an idle stream is closed after this long
+REFUSED_RETRY_S = 5.0  # after a refusal, no new stream beyond those held for this long
+CLOSE_WAIT_S = 0.5  # how long closing an idle stream waits for the backend to end it
+
+
+class StreamPool:
+    """One backend's open streams (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        open_stream: Callable[[], StreamExchange],
+        idle_s: float = IDLE_STREAM_S,
+        refused_retry_s: float = REFUSED_RETRY_S,
+    ) -> None:
+        self._open_stream = open_stream
+        self.idle_s = idle_s
+        self.refused_retry_s = refused_retry_s
+        self._lock = threading.Lock()
+        self._idle: list[tuple[StreamExchange, float]] = []  # (stream, idle since), oldest first
+        self._open = 0  # streams opened and not yet closed: idle or in use
+        self._budget = 0  # after a refusal: streams the backend accepted from this pool
+        self._budget_until = 0.0  # time.monotonic() until which the budget holds
+        self.refusals = 0
+
+    @property
+    def open_streams(self) -> int:
+        return self._open
+
+    @property
+    def idle_streams(self) -> int:
+        return len(self._idle)
+
+    def checkout(self) -> StreamExchange | None:
+        """An idle stream, else a new one; None when the backend refused a stream recently
+        and this pool holds as many as it accepted (use a unary call)."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()[0]
+            if self._open >= self._budget and time.monotonic() < self._budget_until:
+                return None
+            self._open += 1
+        try:
+            return self._open_stream()
+        except BaseException:
+            with self._lock:
+                self._open -= 1
+            raise
+
+    def checkin(self, exchange: StreamExchange) -> None:
+        """Return a healthy stream after a complete exchange."""
+        with self._lock:
+            self._idle.append((exchange, time.monotonic()))
+
+    def discard(self, exchange: StreamExchange) -> None:
+        """Drop a stream taken with checkout that failed or is abandoned (cancelled)."""
+        exchange.cancel()
+        with self._lock:
+            self._open -= 1
+
+    def refused(self, exchange: StreamExchange) -> None:
+        """The backend refused this new stream (it serves its limit): hold no more than the
+        others for refused_retry_s."""
+        with self._lock:
+            self._open -= 1
+            self._budget = self._open
+            self._budget_until = time.monotonic() + self.refused_retry_s
+            self.refusals += 1
+
+    def trim(self, now: float | None = None) -> int:
+        """Close the streams idle for longer than idle_s; return how many."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            stale = [e for e, since in self._idle if now - since > self.idle_s]
+            self._idle = [(e, since) for e, since in self._idle if now - since <= self.idle_s]
+            self._open -= len(stale)
+        for exchange in stale:
+            with contextlib.suppress(Exception):
+                exchange.close(CLOSE_WAIT_S)
+        return len(stale)
+
+    def close(self) -> None:
+        """Close every idle stream (streams in use are closed by their callers)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+        for exchange, _ in idle:
+            with contextlib.suppress(Exception):
+                exchange.close(CLOSE_WAIT_S)
