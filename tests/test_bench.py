@@ -34,7 +34,7 @@ from gateway.bench_cost import (
 )
 from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
 from speculant.cli import build_parser
-from tests.conftest import DEV_PROMPTS, RANDOM_LLAMA, STORIES_MODEL
+from tests.conftest import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
 
 SPECULATIVE_FIGURES = (
     "tokens_per_second_median",
@@ -58,7 +58,7 @@ def _settings(graph: object, systems: tuple[str, ...]) -> BenchSettings:
     return BenchSettings(
         graph=str(graph),
         model=str(STORIES_MODEL),
-        prompts=str(DEV_PROMPTS),
+        prompts=str(DEMO_PROMPTS),
         max_tokens=16,
         temperature=0.0,
         ks=(4,),
@@ -217,6 +217,7 @@ def test_bench_cost_and_projection(small_run) -> None:
     assert "stories260K" in text and "tau / (cost_M(L+1) + overhead)" in text
 
 
+@needs(RANDOM_LLAMA)
 def test_random_weights_model_builds_from_config() -> None:
     import torch
 
