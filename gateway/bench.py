@@ -912,12 +912,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=str(default_prompts_path()), help="JSON lines: prompt")
     p.add_argument("--graph", required=True, help="graph directory")
     p.add_argument("--model", required=True, help="model name or folder")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
     p.add_argument("--k", dest="ks", type=_csv(int), default=(4, 8), help="e.g. 4,8")
     p.add_argument("--mix", dest="mixes", type=_csv(_on_off), default=(True, False), help="on,off")
-    p.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
+    p.add_argument(
+        "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
+    )
     p.add_argument(
         "--systems", type=_csv(_system), default=SYSTEMS, help="subset of " + ",".join(SYSTEMS)
     )
@@ -931,7 +933,9 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         help="torch threads here and OMP/MKL_NUM_THREADS in the services (default 1: on a "
         "small shared machine a second OpenMP thread slows tiny-model forwards badly)",
     )
-    p.add_argument("--device", choices=["cpu", "auto", "cuda"], default="cpu")
+    p.add_argument(
+        "--device", choices=["cpu", "auto", "cuda"], default="cpu", help="where the model runs"
+    )
     p.add_argument(
         "--next-round-drafts",
         type=_csv(int),
@@ -1034,15 +1038,15 @@ def _progress(msg: str) -> None:
 
 def run_bench_generate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    from speculant.cli_errors import usage_error
+
     if not settings.ks or not settings.mixes or not settings.systems:
-        print("error: --k, --mix and --systems need at least one value", file=sys.stderr)
-        return 2
+        return usage_error("--k, --mix and --systems need at least one value")
     if args.plot:
         try:
             require_matplotlib()  # fail before the run, not after it
         except PlotUnavailable as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return usage_error(exc)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     result = run_benchmark(settings, progress=_progress)
     if args.cost:

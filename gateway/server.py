@@ -286,12 +286,14 @@ def start_gateway(
     check_backends: bool = True,
     max_concurrent: int = 64,
     next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
+    draft_defaults: DraftConfig | None = None,
     auth_token: str | None = None,
     tls: ServerTls | None = None,
     backend_tls: ClientTls | None = None,
     metrics: Metrics | None = None,
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
+    draft_defaults: for requests that leave a drafting field unset (default: DraftConfig()).
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's)."""
@@ -301,6 +303,7 @@ def start_gateway(
         ),
         GrpcVerifierClient(verifier_address, tls=backend_tls),
         tokenizer_name=tokenizer_name,
+        draft_defaults=draft_defaults,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,
         metrics=None if metrics is None else GatewayMetrics(metrics.registry),

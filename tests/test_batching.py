@@ -306,13 +306,13 @@ def test_batcher_needs_two_rows(loaded) -> None:
         VerifierConfig(model_name="m", max_batch=0)
 
 
-def test_serve_verifier_rejects_a_bad_max_batch() -> None:
+def test_serve_verifier_rejects_a_bad_max_batch(capsys) -> None:
     from speculant.cli import main
 
     args = ["serve-verifier", "--model", str(STORIES_MODEL), "--port", "0", "--max-batch", "0"]
-    with pytest.raises(SystemExit) as stopped:  # before any model is loaded
-        main(args)
-    assert str(stopped.value).startswith("error: invalid max_batch: "), stopped.value
+    assert main(args) == 2  # before any model is loaded
+    err = capsys.readouterr().err
+    assert err.startswith("speculant serve-verifier: error: invalid max_batch: "), err
 
 
 # -- through the gateway ---------------------------------------------------------------------

@@ -257,7 +257,8 @@ def test_cli_missing_model_is_one_line_error(tmp_path) -> None:
     )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    prefix = "speculant serve-verifier: error:"
+    errors = [line for line in result.stderr.splitlines() if line.startswith(prefix)]
     assert len(errors) == 1
     assert "speculant-test/no-such-model" in errors[0]
     assert "offline" in errors[0]
