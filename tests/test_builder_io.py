@@ -104,6 +104,46 @@ def test_api_errors(tmp_path: Path) -> None:
     assert (tmp_path / "notgraph" / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.parametrize("kind", ["file", "non-graph directory"])
+def test_cli_refuses_a_bad_out_before_any_counting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("not a graph")
+    else:
+        out.mkdir()
+        (out / "precious.txt").write_text("keep me")
+    (tmp_path / "c.txt").write_text("hello there")
+
+    def counting(*_args, **_kwargs):
+        raise AssertionError("the corpus was counted before --out was checked")
+
+    monkeypatch.setattr(GraphBuilder, "build_from_files", counting)
+    args = ["build", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", STORIES]
+    assert main([*args, "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("speculant build: error: refusing to replace") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o755), (0o027, 0o750), (0o077, 0o700)])
+def test_the_published_graph_directory_respects_the_umask(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    (tmp_path / "c.txt").write_text("one two three")
+    previous = os.umask(umask)
+    try:
+        b = GraphBuilder(tokenizer_name=STORIES, max_order=2)
+        b.build_from_files([str(tmp_path / "c.txt")])
+        b.save(tmp_path / "graph")
+        b.close()
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "graph").stat().st_mode & 0o777 == mode
+    for entry in (tmp_path / "graph").iterdir():  # the files, as the umask allows too
+        assert entry.stat().st_mode & 0o777 & ~mode == 0, entry.name
+
+
 def test_parse_escapes() -> None:
     assert parse_escapes(r"\n\n\n") == "\n\n\n"
     assert parse_escapes(r"\t--é--\\") == "\t--é--\\"
