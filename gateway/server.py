@@ -46,7 +46,7 @@ from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
 from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ClientTls, ServerTls
-from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
+from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -135,7 +135,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             info.tokenizer_name,
             info.tokenizer_fingerprint,
         )
-        tokenizer = load_tokenizer(self.tokenizer_name or info.tokenizer_name)
+        try:
+            tokenizer = load_tokenizer(self.tokenizer_name or info.tokenizer_name)
+        except TokenizerLoadError as exc:
+            if self.tokenizer_name:
+                raise
+            # the verifier's tokenizer, named as it loaded there (another host or directory)
+            raise TokenizerLoadError(
+                f"{exc}; give the gateway the verifier's tokenizer with --tokenizer NAME_OR_DIR"
+            ) from exc
         if tokenizer_fingerprint(tokenizer) != info.tokenizer_fingerprint:
             raise FailedPreconditionError(
                 f"the gateway's tokenizer {self.tokenizer_name or info.tokenizer_name!r} differs "
