@@ -92,6 +92,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
 DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
 SYSTEMS = ("hf", "hf-lookup", "plain", "embedded", "services")
+SERVICES_AS = ("bench", "up", "serve")
 RPC_TIMEOUT_S = 600.0
 
 
@@ -133,6 +134,10 @@ class BenchSettings:
     # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
     adaptive_ks: tuple[bool, ...] = (False,)
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
+    # how the services start: "bench" (torch_threads in every service, pin_cpus), "up" (as
+    # `speculant up` starts them with default flags: its thread choice and pinning), "serve"
+    # (serve-draft, serve-verifier, serve-gateway with default flags, unpinned)
+    services_as: str = "bench"
 
 
 @dataclass(frozen=True)
@@ -411,26 +416,75 @@ class ServiceStack:
         self.children: list[ServiceProcess] = []
         self.channels: list[Any] = []
         self.stubs: dict[int, Any] = {}  # next_round_drafts -> its gateway's stub
+        self.notes: list[str] = []  # what `up` chose for this host (services_as "up")
 
-    def _spawn(self, name: str, args: list[str]) -> ServiceProcess:
-        from gateway.up import _die_with_parent
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        address: str | None = None,
+        cores: frozenset[int] | None = None,
+    ) -> ServiceProcess:
+        """Start `speculant ARGS` (on a free port, or at `address` that ARGS name already)."""
+        from gateway.up import _child_setup
 
         host = "127.0.0.1"
-        address = f"{host}:{free_port(host)}"
-        log_path = self.log_dir / f"{name}.log"
         command = [sys.executable, "-m", "speculant.cli", *args]
-        command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
+        if address is None:
+            address = f"{host}:{free_port(host)}"
+            command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
+        log_path = self.log_dir / f"{name}.log"
+        # "bench": every service gets the bench's threads; otherwise the user's environment
+        env = (
+            thread_env(self.settings.torch_threads)
+            if self.settings.services_as == "bench"
+            else None
+        )
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=thread_env(self.settings.torch_threads),
-                preexec_fn=_die_with_parent,
+                env=env,
+                preexec_fn=_child_setup(cores),
             )
         child = ServiceProcess(name, address, process, log_path)
         self.children.append(child)
         return child
+
+    def _start_with_default_flags(self) -> None:
+        """The three services as `speculant up` (services_as "up") or the serve-* commands
+        ("serve") start them with default flags: their own thread choice, `up`'s pinning."""
+        import grpc
+
+        from gateway.up import plan_up
+        from speculant.cli import build_parser
+        from speculant.v1 import gateway_pb2_grpc
+
+        s = self.settings
+        ports = [str(free_port("127.0.0.1")) for _ in range(3)]
+        argv = ["up", "--graph", s.graph, "--model", s.model, "--device", s.device]
+        argv += ["--gateway-port", ports[0], "--draft-port", ports[1], "--verifier-port", ports[2]]
+        if s.services_as == "serve":
+            argv.append("--no-pin-cpus")
+        plan = plan_up(build_parser().parse_args(argv))
+        self.notes = plan.notes
+        by_name = {}
+        for child in plan.children:
+            args = child.argv
+            if s.services_as == "serve" and child.name == "verifier":
+                # as the README starts it: the verifier chooses its own threads
+                i = args.index("--torch-threads") if "--torch-threads" in args else -1
+                if i >= 0:
+                    args = args[:i] + args[i + 2 :]
+            by_name[child.name] = self._spawn(child.name, args, child.address, child.cores)
+            if child.name == "verifier":
+                self._wait_ready(by_name["draft"])
+                self._wait_ready(by_name["verifier"])
+        self._wait_ready(by_name["gateway"])
+        channel = grpc.insecure_channel(by_name["gateway"].address)
+        self.channels.append(channel)
+        self.stubs[0] = gateway_pb2_grpc.GatewayServiceStub(channel)
 
     def _wait_ready(self, child: ServiceProcess) -> None:
         from speculant.health import wait_until_serving
@@ -452,6 +506,9 @@ class ServiceStack:
         from speculant.v1 import gateway_pb2_grpc
 
         s = self.settings
+        if s.services_as != "bench":
+            self._start_with_default_flags()
+            return
         draft = self._spawn("draft", ["serve-draft", "--graph", s.graph])
         verifier = self._spawn(
             "verifier",
@@ -759,11 +816,14 @@ def run_benchmark(
         progress(f"measuring {len(prompts)} prompts x {len(variants)} variants")
         records = _interleave(run, variants, prompts, prompt_ids, settings, progress)
         service_processes = services.process_info() if services else {}
+        service_notes = services.notes if services else []
     in_process.close()
     prompt_lengths = [len(ids) for ids in prompt_ids]
-    return _result(
+    result = _result(
         settings, variants, records, prompt_lengths, service_processes, load_start, started
     )
+    result["services_chosen"] = service_notes  # what `up` chose for this host (services_as up)
+    return result
 
 
 def _result(
@@ -870,6 +930,10 @@ def format_footer(result: dict[str, Any]) -> str:
         rss.append(f"{name} {peak / 2**20:.0f} MiB (OMP_NUM_THREADS={info.get('omp_num_threads')})")
     machine = result["machine"]
     lines.append("peak RSS: " + ", ".join(rss))
+    if "services" in result["settings"]["systems"]:
+        how = result["settings"].get("services_as", "bench")
+        lines.append(f"services started as: {how}")
+        lines += [f"  {note}" for note in result.get("services_chosen", [])]
     lines.append(
         f"machine: {machine['cpu_count']} CPUs, torch {machine['torch']} with "
         f"{machine['torch_threads']} thread(s), load average {machine['load_average_start']} at "
@@ -971,6 +1035,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         help="run model forwards (this process's hf and embedded runs, the verifier service) "
         "on the first core and the draft service and gateway on the others",
     )
+    p.add_argument(
+        "--services-as",
+        choices=SERVICES_AS,
+        default="bench",
+        help="how the services start: bench (--torch-threads in every service, --pin-cpus), "
+        "up (as `speculant up` starts them with default flags: its thread choice and pinning), "
+        "serve (serve-draft, serve-verifier, serve-gateway with default flags, unpinned)",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
     p.add_argument(
@@ -1006,6 +1078,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         overlay_weights=tuple(args.overlay_weights),
         adaptive_ks=tuple(args.adaptive_ks),
         pin_cpus=args.pin_cpus,
+        services_as=args.services_as,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import pytest
@@ -96,6 +97,9 @@ def test_cli_arguments() -> None:
     assert settings.ks == (4, 8) and settings.mixes == (False,)
     assert settings.systems == ("hf", "embedded") and settings.limit == 3
     assert settings.torch_threads == 2 and settings.max_tokens == 128
+    assert settings.services_as == "bench"
+    args = build_parser().parse_args([*argv.split(), "--services-as", "up"])
+    assert settings_from_args(args).services_as == "up"
     with pytest.raises(SystemExit):
         build_parser().parse_args(
             ["bench", "generate", "--graph", "g", "--model", "m", "--systems", "vllm"]
@@ -133,15 +137,23 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_bench_services(tinystories_graph) -> None:
-    result = run_benchmark(_settings(tinystories_graph, ("hf", "services")))
+@pytest.mark.parametrize("services_as", ["bench", "up", "serve"])
+def test_bench_services(tinystories_graph, services_as) -> None:
+    settings = _settings(tinystories_graph, ("hf", "services"))
+    settings.services_as = services_as
+    result = run_benchmark(settings)
     for name in ("services k=4 mix=on", "services k=4 mix=off"):
         _check_speculative(result["summary"][name])
     services = result["memory"]["services"]
     assert set(services) == {"draft", "verifier", "gateway"}
     for info in services.values():
-        assert info["omp_num_threads"] == "1"
+        # bench: the bench's threads everywhere; up and serve: the user's environment
+        expected = "1" if services_as == "bench" else os.environ.get("OMP_NUM_THREADS")
+        assert info["omp_num_threads"] == expected
         assert info["peak_rss_bytes"] or info["rss_bytes"]
+    chosen = " ".join(result["services_chosen"])
+    assert ("torch thread" in chosen) == (services_as != "bench")
+    assert "services started as: " + services_as in format_footer(result)
 
 
 # --- cost, projection and plot -------------------------------------------------------------

@@ -292,6 +292,9 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
             assert_status(grpc.StatusCode.RESOURCE_EXHAUSTED, None, lambda: prefill(stub, "c"))
         proc.terminate()
         assert proc.wait(15) == 0
+        assert proc.stderr is not None
+        # the torch threads chosen for this host are in the start-up log
+        assert "INFO verifier_service.cli: torch threads: " in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

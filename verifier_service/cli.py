@@ -135,7 +135,7 @@ def with_default_threads(config: VerifierConfig) -> VerifierConfig:
     from verifier_service.model import ModelLoadError, resolve_device
 
     if config.torch_threads is not None:
-        log.info("torch threads: %d (--torch-threads)", config.torch_threads)
+        log.info("torch threads: %d (as configured)", config.torch_threads)
         return config
     try:
         device = resolve_device(config.device)
