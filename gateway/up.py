@@ -60,18 +60,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--draft-port", type=int, default=50051, help="the draft service's port")
     up.add_argument("--verifier-port", type=int, default=50052, help="the verifier's port")
     verifier = up.add_argument_group("verifier")
-    verifier.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="where the model runs (auto: cuda when available, else cpu)",
-    )
-    verifier.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        default="auto",
-        help="weights' dtype (auto: the checkpoint's on a GPU, float32 on a CPU)",
-    )
+    from verifier_service.cli import add_model_loading_arguments
+
+    add_model_loading_arguments(verifier)
     verifier.add_argument(
         "--torch-threads",
         type=int,
@@ -85,15 +76,6 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
     )
     verifier.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
-    verifier.add_argument(
-        "--download-mode",
-        choices=["auto", "offline", "force"],
-        default="auto",
-        help="auto: cache then network; offline: local cache/folder only; force: re-download",
-    )
-    verifier.add_argument(
-        "--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)"
-    )
     gateway = up.add_argument_group("gateway")
     gateway.add_argument(
         "--max-concurrent",

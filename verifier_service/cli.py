@@ -24,6 +24,19 @@ log = logging.getLogger(__name__)
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name or local folder of the model")
+    add_model_loading_arguments(parser)
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default on a CPU: the usable cores but one, left to the "
+        "gRPC threads and the other services, at most torch's own default; on a GPU: torch's "
+        "default; the choice is logged at start-up)",
+    )
+
+
+def add_model_loading_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--device, --dtype, --hf-token, --download-mode (serve-verifier's, and up's for it)."""
     parser.add_argument(
         "--device",
         choices=["auto", "cpu", "cuda"],
@@ -42,14 +55,6 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "offline", "force"],
         default="auto",
         help="auto: cache then network; offline: local cache/folder only; force: re-download",
-    )
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default on a CPU: the usable cores but one, left to the "
-        "gRPC threads and the other services, at most torch's own default; on a GPU: torch's "
-        "default; the choice is logged at start-up)",
     )
 
 
