@@ -6,9 +6,10 @@ and the ports tried. A service counts as ready only when its health check answer
 the answering socket is its own (another stack already on the port must not pass for it).
 
 Defaults for the host: on a CPU device the verifier gets the usable cores but one as torch
-threads (speculant.affinity.default_torch_threads), and on a small host (2..8 usable cores) the
-verifier runs on cores of its own and the draft service and gateway on the others
-(``--no-pin-cpus`` turns that off). What was chosen is printed at start-up.
+threads (speculant.affinity.default_torch_threads); ``--pin-cpus`` also runs it on cores of its
+own and the draft service and gateway on the others (not the default: measured slower, or no
+faster, than leaving the placement to the scheduler on a 2-core host with other work; see the
+README's Benchmarks). What was chosen is printed at start-up.
 
 Children get SIGTERM when `up` exits (and, on Linux, when `up` itself dies: PR_SET_PDEATHSIG),
 so no orphan keeps a port or a model in memory.
@@ -31,9 +32,7 @@ from dataclasses import dataclass, field
 from speculant.affinity import (
     CoreSplit,
     default_torch_threads,
-    pin_by_default,
     split_cores,
-    usable_cores,
 )
 from speculant.cli_errors import EXIT_USAGE, CommandError, fail, warn
 from speculant.draft_flags import add_draft_default_arguments, draft_default_argv
@@ -100,10 +99,10 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument(
         "--pin-cpus",
         action=argparse.BooleanOptionalAction,
-        default=None,
+        default=False,
         help="give the verifier cores of its own (one per torch thread) and the draft service "
-        "and gateway the others: faster rounds on small hosts (default: on for a CPU device "
-        "with 2..8 usable cores)",
+        "and gateway the others (off by default: on a busy small host the scheduler placed them "
+        "better, see the README's Benchmarks)",
     )
     up.add_argument(
         "--metrics-port-base",
@@ -174,17 +173,15 @@ def plan_up(args: argparse.Namespace) -> Plan:
         choice = default_torch_threads(device, torch.get_num_threads())
         threads = choice.threads
         notes.append(f"verifier: {threads} torch thread(s) ({choice.reason})")
-    pin = args.pin_cpus if args.pin_cpus is not None else pin_by_default(device)
     split: CoreSplit | None = None
-    if pin:
+    if args.pin_cpus:
         split = split_cores(threads or 1)
         if split is None:
             warn("--pin-cpus needs more usable cores than torch threads; not pinning")
         else:
-            why = "--pin-cpus" if args.pin_cpus else f"small host: {usable_cores()} usable cores"
             notes.append(
                 f"pinned: verifier to CPU {_cpu_list(split.model)}, draft service and gateway "
-                f"to CPU {_cpu_list(split.other)} ({why}; --no-pin-cpus to turn off)"
+                f"to CPU {_cpu_list(split.other)} (--pin-cpus)"
             )
     verbose = ["-v"] if getattr(args, "verbose", False) else []  # DEBUG logs in the children
     draft = ChildPlan(

@@ -52,11 +52,6 @@ def pin_process(pid: int, cores: frozenset[int]) -> bool:
     return pinned
 
 
-# A host with at most this many usable cores is "small": there `speculant up` pins the verifier
-# to cores of its own by default (on a CPU device), as the scheduler otherwise moves the model's
-# forward passes and the other services' gRPC threads around the same few cores.
-SMALL_HOST_CORES = 8
-
 _CGROUP_V2_MAX = Path("/sys/fs/cgroup/cpu.max")
 _CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
 
@@ -113,10 +108,3 @@ def default_torch_threads(device_type: str, torch_default: int) -> ThreadChoice:
         threads,
         f"{cores} usable core(s), one left for the gRPC threads and the other services",
     )
-
-
-def pin_by_default(device_type: str, cores: int | None = None) -> bool:
-    """Whether `speculant up` pins its services when --pin-cpus / --no-pin-cpus is not given:
-    on a CPU device, on a small host (2..SMALL_HOST_CORES usable cores)."""
-    cores = usable_cores() if cores is None else cores
-    return device_type == "cpu" and 2 <= cores <= SMALL_HOST_CORES

@@ -235,12 +235,11 @@ def test_up_passes_its_flags_to_the_services(tmp_path):
     assert all(c.cores is None for c in plan.children)
 
 
-def test_up_pins_on_a_small_cpu_host_by_default(monkeypatch):
+def test_up_pins_only_when_asked(monkeypatch):
     import gateway.up as up
 
-    monkeypatch.setattr(up, "pin_by_default", lambda device: device == "cpu")
     monkeypatch.setattr(up, "split_cores", lambda n: up.CoreSplit(frozenset({0}), frozenset({1})))
-    draft, verifier, gateway = _plan().children
+    assert all(c.cores is None for c in _plan().children)
+    draft, verifier, gateway = _plan("--pin-cpus").children
     assert verifier.cores == {0} and draft.cores == gateway.cores == {1}
-    assert "--torch-threads" in verifier.argv
-    assert all(c.cores is None for c in _plan("--no-pin-cpus").children)
+    assert "--torch-threads" in verifier.argv  # the threads the cores were counted for
