@@ -375,6 +375,7 @@ def _kill_a_busy_worker(client, work: Path, killed: list[int], stop: threading.E
 
 
 def _build_while_killing(client, slices, out: Path, work: Path) -> list[int]:
+    files = slices["python"]  # written now, before the killer watches the build
     killed: list[int] = []
     stop = threading.Event()
     killer = threading.Thread(target=_kill_a_busy_worker, args=(client, work, killed, stop))
@@ -382,7 +383,7 @@ def _build_while_killing(client, slices, out: Path, work: Path) -> list[int]:
     try:
         build(
             out,
-            slices["python"],
+            files,
             str(GPT2_TOKENIZER),
             PY_SEPARATOR,
             engine=DaskEngine(client=client),
@@ -436,6 +437,7 @@ def test_dask_worker_killed_without_retries_fails_cleanly(
 @needs_python
 def test_local_engine_worker_death_fails_cleanly(slices, tmp_path: Path) -> None:
     """A local worker process killed mid-build: BuildError, nothing published."""
+    files = slices["python"]  # written now, before the killer watches the build
     engine = LocalEngine(workers=2)
     work = tmp_path / "work"
     killed: list[int] = []
@@ -460,7 +462,7 @@ def test_local_engine_worker_death_fails_cleanly(slices, tmp_path: Path) -> None
         with pytest.raises(BuildError, match="worker process died"):
             build(
                 tmp_path / "graph",
-                slices["python"],
+                files,
                 str(GPT2_TOKENIZER),
                 PY_SEPARATOR,
                 engine=engine,
