@@ -11,8 +11,8 @@
 - ``speculant bench build --corpus ... --tokenizer ... [--json OUT]``
 
 Handlers import the builder (numpy, lmdb, transformers) only when they run. Errors print one
-line to stderr and exit with status 1 (graph-viz: ``error: ...``, status 2); nothing is
-published by a failed build.
+line to stderr (``speculant build: error: ...``) and exit with status 1, 2 for a wrong command
+line (see :mod:`speculant.cli_errors`); nothing is published by a failed build.
 """
 
 from __future__ import annotations
@@ -235,9 +235,10 @@ def register(
     bench.set_defaults(handler=run_bench_build)
 
 
-def _fail(command: str, exc: BaseException) -> int:
-    print(f"speculant {command}: error: {exc}", file=sys.stderr)
-    return 1
+def _fail(exc: BaseException) -> int:
+    from speculant.cli_errors import fail
+
+    return fail(exc)
 
 
 def _builder_errors() -> tuple[type[BaseException], ...]:
@@ -325,13 +326,17 @@ def run_build(args: argparse.Namespace) -> int:
             from builder.append import read_base_meta
 
             args.max_order = read_base_meta(_absolute(args.out)).max_order
+        if not args.append:  # refuse a bad --out before the tokenizing and counting
+            from builder.publish import check_output
+
+            check_output(_absolute(args.out))
         builder = GraphBuilder(**builder_kwargs(args), progress=False if args.quiet else None)
         with builder:
             base = builder.check_append(args.out) if args.append else None
             read_inputs(builder, args)
             meta = builder.save(args.out, append=args.append)
     except errors as exc:
-        return _fail("build", exc)
+        return _fail(exc)
     if not args.quiet:
         added = (
             f"appended {builder.stats.documents:,} documents, {builder.stats.tokens:,} tokens "
@@ -362,7 +367,7 @@ def run_graph_info(args: argparse.Namespace) -> int:
     try:
         info = graph_info(args.graph)
     except GraphFormatError as exc:
-        return _fail("graph-info", exc)
+        return _fail(exc)
     print(json.dumps(info, indent=2, sort_keys=True) if args.json else format_info(info))
     return 0
 
@@ -397,8 +402,7 @@ def run_graph_viz(args: argparse.Namespace) -> int:
         )
         Path(args.out).write_text(page, encoding="utf-8")
     except (GraphFormatError, TokenizerLoadError, VizError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(exc)
     contexts = sum(1 for n in viz.nodes if n.kind == "context")
     print(
         f"wrote {args.out}: {len(viz.nodes)} nodes ({contexts} contexts, "
@@ -423,7 +427,9 @@ def _viz_labels(meta, args: argparse.Namespace):
     except TokenizerLoadError as exc:
         if args.tokenizer or args.context is not None:
             raise
-        print(f"warning: {exc}; the page shows token ids (give --tokenizer)", file=sys.stderr)
+        from speculant.cli_errors import warn
+
+        warn(f"{exc}; the page shows token ids (give --tokenizer)")
         return id_labels(), None
     if tokenizer_fingerprint(tokenizer) != meta.tokenizer_fingerprint:
         raise ValueError(
@@ -439,7 +445,7 @@ def run_bench_build(args: argparse.Namespace) -> int:
     try:
         figures = bench_build(args)
     except _builder_errors() as exc:
-        return _fail("bench build", exc)
+        return _fail(exc)
     print(format_bench(figures))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -136,9 +136,16 @@ class GraphBuilder:
             raise ValueError(f"max_order must be in 1..{MAX_SUPPORTED_ORDER}, got {max_order}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint, vocab_size
+        from speculant.tokenizer import (
+            load_tokenizer,
+            resolve_tokenizer_name,
+            tokenizer_fingerprint,
+            vocab_size,
+        )
 
-        self.tokenizer_name = tokenizer_name
+        # recorded in the graph's meta: a local folder by its resolved path, so that a gateway
+        # or graph-viz started from another directory loads it too
+        self.tokenizer_name = resolve_tokenizer_name(tokenizer_name)
         self.hf_token = hf_token
         self.max_order = max_order
         self.chunk_size = chunk_size

@@ -56,10 +56,27 @@ def temp_prefix(out: Path) -> str:
 TEMP_OWNER = ".speculant-build-owner"  # {"host": ..., "pid": ...} of a temporary directory
 
 
+def current_umask() -> int:
+    """The process's umask (from /proc on Linux: reading it there changes nothing)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: set and restore (not atomic, but only at build time)
+    os.umask(mask)
+    return mask
+
+
 def make_temp_dir(out: Path) -> Path:
-    """Create the temporary build directory beside out (creating out's parent if needed)."""
+    """Create the temporary build directory beside out (creating out's parent if needed).
+
+    mkdtemp makes it 0700 whatever the umask; it becomes the published graph directory, so it
+    gets the mode a plain mkdir would (0777 less the umask: 0755 with the usual 022), and a
+    shared graph can be read by other users and container uids as the umask allows.
+    """
     out.parent.mkdir(parents=True, exist_ok=True)
     path = Path(tempfile.mkdtemp(prefix=f"{temp_prefix(out)}{os.getpid()}-", dir=out.parent))
+    os.chmod(path, 0o777 & ~current_umask())
     owner = {"host": socket.gethostname(), "pid": os.getpid()}
     (path / TEMP_OWNER).write_text(json.dumps(owner), encoding="utf-8")
     return path

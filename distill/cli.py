@@ -6,8 +6,8 @@
 - ``speculant bench distill --graph G --model M [--budgets 0,512,...] [--eval-prompts FILE]
   [--json OUT] [--plot OUT.png]``
 
-Errors print one line to stderr (``speculant distill: error: ...``) and exit with status 1;
-nothing is published then, nor on Ctrl-C (exit 130).
+Errors print one line to stderr (``speculant distill: error: ...``, see speculant.cli_errors)
+and exit with status 1; nothing is published then, nor on Ctrl-C (exit 130).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 
 from builder.cli import parse_escapes
 from distill import defaults
+from speculant.cli_errors import fail
 
 
 def _positive(text: str) -> int:
@@ -228,8 +229,7 @@ def run_distill(args: argparse.Namespace) -> int:
 
         result = distill_graph(options_from_args(args, args.generations))
     except _errors() as exc:
-        print(f"speculant distill: error: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)
     if not args.quiet:
         meta = result.meta
         print(
@@ -248,5 +248,4 @@ def run_bench_distill(args: argparse.Namespace) -> int:
 
         return run_bench(args)
     except _errors() as exc:
-        print(f"speculant bench distill: error: {exc}", file=sys.stderr)
-        return 1
+        return fail(exc)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sys
 from typing import TYPE_CHECKING
 
 from speculant.config import (
@@ -33,6 +32,7 @@ from speculant.config import (
     MIXING_MODES,
     DraftConfig,
 )
+from speculant.draft_flags import add_draft_default_arguments
 from speculant.errors import InvalidArgumentError
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
@@ -54,7 +54,9 @@ def register(
         "serve-draft", help="serve draft proposals from an n-gram graph over gRPC"
     )
     serve.add_argument("--graph", required=True, help="graph directory (from `speculant build`)")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)"
+    )
     serve.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     serve.add_argument(
         "--workers",
@@ -79,6 +81,7 @@ def register(
         help="check every S seconds whether a new graph was published at --graph and switch to "
         "it without a restart (0: only on SIGHUP; default %(default)s)",
     )
+    add_draft_default_arguments(serve)
     add_learning_arguments(serve)
     add_server_tls_arguments(serve)
     add_metrics_arguments(serve)
@@ -109,9 +112,16 @@ def register(
     tune.add_argument(
         "--train-fraction", type=float, default=0.5, help="share of prompts fitted on"
     )
-    tune.add_argument("--metric", choices=["tau", "acceptance"], default="tau")
+    tune.add_argument(
+        "--metric",
+        choices=["tau", "acceptance"],
+        default="tau",
+        help="what is maximised: tokens per verifier forward, or the acceptance rate",
+    )
     tune.add_argument("--seed", type=int, default=0, help="seed of the train/held-out split")
-    tune.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    tune.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs"
+    )
     tune.add_argument("--json", default=None, metavar="OUT", help="write the result as JSON")
     tune.add_argument(
         "--write",
@@ -135,7 +145,9 @@ def register(
     bench.add_argument(
         "--concurrency", default="1,4", help="comma-separated closed-loop client counts"
     )
-    bench.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
+    bench.add_argument(
+        "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
+    )
     bench.add_argument("--no-mix", action="store_true", help="attentive_mix=false")
     bench.add_argument(
         "--mixing",
@@ -176,9 +188,18 @@ def register(
     tier.set_defaults(handler=bench_draft_tier)
 
 
-def _fail(command: str, message: str) -> int:
-    print(f"speculant {command}: error: {message}", file=sys.stderr)
-    return 2
+def _fail(message: str) -> int:
+    """The command could not do its job: one error line, exit status 1."""
+    from speculant.cli_errors import fail
+
+    return fail(message)
+
+
+def _usage(message: str) -> int:
+    """A wrong flag value: one error line, exit status 2."""
+    from speculant.cli_errors import usage_error
+
+    return usage_error(message)
 
 
 def add_learning_arguments(p: argparse.ArgumentParser) -> None:
@@ -233,30 +254,27 @@ def learning_from_args(args: argparse.Namespace):
 
 
 def serve_draft(args: argparse.Namespace) -> int:
-    """Run the draft service; exit code 2 with a one-line message for a bad graph or port."""
-    from pydantic import ValidationError
-
-    from speculant.config import DraftConfig
+    """Run the draft service; one error line for a bad graph or port (exit status 1) or flag (2)."""
+    from speculant.draft_flags import draft_defaults_from_args
     from speculant.metrics import metrics_from_args
     from speculant.types import DraftParams
 
     if args.workers < 1:
-        return _fail("serve-draft", f"--workers must be >= 1, got {args.workers}")
+        return _usage(f"--workers must be >= 1, got {args.workers}")
     if not args.reload_interval >= 0:  # also refuses NaN
-        return _fail("serve-draft", f"--reload-interval must be >= 0, got {args.reload_interval}")
+        return _usage(f"--reload-interval must be >= 0, got {args.reload_interval}")
     try:
-        defaults = DraftParams.from_config(DraftConfig()).validate()
-    except (ValidationError, ValueError) as exc:
-        first = str(exc).splitlines()
-        return _fail("serve-draft", f"bad SPECULANT_DRAFT__* setting: {' '.join(first[:3])}")
+        defaults = DraftParams.from_config(draft_defaults_from_args(args)).validate()
+    except InvalidArgumentError as exc:
+        return _usage(f"bad drafting default: {exc}")
     try:
         learning = learning_from_args(args)
     except ValueError as exc:
-        return _fail("serve-draft", str(exc))
+        return _usage(str(exc))
     try:
         metrics = metrics_from_args(args)
     except OSError as exc:
-        return _fail("serve-draft", str(exc))
+        return _fail(str(exc))
     try:
         return _serve(args, defaults, metrics, learning)
     finally:
@@ -287,15 +305,15 @@ def _serve(
             learning=learning,
         )
     except InvalidArgumentError as exc:
-        return _fail("serve-draft", str(exc))
-    except (OSError, RuntimeError) as exc:
-        return _fail("serve-draft", f"cannot listen on {args.host}:{args.port}: {exc}")
+        return _usage(str(exc))
+    except OSError as exc:
+        return _fail(str(exc))
     server.start()
     try:
         graph = server.load_graph(args.graph)
     except GraphFormatError as exc:
         server.stop(0)
-        return _fail("serve-draft", str(exc))
+        return _fail(str(exc))
     log.info(
         "draft service serving %s (max order %d, vocab %d) on %s",
         graph.path,
@@ -347,7 +365,7 @@ def run_tune_command(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     except (SpeculantError, OSError) as exc:
-        return _fail("tune", str(exc))
+        return _fail(str(exc))
     return 0
 
 
@@ -359,7 +377,7 @@ def bench_draft(args: argparse.Namespace) -> int:
     try:
         concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
-        return _fail("bench draft", f"--concurrency must be like 1,4, got {args.concurrency!r}")
+        return _usage(f"--concurrency must be like 1,4, got {args.concurrency!r}")
     options = BenchOptions(
         graph=args.graph,
         requests=args.requests,
@@ -378,7 +396,7 @@ def bench_draft(args: argparse.Namespace) -> int:
     try:
         run_bench(options)
     except GraphFormatError as exc:
-        return _fail("bench draft", str(exc))
+        return _fail(str(exc))
     return 0
 
 
@@ -392,12 +410,12 @@ def bench_draft_tier(args: argparse.Namespace) -> int:
     except ValueError:
         processes = []
     if not processes or min(processes) < 1:
-        return _fail("bench draft-tier", f"--processes must be like 1,2,4, got {args.processes!r}")
+        return _usage(f"--processes must be like 1,2,4, got {args.processes!r}")
     for name in ("clients", "k", "workers"):
         if getattr(args, name) < 1:
-            return _fail("bench draft-tier", f"--{name} must be >= 1")
+            return _usage(f"--{name} must be >= 1")
     if not args.seconds > 0:
-        return _fail("bench draft-tier", f"--seconds must be > 0, got {args.seconds}")
+        return _usage(f"--seconds must be > 0, got {args.seconds}")
     options = TierBenchOptions(
         graph=args.graph,
         processes=processes,
@@ -411,5 +429,5 @@ def bench_draft_tier(args: argparse.Namespace) -> int:
     try:
         run_tier_bench(options)
     except GraphFormatError as exc:
-        return _fail("bench draft-tier", str(exc))
+        return _fail(str(exc))
     return 0

@@ -27,7 +27,7 @@ from draft_service.graph import NGramGraph
 from draft_service.graph_slot import GraphSlot
 from speculant.config import DEFAULT_RELOAD_INTERVAL_S
 from speculant.errors import SpeculantError
-from speculant.graph_format import DATA_FILE
+from speculant.graph_format import DATA_FILE, GraphMeta
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,33 @@ def signature(path: Path) -> Signature | None:
     except OSError:
         return None
     return stat.st_dev, stat.st_ino, stat.st_mtime_ns
+
+
+def describe_change(old: GraphMeta, new: GraphMeta) -> str:
+    """What a newly published graph changed, for the reload log line: its version (an append
+    adds one; a rebuild from scratch keeps 1, so its build time says it is new), and each corpus
+    figure or setting that differs."""
+    if new.version != old.version:
+        parts = [f"version {old.version} -> {new.version}"]
+    else:
+        parts = [f"rebuilt (version {new.version}, built {old.built_at} -> {new.built_at})"]
+    for label, before, after in (
+        ("documents", old.corpus_documents, new.corpus_documents),
+        ("tokens", old.corpus_tokens, new.corpus_tokens),
+    ):
+        parts.append(
+            f"{after:,} {label}" if before == after else f"{label} {before:,} -> {after:,}"
+        )
+    if new.max_order != old.max_order:
+        parts.append(f"max order {old.max_order} -> {new.max_order}")
+    else:
+        parts.append(f"max order {new.max_order}")
+    inputs = old.build_params.get("inputs"), new.build_params.get("inputs")
+    if inputs[0] != inputs[1]:
+        parts.append(f"inputs {inputs[0]} -> {inputs[1]}")
+    if old.tuned.get("params") != new.tuned.get("params"):
+        parts.append(f"tuned defaults {old.tuned.get('params')} -> {new.tuned.get('params')}")
+    return ", ".join(parts)
 
 
 class GraphWatcher:
@@ -122,15 +149,7 @@ class GraphWatcher:
             self.slot.install(graph)
             self._refused = None
             self.reloads += 1
-            log.info(
-                "reloaded graph %s: version %d -> %d, %d documents, %d tokens, max order %d",
-                self.path,
-                old.version,
-                graph.meta.version,
-                graph.meta.corpus_documents,
-                graph.meta.corpus_tokens,
-                graph.meta.max_order,
-            )
+            log.info("reloaded graph %s: %s", self.path, describe_change(old, graph.meta))
         return True
 
     def _refuse(self, found: Signature, why: str) -> None:

@@ -92,6 +92,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
 DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
 SYSTEMS = ("hf", "hf-lookup", "plain", "embedded", "services")
+SERVICES_AS = ("bench", "up", "serve")
 RPC_TIMEOUT_S = 600.0
 
 
@@ -141,6 +142,10 @@ class BenchSettings:
     learn_warmup: int = 300
     learn_warmup_prompts: str | None = None  # JSON lines; default: the graph's corpus prefixes
     learn_restart: bool = False  # services: restart the learning draft service after warm-up
+    # how the services start: "bench" (torch_threads in every service, pin_cpus), "up" (as
+    # `speculant up` starts them with default flags: its thread choice and pinning), "serve"
+    # (serve-draft, serve-verifier, serve-gateway with default flags, unpinned)
+    services_as: str = "bench"
 
 
 @dataclass(frozen=True)
@@ -475,10 +480,12 @@ def thread_env(threads: int) -> dict[str, str]:
 class ServiceStack:
     """The services as child processes on free localhost ports; stop() ends them all.
 
-    One verifier; per draft tier (graph, learn) one draft service; per tier and
+    "bench" mode: one verifier; per draft tier (graph, learn) one draft service; per tier and
     --next-round-drafts value one gateway that measures (it reports nothing to the draft tier,
     so no measured prompt ever drafts from another variant's output of itself). A learning tier
-    also gets a warm-up gateway that reports its generations (see warm_up_learning)."""
+    also gets a warm-up gateway that reports its generations (see warm_up_learning).
+    "up" / "serve" mode: the one stack `speculant up` (or the serve-* commands) starts with
+    default flags, learning as they do by default."""
 
     def __init__(self, settings: BenchSettings, log_dir: Path) -> None:
         self.settings = settings
@@ -488,27 +495,71 @@ class ServiceStack:
         self.stubs: dict[tuple[str, bool, int], Any] = {}  # (graph, learn, prep) -> gateway
         self.drafts: dict[tuple[str, bool], ServiceProcess] = {}
         self.verifier: ServiceProcess | None = None
+        self.notes: list[str] = []  # what `up` chose for this host (services_as "up")
         self._split = None
 
-    def _spawn(self, name: str, args: list[str], address: str | None = None) -> ServiceProcess:
-        from gateway.up import _die_with_parent
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        address: str | None = None,
+        cores: frozenset[int] | None = None,
+    ) -> ServiceProcess:
+        """Start `speculant ARGS` (on a free port, or at `address` that ARGS name already)."""
+        from gateway.up import _child_setup
 
         host = "127.0.0.1"
-        address = address or f"{host}:{free_port(host)}"
-        log_path = self.log_dir / f"{name}.log"
         command = [sys.executable, "-m", "speculant.cli", *args]
-        command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
+        if address is None:
+            address = f"{host}:{free_port(host)}"
+            command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
+        log_path = self.log_dir / f"{name}.log"
+        # "bench": every service gets the bench's threads; otherwise the user's environment
+        env = (
+            thread_env(self.settings.torch_threads)
+            if self.settings.services_as == "bench"
+            else None
+        )
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=thread_env(self.settings.torch_threads),
-                preexec_fn=_die_with_parent,
+                env=env,
+                preexec_fn=_child_setup(cores),
             )
         child = ServiceProcess(name, address, process, log_path)
         self.children.append(child)
         return child
+
+    def _start_with_default_flags(self) -> None:
+        """The three services as `speculant up` (services_as "up") or the serve-* commands
+        ("serve") start them with default flags: their own thread choice, `up`'s pinning."""
+        from gateway.up import plan_up
+        from speculant.cli import build_parser
+
+        s = self.settings
+        ports = [str(free_port("127.0.0.1")) for _ in range(3)]
+        argv = ["up", "--graph", s.graph, "--model", s.model, "--device", s.device]
+        argv += ["--gateway-port", ports[0], "--draft-port", ports[1], "--verifier-port", ports[2]]
+        if s.services_as == "serve":
+            argv.append("--no-pin-cpus")
+        plan = plan_up(build_parser().parse_args(argv))
+        self.notes = plan.notes
+        by_name = {}
+        for child in plan.children:
+            args = child.argv
+            if s.services_as == "serve" and child.name == "verifier":
+                # as the README starts it: the verifier chooses its own threads
+                i = args.index("--torch-threads") if "--torch-threads" in args else -1
+                if i >= 0:
+                    args = args[:i] + args[i + 2 :]
+            by_name[child.name] = self._spawn(child.name, args, child.address, child.cores)
+            if child.name == "verifier":
+                self._wait_ready(by_name["draft"])
+                self._wait_ready(by_name["verifier"])
+        self._wait_ready(by_name["gateway"])
+        self.stubs[("", False, 0)] = self._gateway_stub(by_name["gateway"].address)
 
     def _wait_ready(self, child: ServiceProcess) -> None:
         from speculant.health import wait_until_serving
@@ -548,6 +599,9 @@ class ServiceStack:
 
     def start(self) -> None:
         s = self.settings
+        if s.services_as != "bench":
+            self._start_with_default_flags()
+            return
         for tier in self._tiers():
             self.drafts[tier] = self._spawn(self._tier_name("draft", tier), self._draft_args(tier))
         self.verifier = self._spawn(
@@ -575,10 +629,6 @@ class ServiceStack:
 
     def _gateway(self, name: str, draft: ServiceProcess, extra: list[str], prep: int) -> Any:
         """Start a gateway on draft and the verifier; its stub."""
-        import grpc
-
-        from speculant.v1 import gateway_pb2_grpc
-
         assert self.verifier is not None
         gateway = self._spawn(
             name,
@@ -589,9 +639,12 @@ class ServiceStack:
         )
         self._wait_ready(gateway)
         self._pin(gateway)
-        channel = grpc.insecure_channel(gateway.address)
-        self.channels.append(channel)
-        return gateway_pb2_grpc.GatewayServiceStub(channel)
+        return self._gateway_stub(gateway.address)
+
+    def _gateway_stub(self, address: str) -> Any:
+        from speculant.v1 import gateway_pb2_grpc
+
+        return gateway_pb2_grpc.GatewayServiceStub(self._channel(address))
 
     def warm_up_learning(
         self, tier: tuple[str, bool], prompts: list[str], progress: Callable[[str], None]
@@ -626,9 +679,9 @@ class ServiceStack:
 
             stop_children([Child(draft.name, draft.address, draft.process)])
             self.children.remove(draft)
-            self.drafts[tier] = draft = self._spawn(
-                draft.name, self._draft_args(tier), draft.address
-            )
+            host, port = draft.address.rsplit(":", 1)
+            args = [*self._draft_args(tier), "--host", host, "--port", port]
+            self.drafts[tier] = draft = self._spawn(draft.name, args, draft.address)
             self._wait_ready(draft)
             self._pin(draft)
             draft_stub = draft_pb2_grpc.DraftServiceStub(self._channel(draft.address))
@@ -905,6 +958,7 @@ def run_benchmark(
     started = time.time()
     prompts = load_prompts(settings.prompts, settings.limit)
     variants = variants_for(settings)
+    check_services_as(settings, variants)
     progress(f"loading {settings.model} and {settings.graph}")
     in_process = InProcessSystems(settings)
     prompt_ids = [in_process.encode(p) for p in prompts]
@@ -923,6 +977,7 @@ def run_benchmark(
         progress(f"measuring {len(prompts)} prompts x {len(variants)} variants")
         records = _interleave(run, variants, prompts, prompt_ids, settings, progress)
         service_processes = services.process_info() if services else {}
+        service_notes = services.notes if services else []
     in_process.close()
     prompt_lengths = [len(ids) for ids in prompt_ids]
     result = _result(
@@ -930,7 +985,23 @@ def run_benchmark(
     )
     if learning:
         result["learning"] = learning
+    result["services_chosen"] = service_notes  # what `up` chose for this host (services_as up)
     return result
+
+
+def check_services_as(settings: BenchSettings, variants: list[Variant]) -> None:
+    """ValueError unless the services variants fit --services-as: up / serve start one stack
+    with default flags, which learns from what it serves (so one services variant: another
+    variant's run of the same prompt would draft from the first one's output)."""
+    if settings.services_as == "bench":
+        return
+    served = [v for v in variants if v.system == "services"]
+    if len(served) > 1 or any(v.learn or v.graph for v in served):
+        raise ValueError(
+            f"--services-as {settings.services_as} runs one stack with default flags (learning "
+            "as they do): give one services variant (one --k, --mix, --tree-nodes value), no "
+            "--learn or --compare-graph"
+        )
 
 
 def learn_warmup_prompts(settings: BenchSettings, graph_meta: Any) -> list[str]:
@@ -1096,6 +1167,10 @@ def format_footer(result: dict[str, Any]) -> str:
         rss.append(f"{name} {peak / 2**20:.0f} MiB (OMP_NUM_THREADS={info.get('omp_num_threads')})")
     machine = result["machine"]
     lines.append("peak RSS: " + ", ".join(rss))
+    if "services" in result["settings"]["systems"]:
+        how = result["settings"].get("services_as", "bench")
+        lines.append(f"services started as: {how}")
+        lines += [f"  {note}" for note in result.get("services_chosen", [])]
     lines.append(
         f"machine: {machine['cpu_count']} CPUs, torch {machine['torch']} with "
         f"{machine['torch_threads']} thread(s), load average {machine['load_average_start']} at "
@@ -1138,12 +1213,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompts", default=str(default_prompts_path()), help="JSON lines: prompt")
     p.add_argument("--graph", required=True, help="graph directory")
     p.add_argument("--model", required=True, help="model name or folder")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
     p.add_argument("--k", dest="ks", type=_csv(int), default=(4, 8), help="e.g. 4,8")
     p.add_argument("--mix", dest="mixes", type=_csv(_on_off), default=(True, False), help="on,off")
-    p.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
+    p.add_argument(
+        "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
+    )
     p.add_argument(
         "--systems", type=_csv(_system), default=SYSTEMS, help="subset of " + ",".join(SYSTEMS)
     )
@@ -1157,7 +1234,9 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         help="torch threads here and OMP/MKL_NUM_THREADS in the services (default 1: on a "
         "small shared machine a second OpenMP thread slows tiny-model forwards badly)",
     )
-    p.add_argument("--device", choices=["cpu", "auto", "cuda"], default="cpu")
+    p.add_argument(
+        "--device", choices=["cpu", "auto", "cuda"], default="cpu", help="where the model runs"
+    )
     p.add_argument(
         "--next-round-drafts",
         type=_csv(int),
@@ -1229,6 +1308,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         help="services: restart a learning draft service (SIGTERM) after its warm-up, so that "
         "it measures what it replayed from its learn log",
     )
+    p.add_argument(
+        "--services-as",
+        choices=SERVICES_AS,
+        default="bench",
+        help="how the services start: bench (--torch-threads in every service, --pin-cpus), "
+        "up (as `speculant up` starts them with default flags: its thread choice and pinning), "
+        "serve (serve-draft, serve-verifier, serve-gateway with default flags, unpinned)",
+    )
     p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
     p.add_argument(
@@ -1269,6 +1356,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         learn_warmup=args.learn_warmup,
         learn_warmup_prompts=args.learn_warmup_prompts,
         learn_restart=args.learn_restart,
+        services_as=args.services_as,
     )
 
 
@@ -1301,15 +1389,15 @@ def _progress(msg: str) -> None:
 
 def run_bench_generate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    from speculant.cli_errors import usage_error
+
     if not settings.ks or not settings.mixes or not settings.systems:
-        print("error: --k, --mix and --systems need at least one value", file=sys.stderr)
-        return 2
+        return usage_error("--k, --mix and --systems need at least one value")
     if args.plot:
         try:
             require_matplotlib()  # fail before the run, not after it
         except PlotUnavailable as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+            return usage_error(exc)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     result = run_benchmark(settings, progress=_progress)
     if args.cost:

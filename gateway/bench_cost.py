@@ -460,7 +460,9 @@ def add_cost_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
         f"--{prefix}new-tokens", type=parse_counts, default=DEFAULT_NEW_TOKENS, help="e.g. 1-17,31"
     )
     p.add_argument(f"--{prefix}cache", type=int, default=DEFAULT_CACHE_TOKENS, help="cache tokens")
-    p.add_argument(f"--{prefix}repeats", type=int, default=DEFAULT_REPEATS)
+    p.add_argument(
+        f"--{prefix}repeats", type=int, default=DEFAULT_REPEATS, help="timed forwards per figure"
+    )
     p.add_argument(
         f"--{prefix}device",
         choices=["auto", "cpu", "cuda"],
@@ -468,7 +470,10 @@ def add_cost_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
         help="auto = cuda when available",
     )
     p.add_argument(
-        f"--{prefix}dtype", choices=["float32", "bfloat16", "float16"], default="float32"
+        f"--{prefix}dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default="float32",
+        help="the models' dtype",
     )
 
 
@@ -495,7 +500,7 @@ def register_cost(bench_subparsers: argparse._SubParsersAction) -> None:
         help="verifier forward cost for 1..n new tokens, and projections from a bench run",
     )
     add_cost_options(p)
-    p.add_argument("--torch-threads", type=int, default=1)
+    p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument(
         "--from",
         dest="from_json",

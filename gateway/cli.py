@@ -13,6 +13,7 @@ from speculant.config import (
     MIXING_MODES,
     DraftConfig,
 )
+from speculant.draft_flags import add_draft_default_arguments
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
 from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
@@ -23,9 +24,11 @@ log = logging.getLogger(__name__)
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     """Generation and drafting flags shared by `generate` and `demo`."""
-    parser.add_argument("--max-tokens", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--seed", type=int, default=None, help="sampling seed (default: a random one)"
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument(
         "--k",
@@ -33,7 +36,12 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         default=_DRAFT_DEFAULTS["k"].default,
         help="draft tokens per round (1..64): a chain's length, a tree's depth",
     )
-    parser.add_argument("--strategy", choices=["greedy", "sampling"], default="greedy")
+    parser.add_argument(
+        "--strategy",
+        choices=["greedy", "sampling"],
+        default="greedy",
+        help="draft the likeliest token, or sample it from q",
+    )
     parser.add_argument(
         "--no-attentive-mix",
         dest="attentive_mix",
@@ -106,8 +114,10 @@ def register(
         help="resolve dns:NAME:PORT draft addresses again this often (0 = only at start-up)",
     )
     serve.add_argument("--verifier", required=True, help="verifier service address HOST:PORT")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=50050)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)"
+    )
+    serve.add_argument("--port", type=int, default=50050, help="0 picks a free port")
     serve.add_argument(
         "--tokenizer", default=None, help="tokenizer for prompts (default: the verifier's)"
     )
@@ -142,6 +152,7 @@ def register(
         help="require clients to send 'authorization: Bearer <token>' with the token in this "
         "file (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
     )
+    add_draft_default_arguments(serve)
     serve.add_argument(
         "--no-learn",
         action="store_true",
@@ -158,7 +169,7 @@ def register(
     generate = subparsers.add_parser(
         "generate", help="generate with speculative decoding (embedded, or via --gateway)"
     )
-    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--prompt", required=True, help="the text to continue")
     generate.add_argument("--graph", help="graph directory (embedded mode)")
     generate.add_argument("--model", help="model name or folder (embedded mode)")
     generate.add_argument("--gateway", help="call a running gateway at HOST:PORT instead")
@@ -209,14 +220,24 @@ def _non_negative_int(text: str) -> int:
 
 
 def _fail(message: str, code: int = 1) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return code
+    """One error line; exit status 1 (the job failed) or 2 (a wrong command line)."""
+    from speculant.cli_errors import fail
+
+    return fail(message, code)
+
+
+def _error_status(exc: BaseException) -> int:
+    """2 for a bad flag value (InvalidArgumentError), else 1."""
+    from speculant.errors import InvalidArgumentError
+
+    return 2 if isinstance(exc, InvalidArgumentError) else 1
 
 
 def run_serve_gateway(args: argparse.Namespace) -> int:
     from gateway.http_api import HttpApiServer
     from gateway.server import start_gateway
     from speculant.auth import load_token
+    from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import SpeculantError
     from speculant.metrics import metrics_from_args
     from speculant.tls import client_tls_from_args, server_tls_from_args
@@ -228,6 +249,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
         return _fail(f"--verifier-timeout must be > 0 seconds, got {args.verifier_timeout}", 2)
     server = metrics = None
     try:
+        draft_defaults = draft_defaults_from_args(args)
         metrics = metrics_from_args(args)
         token = load_token(args.auth_token_file)
         tls = server_tls_from_args(args)
@@ -243,6 +265,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             draft_refresh_s=args.draft_refresh,
             max_concurrent=args.max_concurrent,
             next_round_drafts=args.next_round_drafts,
+            draft_defaults=draft_defaults,
             auth_token=token,
             tls=tls,
             backend_tls=backend_tls,
@@ -264,7 +287,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             server.stop(0)
         if metrics is not None:
             metrics.close()
-        return _fail(str(exc), 2)
+        return _fail(str(exc), _error_status(exc))
     log.info("gateway serving on %s", server.address)
     if http is not None:
         log.info("HTTP API serving on %s", http.url)
@@ -304,7 +327,7 @@ def run_generate(args: argparse.Namespace) -> int:
                 return _fail("embedded mode needs --graph and --model (or use --gateway)", 2)
             result = _generate_embedded(args)
     except SpeculantError as exc:
-        return _fail(str(exc), 2)
+        return _fail(str(exc), _error_status(exc))
     _print_result(result, args.json)
     return 0
 

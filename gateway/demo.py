@@ -20,15 +20,26 @@ def register_demo(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser(
         "demo", help="build the demo graph and compare speculative with plain decoding"
     )
-    demo.add_argument("--corpus", default=str(DEMO / "tinystories-slice.txt"))
-    demo.add_argument("--doc-separator", default="\n\n\n")
-    demo.add_argument("--model", default=str(DEMO / "stories260K"))
-    demo.add_argument("--prompts", default=str(DEMO / "prompts.jsonl"))
-    demo.add_argument("--graph", default=str(ROOT / "graphs" / "demo"))
+    demo.add_argument(
+        "--corpus", default=str(DEMO / "tinystories-slice.txt"), help="corpus of the graph"
+    )
+    demo.add_argument("--doc-separator", default="\n\n\n", help="splits the corpus into documents")
+    demo.add_argument("--model", default=str(DEMO / "stories260K"), help="the target model")
+    demo.add_argument(
+        "--prompts", default=str(DEMO / "prompts.jsonl"), help="JSON lines with `prompt`"
+    )
+    demo.add_argument(
+        "--graph", default=str(ROOT / "graphs" / "demo"), help="where the graph is built"
+    )
     demo.add_argument("--rebuild", action="store_true", help="rebuild the graph even if present")
-    demo.add_argument("--max-tokens", type=int, default=128)
-    demo.add_argument("--k", type=int, default=DEFAULT_DRAFT_K)
-    demo.add_argument("--no-attentive-mix", dest="attentive_mix", action="store_false")
+    demo.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt")
+    demo.add_argument("--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per round")
+    demo.add_argument(
+        "--no-attentive-mix",
+        dest="attentive_mix",
+        action="store_false",
+        help="draft from the highest matching order only",
+    )
     demo.add_argument(
         "--torch-threads",
         type=int,

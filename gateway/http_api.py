@@ -16,6 +16,11 @@ same validation, concurrency limit, coordinator and error classes. Errors are Op
 (400 bad request, 401 no or wrong token, 404, 412 tokenizer mismatch, 429 over capacity, 503
 backend down, 500 anything else), never a traceback. A client that disconnects ends its
 generation between two rounds and frees its verifier session.
+
+Every request is served under a request id, as a gRPC call is (speculant.request_context): the
+client's ``X-Request-Id`` header when it is a clean one, else a new id; it is sent back in the
+answer's ``X-Request-Id`` header, carried to the draft and verifier services, and named by
+every log line of the request, among them one access line (method, path, status, time).
 """
 
 from __future__ import annotations
@@ -54,12 +59,14 @@ from speculant.errors import (
     UnavailableError,
 )
 from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
+from speculant.request_context import clean_request_id, new_request_id, request_id_scope
 from speculant.tls import ServerTls
 from speculant.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES
+REQUEST_ID_HEADER = "X-Request-Id"
 IDLE_TIMEOUT_S = 120.0  # an idle keep-alive connection is closed after this
 
 # gRPC status code of a library error -> HTTP status and OpenAI error type.
@@ -165,9 +172,29 @@ class HttpApi:
         return self._model_name
 
     def handle(self, handler: _Handler, method: str) -> None:
-        """Answer one request (a connection may carry several, one after another)."""
-        handler.streaming = False
+        """Answer one request (a connection may carry several, one after another), under its
+        request id."""
+        handler.request_id = (
+            clean_request_id(handler.headers.get(REQUEST_ID_HEADER)) or new_request_id()
+        )
+        handler.status_sent = None
+        started = time.perf_counter()
         path = handler.path.split("?", 1)[0]
+        with request_id_scope(handler.request_id):
+            try:
+                self._answer(handler, method, path)
+            finally:
+                log.info(
+                    "HTTP %s %s -> %s in %.1f ms",
+                    method,
+                    path,
+                    handler.status_sent or "no answer",
+                    (time.perf_counter() - started) * 1e3,
+                )
+                handler.request_id = None  # the connection's next request gets its own
+
+    def _answer(self, handler: _Handler, method: str, path: str) -> None:
+        handler.streaming = False
         routes = self._routes
         route = routes.get((method, path))
         try:
@@ -281,6 +308,15 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = IDLE_TIMEOUT_S
     server: _Server
     streaming = False  # the answer's status and headers are sent (an event stream)
+    request_id: str | None = None  # the request being answered (HttpApi.handle sets it)
+    status_sent: int | None = None
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """The status line, and the request's X-Request-Id with every answer."""
+        super().send_response(code, message)
+        self.status_sent = code
+        if self.request_id is not None:
+            self.send_header(REQUEST_ID_HEADER, self.request_id)
 
     def do_GET(self) -> None:
         self.server.api.handle(self, "GET")

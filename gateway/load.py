@@ -26,7 +26,6 @@ import ipaddress
 import json
 import math
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
@@ -352,8 +351,8 @@ def register_load(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=4, help="streams in flight (1..256)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds (at most 3600)")
     p.add_argument("--prompts", default=None, help="JSON lines with `prompt` (default: demo)")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--pids", default="", help="service pids whose RSS to report, comma separated")
     p.add_argument(
         "--mix",
@@ -416,23 +415,22 @@ def _print_report(report: dict[str, Any]) -> None:
 def run_load_command(args: argparse.Namespace) -> int:
     from gateway.bench import default_prompts_path, load_prompts
     from speculant.auth import bearer_metadata, load_token
+    from speculant.cli_errors import fail, usage_error
     from speculant.errors import SpeculantError
     from speculant.tls import client_tls_from_args
 
-    def fail(message: str) -> int:
-        print(f"error: {message}", file=sys.stderr)
-        return 2
-
     if not is_loopback(args.gateway):
-        return fail(f"--gateway: {args.gateway} is not a loopback address (load tests stay local)")
+        return usage_error(
+            f"--gateway: {args.gateway} is not a loopback address (load tests stay local)"
+        )
     if not 1 <= args.concurrency <= 256:
-        return fail(f"--concurrency: must be in 1..256, got {args.concurrency}")
+        return usage_error(f"--concurrency: must be in 1..256, got {args.concurrency}")
     if not 0 < args.duration <= 3600:
-        return fail(f"--duration: must be in (0, 3600] seconds, got {args.duration}")
+        return usage_error(f"--duration: must be in (0, 3600] seconds, got {args.duration}")
     try:
         pids = [int(p) for p in args.pids.split(",") if p.strip()]
     except ValueError:
-        return fail(f"--pids: not a comma-separated list of integers: {args.pids!r}")
+        return usage_error(f"--pids: not a comma-separated list of integers: {args.pids!r}")
     try:
         mix = parse_mix(args.mix)
     except ValueError as exc:

@@ -61,7 +61,7 @@ from speculant.metrics import Metrics
 from speculant.prompting import encode_prompt
 from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ClientTls, ServerTls
-from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
+from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams, DraftProposal
 from speculant.v1 import common_pb2, draft_pb2, gateway_pb2, gateway_pb2_grpc
 
@@ -209,7 +209,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         name = self.tokenizer_name or verifier_tokenizer
         if self._tokenizer is not None and self._tokenizer[:2] == (name, fingerprint):
             return self._tokenizer[2]
-        tokenizer = load_tokenizer(name)
+        try:
+            tokenizer = load_tokenizer(name)
+        except TokenizerLoadError as exc:
+            if self.tokenizer_name:
+                raise
+            # the verifier's tokenizer, named as it loaded there (another host or directory)
+            raise TokenizerLoadError(
+                f"{exc}; give the gateway the verifier's tokenizer with --tokenizer NAME_OR_DIR"
+            ) from exc
         if tokenizer_fingerprint(tokenizer) != fingerprint:
             raise FailedPreconditionError(
                 f"the gateway's tokenizer {name!r} differs "
@@ -401,6 +409,7 @@ def start_gateway(
     check_backends: bool = True,
     max_concurrent: int = 64,
     next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
+    draft_defaults: DraftConfig | None = None,
     auth_token: str | None = None,
     tls: ServerTls | None = None,
     backend_tls: ClientTls | None = None,
@@ -408,6 +417,7 @@ def start_gateway(
     learn: bool = True,
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
+    draft_defaults: for requests that leave a drafting field unset (default: DraftConfig()).
     auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
     verifier_timeout_s: the most a verifier call or Session step may wait for its answer.
@@ -420,6 +430,7 @@ def start_gateway(
         drafter,
         GrpcVerifierClient(verifier_address, timeout_s=verifier_timeout_s, tls=backend_tls),
         tokenizer_name=tokenizer_name,
+        draft_defaults=draft_defaults,
         max_concurrent=max_concurrent,
         next_round_drafts=next_round_drafts,
         metrics=None if metrics is None else GatewayMetrics(metrics.registry),

@@ -9,8 +9,10 @@ README's benchmark notes). Linux only: elsewhere pinning is skipped.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -48,3 +50,61 @@ def pin_process(pid: int, cores: frozenset[int]) -> bool:
             os.sched_setaffinity(thread, cores)
             pinned = True
     return pinned
+
+
+_CGROUP_V2_MAX = Path("/sys/fs/cgroup/cpu.max")
+_CGROUP_V1 = Path("/sys/fs/cgroup/cpu")
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """The container's CPU quota in cores (``docker run --cpus``, a Kubernetes CPU limit), or
+    None without one. cgroup v2 (cpu.max) or v1 (cpu.cfs_quota_us / cpu.cfs_period_us)."""
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = _CGROUP_V2_MAX.read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    with contextlib.suppress(OSError, ValueError):
+        quota = int((_CGROUP_V1 / "cpu.cfs_quota_us").read_text())
+        period = int((_CGROUP_V1 / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    return None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cpuset), capped by the
+    container's CPU quota (rounded up); os.cpu_count() counts the whole host instead."""
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, max(1, math.ceil(limit)))
+    return max(1, cores)
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The verifier's torch intra-op threads and why (logged at start-up)."""
+
+    threads: int
+    reason: str
+
+
+def default_torch_threads(device_type: str, torch_default: int) -> ThreadChoice:
+    """The verifier's torch threads when --torch-threads is not given.
+
+    On a CPU: one core is left to the rest of the stack (the gRPC threads, the draft service
+    and the gateway), so threads = usable cores - 1, at least 1, and at most torch's own default
+    (the physical cores). A second OpenMP thread that has to share its core spins and makes
+    every forward slower, which is what the former default (torch's) did on small hosts. On a
+    GPU the forward runs on the device: torch's default, capped by the usable cores.
+    """
+    cores = usable_cores()
+    if device_type != "cpu":
+        threads = max(1, min(torch_default, cores))
+        return ThreadChoice(threads, f"{device_type} device, {cores} usable core(s)")
+    threads = max(1, min(torch_default, cores - 1))
+    return ThreadChoice(
+        threads,
+        f"{cores} usable core(s), one left for the gRPC threads and the other services",
+    )

@@ -308,12 +308,15 @@ class ServiceServer:
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.grpc_server
         )
-        if tls is None:
-            self.port = self.grpc_server.add_insecure_port(f"{host}:{port}")
-        else:
-            self.port = self.grpc_server.add_secure_port(f"{host}:{port}", tls.credentials())
+        try:
+            if tls is None:
+                self.port = self.grpc_server.add_insecure_port(f"{host}:{port}")
+            else:
+                self.port = self.grpc_server.add_secure_port(f"{host}:{port}", tls.credentials())
+        except RuntimeError:  # grpcio >= 1.58 raises "Failed to bind to address ..."
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind {host}:{port} (address in use or not allowed)")
+            raise OSError(f"cannot listen on {host}:{port}: address in use or not allowed")
         self.host = host
         self._stopping = threading.Event()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)

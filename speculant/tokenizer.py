@@ -16,31 +16,48 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from speculant.errors import FailedPreconditionError
+from speculant.hub import hub_offline_reason, offline_hint
 
 
 class TokenizerLoadError(FailedPreconditionError):
     """The tokenizer could not be loaded (unknown name, no network, missing files)."""
 
 
+def resolve_tokenizer_name(name_or_dir: str) -> str:
+    """A local folder's resolved path (so it loads from any working directory), or the hub
+    name unchanged."""
+    local = Path(name_or_dir).expanduser()
+    return str(local.resolve()) if local.exists() else name_or_dir
+
+
 def load_tokenizer(name_or_dir: str, hf_token: str | None = None) -> PreTrainedTokenizerBase:
     """Load a Hugging Face tokenizer from a local folder or a hub name.
 
-    hf_token defaults to the HF_TOKEN environment variable (for gated or private models).
+    hf_token defaults to the HF_TOKEN environment variable (for gated or private models). A hub
+    name is read from the local cache only when the hub cannot be reached (speculant.hub).
     """
     token = hf_token or os.environ.get("HF_TOKEN") or None
     local = Path(name_or_dir).expanduser()
     source = str(local) if local.exists() else name_or_dir
+    kwargs: dict[str, object] = {"token": token}
+    offline = None if local.exists() else hub_offline_reason()
+    if offline is not None:
+        kwargs["local_files_only"] = True
     try:
-        return AutoTokenizer.from_pretrained(source, token=token)
+        return AutoTokenizer.from_pretrained(source, **kwargs)
     except Exception as exc:  # transformers raises OSError, ValueError, HF hub errors...
         hint = ""
-        if not local.exists():
+        if offline is not None:
+            hint = f" ({offline_hint(offline)})"
+        elif not local.exists():
             hint = (
                 " (not a local folder; as a hub name it needs network access, or a cached copy"
                 " when HF_HUB_OFFLINE=1, and HF_TOKEN for gated models)"
             )
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise TokenizerLoadError(f"cannot load tokenizer {name_or_dir!r}{hint}: {reason}") from exc
+        first = str(exc).strip().splitlines()
+        raise TokenizerLoadError(
+            f"cannot load tokenizer {name_or_dir!r}{hint}: {first[0] if first else exc}"
+        ) from exc
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -41,7 +41,7 @@ KUSTOMIZATION = K8S / "kustomization.yaml"
 # appears in each of them, so the list cannot name a variable nothing reads.
 EXTERNAL_ENV: dict[str, tuple[str, ...]] = {
     "HF_TOKEN": ("speculant/tokenizer.py", "verifier_service/model.py"),
-    "HF_HUB_OFFLINE": ("verifier_service/model.py", "huggingface_hub.constants"),
+    "HF_HUB_OFFLINE": ("speculant/hub.py", "huggingface_hub.constants"),
     "HF_HOME": ("huggingface_hub.constants",),
 }
 SERVE_COMMANDS = ("serve-draft", "serve-verifier", "serve-gateway")

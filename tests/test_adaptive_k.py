@@ -74,7 +74,7 @@ def test_wasted_draft_tokens_are_drafted_minus_accepted() -> None:
 
 @pytest.fixture(scope="module")
 def prompts() -> list[str]:
-    return load_dev_prompts()[:PROMPTS]
+    return load_dev_prompts(PROMPTS)
 
 
 @pytest.fixture(scope="module")

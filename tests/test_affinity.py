@@ -48,3 +48,58 @@ def test_pin_process_pins_every_thread_and_later_threads_inherit():
     finally:
         child.kill()
         child.wait()
+
+
+# -- the default threads for the host ------------------------------------------------------
+
+
+@pytest.fixture
+def host(monkeypatch, tmp_path):
+    """A fake host: set(cores=N, quota=Q cores or None, v1=True for cgroup v1 files)."""
+    import speculant.affinity as affinity
+
+    def set_host(cores: int, quota: float | None = None, v1: bool = False) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+        v2_file, v1_dir = tmp_path / "cpu.max", tmp_path / "cpu"
+        monkeypatch.setattr(affinity, "_CGROUP_V2_MAX", v2_file)
+        monkeypatch.setattr(affinity, "_CGROUP_V1", v1_dir)
+        v2_file.unlink(missing_ok=True)
+        if quota is not None and not v1:
+            v2_file.write_text(f"{int(quota * 100000)} 100000\n")
+        elif v1:
+            v1_dir.mkdir(exist_ok=True)
+            quota_us = -1 if quota is None else int(quota * 100000)
+            (v1_dir / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
+            (v1_dir / "cpu.cfs_period_us").write_text("100000\n")
+
+    return set_host
+
+
+def test_usable_cores_count_affinity_and_the_container_quota(host):
+    from speculant.affinity import usable_cores
+
+    host(16)
+    assert usable_cores() == 16
+    host(16, quota=2.0)  # docker run --cpus 2 on a 16-core host
+    assert usable_cores() == 2
+    host(16, quota=1.5, v1=True)
+    assert usable_cores() == 2  # rounded up
+    host(4, quota=8.0)
+    assert usable_cores() == 4
+    host(16, quota=None, v1=True)  # v1 without a quota: -1
+    assert usable_cores() == 16
+
+
+def test_default_threads_leave_a_core_on_a_cpu(host):
+    from speculant.affinity import default_torch_threads
+
+    host(2)
+    assert default_torch_threads("cpu", 2).threads == 1
+    assert "2 usable core(s)" in default_torch_threads("cpu", 2).reason
+    host(1)
+    assert default_torch_threads("cpu", 1).threads == 1
+    host(16)
+    assert default_torch_threads("cpu", 8).threads == 8  # torch's default: physical cores
+    host(16, quota=4.0)
+    assert default_torch_threads("cpu", 8).threads == 3
+    assert default_torch_threads("cuda", 8).threads == 4  # a GPU: torch's, capped by the quota

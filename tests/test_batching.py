@@ -28,7 +28,7 @@ from gateway.baseline import PlainDecoder
 from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from verifier_service.batching import VerifyBatcher
 from verifier_service.model import LoadedModel
 from verifier_service.verifier import LocalVerifier
@@ -59,7 +59,7 @@ def verifier(loaded: LoadedModel) -> Iterator[LocalVerifier]:
 def references(loaded: LoadedModel) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, Hugging Face greedy continuation of N_TOKENS) for N_SESSIONS dev prompts."""
     refs = []
-    for text in load_dev_prompts()[:N_SESSIONS]:
+    for text in load_dev_prompts(N_SESSIONS):
         ids = loaded.tokenizer(text).input_ids
         with torch.inference_mode():
             out = loaded.model.generate(
@@ -306,13 +306,13 @@ def test_batcher_needs_two_rows(loaded) -> None:
         VerifierConfig(model_name="m", max_batch=0)
 
 
-def test_serve_verifier_rejects_a_bad_max_batch() -> None:
+def test_serve_verifier_rejects_a_bad_max_batch(capsys) -> None:
     from speculant.cli import main
 
     args = ["serve-verifier", "--model", str(STORIES_MODEL), "--port", "0", "--max-batch", "0"]
-    with pytest.raises(SystemExit) as stopped:  # before any model is loaded
-        main(args)
-    assert str(stopped.value).startswith("error: invalid max_batch: "), stopped.value
+    assert main(args) == 2  # before any model is loaded
+    err = capsys.readouterr().err
+    assert err.startswith("speculant serve-verifier: error: invalid max_batch: "), err
 
 
 # -- through the gateway ---------------------------------------------------------------------
@@ -365,11 +365,12 @@ def generate_concurrently(stub, requests: list[gateway_pb2.GenerateRequest]) -> 
 CHAINS = common_pb2.DraftOptions(tree_nodes=0)
 
 
-def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded) -> None:
+@pytest.mark.parametrize("prompt_set", dev_prompt_sets(GATEWAY_PROMPTS))
+def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded, prompt_set) -> None:
     """8 concurrent greedy streams are token-identical to Hugging Face greedy decoding, and
     8 concurrent seeded sampling streams give the tokens the same requests give one by one."""
     stub, local_verifier = gateway
-    prompts = load_dev_prompts()[:GATEWAY_PROMPTS]
+    prompts = load_dev_prompts(*prompt_set)
     plain = PlainDecoder.load(str(STORIES_MODEL), list(local_verifier.info.eos_token_ids))
     references = [
         plain.generate(loaded.tokenizer(p).input_ids, GATEWAY_TOKENS).token_ids for p in prompts

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import pytest
@@ -34,7 +35,7 @@ from gateway.bench_cost import (
 )
 from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
 from speculant.cli import build_parser
-from tests.conftest import DEV_PROMPTS, RANDOM_LLAMA, STORIES_MODEL
+from tests.conftest import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
 
 SPECULATIVE_FIGURES = (
     "tokens_per_second_median",
@@ -58,7 +59,7 @@ def _settings(graph: object, systems: tuple[str, ...]) -> BenchSettings:
     return BenchSettings(
         graph=str(graph),
         model=str(STORIES_MODEL),
-        prompts=str(DEV_PROMPTS),
+        prompts=str(DEMO_PROMPTS),
         max_tokens=16,
         temperature=0.0,
         ks=(4,),
@@ -96,6 +97,9 @@ def test_cli_arguments() -> None:
     assert settings.ks == (4, 8) and settings.mixes == (False,)
     assert settings.systems == ("hf", "embedded") and settings.limit == 3
     assert settings.torch_threads == 2 and settings.max_tokens == 128
+    assert settings.services_as == "bench"
+    args = build_parser().parse_args([*argv.split(), "--services-as", "up"])
+    assert settings_from_args(args).services_as == "up"
     with pytest.raises(SystemExit):
         build_parser().parse_args(
             ["bench", "generate", "--graph", "g", "--model", "m", "--systems", "vllm"]
@@ -133,15 +137,23 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_bench_services(tinystories_graph) -> None:
-    result = run_benchmark(_settings(tinystories_graph, ("hf", "services")))
+@pytest.mark.parametrize("services_as", ["bench", "up", "serve"])
+def test_bench_services(tinystories_graph, services_as) -> None:
+    settings = _settings(tinystories_graph, ("hf", "services"))
+    settings.services_as = services_as
+    result = run_benchmark(settings)
     for name in ("services k=4 mix=on", "services k=4 mix=off"):
         _check_speculative(result["summary"][name])
     services = result["memory"]["services"]
     assert set(services) == {"draft", "verifier", "gateway"}
     for info in services.values():
-        assert info["omp_num_threads"] == "1"
+        # bench: the bench's threads everywhere; up and serve: the user's environment
+        expected = "1" if services_as == "bench" else os.environ.get("OMP_NUM_THREADS")
+        assert info["omp_num_threads"] == expected
         assert info["peak_rss_bytes"] or info["rss_bytes"]
+    chosen = " ".join(result["services_chosen"])
+    assert ("torch thread" in chosen) == (services_as != "bench")
+    assert "services started as: " + services_as in format_footer(result)
 
 
 # --- cost, projection and plot -------------------------------------------------------------
@@ -217,6 +229,7 @@ def test_bench_cost_and_projection(small_run) -> None:
     assert "stories260K" in text and "tau / (cost_M(L+1) + overhead)" in text
 
 
+@needs(RANDOM_LLAMA)
 def test_random_weights_model_builds_from_config() -> None:
     import torch
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GPT2_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_TRAIN
+from conftest import GPT2_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS, needs
 
 from builder import GraphBuilder
 from builder.merge import FAN_IN
@@ -59,7 +59,7 @@ def brute_force(docs_ids: list[list[int]], max_order: int) -> dict[int, dict[tup
 
 def small_corpus(tmp_path: Path) -> tuple[list[Path], list[str]]:
     """Two plain files (one split by a separator) and their documents."""
-    stories = TINYSTORIES_TRAIN.read_text(encoding="utf-8")[:20000].split(STORY_SEPARATOR)[:-1]
+    stories = TINYSTORIES_CORPUS.read_text(encoding="utf-8")[:20000].split(STORY_SEPARATOR)[:-1]
     extra = ["a", "Hi", "x y x y x y x y x y", "The end. The end. The end."]
     f1 = tmp_path / "stories.txt"
     f1.write_text(STORY_SEPARATOR.join(stories[:4] + extra + stories[4:]), encoding="utf-8")
@@ -110,6 +110,7 @@ def test_counts_exact_vs_brute_force(tmp_path: Path, chunk: int, spill: int, blo
     assert builder.stats.tokens == sum(len(i) for i in ids)
 
 
+@needs(GPT2_TOKENIZER)
 def test_counts_exact_multiword_keys(tmp_path: Path) -> None:
     """gpt-2 (16-bit ids) at order 6: 7 ids per row need two uint64 words per key."""
     files, docs = small_corpus(tmp_path)
@@ -135,20 +136,22 @@ def test_jsonl_text_field(tmp_path: Path) -> None:
     assert meta.build_params["text_field"] == "body"
 
 
-def test_long_document_tokenized_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "name", [STORIES_MODEL, pytest.param(GPT2_TOKENIZER, marks=needs(GPT2_TOKENIZER))]
+)
+def test_long_document_tokenized_exactly(tmp_path: Path, name: Path) -> None:
     """Documents over long_doc_chars are encoded in stitched pieces: same ids as one call."""
     from builder.tokenize import DocumentTokenizer
     from speculant.tokenizer import load_tokenizer
 
-    text = TINYSTORIES_TRAIN.read_text(encoding="utf-8")[:60000]
+    text = TINYSTORIES_CORPUS.read_text(encoding="utf-8")[:60000]
     code = "def f(x):\n    return x  # ok\n\n\nclass A:\n    pass\n" * 400
-    for name in (STORIES_MODEL, GPT2_TOKENIZER):
-        tok = load_tokenizer(str(name))
-        dt = DocumentTokenizer(tok, long_doc_chars=3000, piece_chars=2500, overlap_chars=400)
-        for doc in (text, code, "short"):
-            got = dt.encode_batch([doc, "tail"])
-            assert got[0].tolist() == tok(doc).input_ids
-            assert got[1].tolist() == tok("tail").input_ids
+    tok = load_tokenizer(str(name))
+    dt = DocumentTokenizer(tok, long_doc_chars=3000, piece_chars=2500, overlap_chars=400)
+    for doc in (text, code, "short"):
+        got = dt.encode_batch([doc, "tail"])
+        assert got[0].tolist() == tok(doc).input_ids
+        assert got[1].tolist() == tok("tail").input_ids
 
 
 def test_meta_record(tinystories_graph: Path) -> None:
@@ -157,9 +160,10 @@ def test_meta_record(tinystories_graph: Path) -> None:
     assert m.format_version == 1 and m.max_order == 5 and m.vocab_size == 512
     assert m.tokenizer_name == str(STORIES_MODEL)
     assert m.tokenizer_fingerprint.startswith("sha256:")
-    assert m.corpus_documents == 4660
+    stories = TINYSTORIES_CORPUS.read_text(encoding="utf-8").split(STORY_SEPARATOR)
+    assert m.corpus_documents == sum(1 for s in stories if s.strip())
     assert m.build_params["doc_separator"] == STORY_SEPARATOR
-    assert m.build_params["inputs"] == [str(TINYSTORIES_TRAIN)]
+    assert m.build_params["inputs"] == [str(TINYSTORIES_CORPUS)]
     assert m.build_params["max_order"] == 5 and m.build_params["chunk_size"] == 10000
     assert m.built_at.endswith("+00:00") and m.build_seconds > 0
     # order 1: one n-gram per token but the last of each document
@@ -174,7 +178,7 @@ def test_tinystories_sample_vs_brute_force(tinystories_graph: Path) -> None:
     from speculant.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(STORIES_MODEL))
-    docs = TINYSTORIES_TRAIN.read_text(encoding="utf-8").split(STORY_SEPARATOR)
+    docs = TINYSTORIES_CORPUS.read_text(encoding="utf-8").split(STORY_SEPARATOR)
     docs = [d for d in docs if d.strip()]
     # one stream, documents separated by -1 so that no window crosses a boundary
     stream = np.concatenate([np.append(np.asarray(i, np.int64), -1) for i in tok(docs).input_ids])

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, STORIES_MODEL, TINYSTORIES_TRAIN
+from conftest import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
 
 import builder.corpus as corpus
 from builder import BuildError, CorpusError, GraphBuilder
@@ -105,6 +105,46 @@ def test_api_errors(tmp_path: Path) -> None:
     assert (tmp_path / "notgraph" / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.parametrize("kind", ["file", "non-graph directory"])
+def test_cli_refuses_a_bad_out_before_any_counting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    out = tmp_path / "out"
+    if kind == "file":
+        out.write_text("not a graph")
+    else:
+        out.mkdir()
+        (out / "precious.txt").write_text("keep me")
+    (tmp_path / "c.txt").write_text("hello there")
+
+    def counting(*_args, **_kwargs):
+        raise AssertionError("the corpus was counted before --out was checked")
+
+    monkeypatch.setattr(GraphBuilder, "build_from_files", counting)
+    args = ["build", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", STORIES]
+    assert main([*args, "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("speculant build: error: refusing to replace") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o755), (0o027, 0o750), (0o077, 0o700)])
+def test_the_published_graph_directory_respects_the_umask(
+    tmp_path: Path, umask: int, mode: int
+) -> None:
+    (tmp_path / "c.txt").write_text("one two three")
+    previous = os.umask(umask)
+    try:
+        b = GraphBuilder(tokenizer_name=STORIES, max_order=2)
+        b.build_from_files([str(tmp_path / "c.txt")])
+        b.save(tmp_path / "graph")
+        b.close()
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "graph").stat().st_mode & 0o777 == mode
+    for entry in (tmp_path / "graph").iterdir():  # the files, as the umask allows too
+        assert entry.stat().st_mode & 0o777 & ~mode == 0, entry.name
+
+
 def test_parse_escapes() -> None:
     assert parse_escapes(r"\n\n\n") == "\n\n\n"
     assert parse_escapes(r"\t--é--\\") == "\t--é--\\"
@@ -140,7 +180,7 @@ def test_killed_build_leaves_previous_graph(tmp_path: Path) -> None:
     b = GraphBuilder(tokenizer_name=STORIES, max_order=3)
     b.build_from_files([str(tmp_path / "small.txt")])
     before = b.save(out)
-    cmd = [sys.executable, "-m", "speculant.cli", "build", "--corpus", str(TINYSTORIES_TRAIN)]
+    cmd = [sys.executable, "-m", "speculant.cli", "build", "--corpus", str(TINYSTORIES_CORPUS)]
     cmd += ["--tokenizer", STORIES, "--doc-separator", r"\n\n\n", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
@@ -172,12 +212,15 @@ def test_killed_build_leaves_previous_graph(tmp_path: Path) -> None:
 
 
 def test_graph_info_cli(tinystories_graph: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stories = TINYSTORIES_CORPUS.read_text(encoding="utf-8").split("\n\n\n")
+    documents = sum(1 for s in stories if s.strip())
     assert main(["graph-info", str(tinystories_graph)]) == 0
     text = capsys.readouterr().out
-    assert "max order:      5" in text and "4,660 documents" in text and "size on disk" in text
+    assert "max order:      5" in text and f"{documents:,} documents" in text
+    assert "size on disk" in text
     assert main(["graph-info", str(tinystories_graph), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["max_order"] == 5 and info["corpus_documents"] == 4660
+    assert info["max_order"] == 5 and info["corpus_documents"] == documents
     assert [o["order"] for o in info["orders"]] == [1, 2, 3, 4, 5]
     assert info["size_on_disk_bytes"] > 1_000_000
     assert info["build_params"]["doc_separator"] == "\n\n\n"
@@ -227,7 +270,7 @@ def test_cli_build_grows_lmdb_map(
             super()._grow()
 
     monkeypatch.setattr(gb, "GraphWriter", TinyMap)
-    lines = [json.dumps({"body": s}) for s in TINYSTORIES_TRAIN.read_text().split("\n\n\n")[:300]]
+    lines = [json.dumps({"body": s}) for s in TINYSTORIES_CORPUS.read_text().split("\n\n\n")[:300]]
     (tmp_path / "c.jsonl").write_text("\n".join(lines))
     out = tmp_path / "graph"
     args = ["build", "--corpus", str(tmp_path / "c.jsonl"), "--tokenizer", STORIES]

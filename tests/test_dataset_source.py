@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_TRAIN
+from conftest import STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 from test_distributed_build import assert_same_graph
 
 from builder import CorpusError, GraphBuilder
@@ -36,8 +36,8 @@ SHARD_SIZES = [7, 60, 60, 53]  # documents per file: one small shard, so --max-d
 
 @pytest.fixture(scope="module")
 def shards() -> list[list[str]]:
-    """Stories of ../shared/corpus/tinystories, one list per data file."""
-    with TINYSTORIES_TRAIN.open(encoding="utf-8") as f:
+    """Stories of the tinystories corpus (the demo kit's), one list per data file."""
+    with TINYSTORIES_CORPUS.open(encoding="utf-8") as f:
         stories = f.read(400_000).split(STORY_SEPARATOR)[:-1]
     stories = [s for s in stories if s.strip()]
     out, at = [], 0

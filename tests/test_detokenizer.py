@@ -7,12 +7,14 @@ import pytest
 from gateway.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from gateway.stopping import find_stop_string, safe_text_length
 from speculant.tokenizer import load_tokenizer
-from tests.conftest import GPT2_TOKENIZER, STORIES_MODEL
+from tests.conftest import GPT2_TOKENIZER, STORIES_MODEL, needs
 
 TEXT = " Le café était naïf. 東京へ行く ☕🙂 and then\n\nthe end."
 
 
-@pytest.mark.parametrize("tokenizer_dir", [STORIES_MODEL, GPT2_TOKENIZER])
+@pytest.mark.parametrize(
+    "tokenizer_dir", [STORIES_MODEL, pytest.param(GPT2_TOKENIZER, marks=needs(GPT2_TOKENIZER))]
+)
 def test_deltas_are_whole_characters(tokenizer_dir):
     tokenizer = load_tokenizer(str(tokenizer_dir))
     prompt = tokenizer("Hello").input_ids

@@ -23,7 +23,8 @@ from conftest import (
     PYTHON_CORPUS,
     STORIES_MODEL,
     STORY_SEPARATOR,
-    TINYSTORIES_TRAIN,
+    TINYSTORIES_CORPUS,
+    needs,
 )
 
 import builder.corpus as corpus
@@ -76,26 +77,66 @@ def build(out: Path, files: list[Path], tokenizer: str, sep: str | None, **kw) -
         return b.save(out)
 
 
-@pytest.fixture(scope="module")
-def slices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
-    """Small slices of ../shared/corpus: tinystories (2 files) and python source (1 file)."""
-    d = tmp_path_factory.mktemp("slices")
-    stories = TINYSTORIES_TRAIN.read_text(encoding="utf-8")[:600_000].split(STORY_SEPARATOR)[:-1]
-    (d / "s1.txt").write_text(STORY_SEPARATOR.join(stories[:700]), encoding="utf-8")
-    (d / "s2.txt").write_text(STORY_SEPARATOR.join(stories[700:]), encoding="utf-8")
-    with (PYTHON_CORPUS / "stdlib.py.txt").open(encoding="utf-8") as f:
-        code = f.read(1_500_000)
-    (d / "py.txt").write_text(code[: code.rindex(PY_SEPARATOR)], encoding="utf-8")
-    return {"stories": [d / "s1.txt", d / "s2.txt"], "python": [d / "py.txt"]}
+class Slices:
+    """Small corpus slices, written on first use: tinystories (2 files, from the demo kit) and
+    python source (1 file, from ../shared/corpus/python: tests using it are marked)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.made: dict[str, list[Path]] = {}
+
+    def __getitem__(self, name: str) -> list[Path]:
+        if name not in self.made:
+            self.made[name] = self._stories() if name == "stories" else self._python()
+        return self.made[name]
+
+    def _stories(self) -> list[Path]:
+        d = self.directory
+        text = TINYSTORIES_CORPUS.read_text(encoding="utf-8")[:600_000]
+        stories = text.split(STORY_SEPARATOR)[:-1]
+        (d / "s1.txt").write_text(STORY_SEPARATOR.join(stories[:700]), encoding="utf-8")
+        (d / "s2.txt").write_text(STORY_SEPARATOR.join(stories[700:]), encoding="utf-8")
+        return [d / "s1.txt", d / "s2.txt"]
+
+    def _python(self) -> list[Path]:
+        with (PYTHON_CORPUS / "stdlib.py.txt").open(encoding="utf-8") as f:
+            code = f.read(1_500_000)
+        path = self.directory / "py.txt"
+        path.write_text(code[: code.rindex(PY_SEPARATOR)], encoding="utf-8")
+        return [path]
+
+
+# The python slice is tokenized with gpt-2: both come from ../shared.
+needs_python = needs(PYTHON_CORPUS, GPT2_TOKENIZER)
 
 
 @pytest.fixture(scope="module")
-def reference(slices, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The one-process, one-partition builds the other engines must equal."""
-    d = tmp_path_factory.mktemp("reference")
-    build(d / "stories", slices["stories"], STORIES, STORY_SEPARATOR, workers=1)
-    build(d / "python", slices["python"], str(GPT2_TOKENIZER), PY_SEPARATOR, workers=1)
-    return {"stories": d / "stories", "python": d / "python"}
+def slices(tmp_path_factory: pytest.TempPathFactory) -> Slices:
+    return Slices(tmp_path_factory.mktemp("slices"))
+
+
+class References:
+    """The one-process, one-partition builds the other engines must equal, built on first use."""
+
+    def __init__(self, slices: Slices, directory: Path) -> None:
+        self.slices = slices
+        self.directory = directory
+        self.built: dict[str, Path] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.built:
+            out = self.directory / name
+            if name == "stories":
+                build(out, self.slices[name], STORIES, STORY_SEPARATOR, workers=1)
+            else:
+                build(out, self.slices[name], str(GPT2_TOKENIZER), PY_SEPARATOR, workers=1)
+            self.built[name] = out
+        return self.built[name]
+
+
+@pytest.fixture(scope="module")
+def reference(slices, tmp_path_factory: pytest.TempPathFactory) -> References:
+    return References(slices, tmp_path_factory.mktemp("reference"))
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +256,7 @@ def test_local_worker_processes_equal_one_process(
 
 
 def test_cli_engine_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["build", "--corpus", str(TINYSTORIES_TRAIN), "--tokenizer", STORIES]
+    base = ["build", "--corpus", str(TINYSTORIES_CORPUS), "--tokenizer", STORIES]
     base += ["--out", str(tmp_path / "g")]
     assert main([*base, "--address", "tcp://127.0.0.1:1"]) == 1
     assert "--address needs --engine dask" in capsys.readouterr().err
@@ -227,7 +268,7 @@ def test_cli_engine_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 # -- Dask ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["stories", "python"])
+@pytest.mark.parametrize("name", ["stories", pytest.param("python", marks=needs_python)])
 def test_dask_equals_local(slices, reference, dask_cluster, tmp_path: Path, name: str) -> None:
     _, client = dask_cluster
     tok, sep = (
@@ -334,6 +375,7 @@ def _kill_a_busy_worker(client, work: Path, killed: list[int], stop: threading.E
 
 
 def _build_while_killing(client, slices, out: Path, work: Path) -> list[int]:
+    files = slices["python"]  # written now, before the killer watches the build
     killed: list[int] = []
     stop = threading.Event()
     killer = threading.Thread(target=_kill_a_busy_worker, args=(client, work, killed, stop))
@@ -341,7 +383,7 @@ def _build_while_killing(client, slices, out: Path, work: Path) -> list[int]:
     try:
         build(
             out,
-            slices["python"],
+            files,
             str(GPT2_TOKENIZER),
             PY_SEPARATOR,
             engine=DaskEngine(client=client),
@@ -354,6 +396,7 @@ def _build_while_killing(client, slices, out: Path, work: Path) -> list[int]:
     return killed
 
 
+@needs_python
 def test_dask_worker_killed_mid_build_is_retried(
     slices, reference, dask_cluster, tmp_path: Path
 ) -> None:
@@ -367,6 +410,7 @@ def test_dask_worker_killed_mid_build_is_retried(
     client.wait_for_workers(2, timeout=60)
 
 
+@needs_python
 def test_dask_worker_killed_without_retries_fails_cleanly(
     slices, reference, dask_cluster, tmp_path: Path
 ) -> None:
@@ -390,8 +434,10 @@ def test_dask_worker_killed_without_retries_fails_cleanly(
     client.wait_for_workers(2, timeout=60)
 
 
+@needs_python
 def test_local_engine_worker_death_fails_cleanly(slices, tmp_path: Path) -> None:
     """A local worker process killed mid-build: BuildError, nothing published."""
+    files = slices["python"]  # written now, before the killer watches the build
     engine = LocalEngine(workers=2)
     work = tmp_path / "work"
     killed: list[int] = []
@@ -416,7 +462,7 @@ def test_local_engine_worker_death_fails_cleanly(slices, tmp_path: Path) -> None
         with pytest.raises(BuildError, match="worker process died"):
             build(
                 tmp_path / "graph",
-                slices["python"],
+                files,
                 str(GPT2_TOKENIZER),
                 PY_SEPARATOR,
                 engine=engine,

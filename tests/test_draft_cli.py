@@ -51,7 +51,7 @@ def run_serve(graph: Path) -> subprocess.CompletedProcess:
 )
 def test_serve_draft_refuses_a_bad_graph(tmp_path: Path, make, message) -> None:
     result = run_serve(make(tmp_path))
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(lines) == 1
@@ -115,7 +115,7 @@ def test_bench_draft_writes_its_figures(graph_dir: Path, tmp_path: Path) -> None
 def test_bench_draft_refuses_a_bad_graph(tmp_path: Path) -> None:
     cmd = [*SPECULANT, "bench", "draft", "--graph", str(tmp_path / "missing")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "graph not found" in result.stderr
 

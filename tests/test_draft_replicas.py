@@ -90,7 +90,7 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
 
     addresses = [address for address, _ in replica_processes]
     server, servicer = start_gateway(addresses, services.verifier_address, port=0)
-    prompts = load_dev_prompts()[:6]
+    prompts = load_dev_prompts(6)
     client = servicer.drafter
     failed_calls = []
     hold_off = client._hold_off

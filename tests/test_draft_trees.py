@@ -21,7 +21,7 @@ from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams, DraftProposal
 from speculant.v1 import common_pb2, gateway_pb2
-from tests.conftest import load_dev_prompts
+from tests.conftest import dev_prompt_sets, load_dev_prompts
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
 from tests.test_exactness import (
     assert_drafts_served,
@@ -202,9 +202,9 @@ def test_bad_trees_are_invalid_argument(embedded_decoder):  # noqa: F811
     verifier.release("bad-tree")
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[str]:
-    return load_dev_prompts()[:PROMPTS]
+@pytest.fixture(scope="module", params=dev_prompt_sets(PROMPTS))
+def prompts(request: pytest.FixtureRequest) -> list[str]:
+    return load_dev_prompts(*request.param)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,9 @@ def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     rounds, tokens = totals(stats)
     assert_parallel(rounds, tokens, "greedy")
-    chain = generate_embedded(embedded_decoder, prompts, references, DraftConfig(k=K))[1]
+    # a chain of k (tree_nodes=0: DraftConfig's default draft is itself a tree, of 12)
+    chain_draft = DraftConfig(k=K, tree_nodes=0, overlay_weight=overlay_weight)
+    chain = generate_embedded(embedded_decoder, prompts, references, chain_draft)[1]
     assert rounds < 0.9 * totals(chain)[0], "trees should need fewer verifier forwards"
 
 

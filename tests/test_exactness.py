@@ -15,7 +15,7 @@ from gateway import SpeculativeDecoder
 from gateway.baseline import PlainDecoder
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from tests.e2e_fixtures import (  # noqa: F401  (fixtures)
     embedded_decoder,
     learning_decoder,
@@ -37,9 +37,10 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="session")
-def dev_prompts() -> list[str]:
-    return load_dev_prompts()
+@pytest.fixture(scope="module", params=dev_prompt_sets())
+def dev_prompts(request: pytest.FixtureRequest) -> list[str]:
+    """Every dev prompt: the demo kit's 8, then the other 56 (with ../shared)."""
+    return load_dev_prompts(*request.param)
 
 
 def plain_greedy_outputs(decoder, prompts: list[str], max_tokens: int) -> list[list[int]]:
@@ -48,7 +49,7 @@ def plain_greedy_outputs(decoder, prompts: list[str], max_tokens: int) -> list[l
     return [plain.generate(decoder.tokenizer(p).input_ids, max_tokens).token_ids for p in prompts]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def reference_outputs(embedded_decoder, dev_prompts) -> list[list[int]]:  # noqa: F811
     """Plain greedy decoding with Hugging Face generate, per dev prompt."""
     return plain_greedy_outputs(embedded_decoder, dev_prompts, MAX_TOKENS)

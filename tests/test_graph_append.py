@@ -27,7 +27,7 @@ from speculant.graph_format import (
     read_meta,
     write_manifest,
 )
-from tests.conftest import GPT2_TOKENIZER, STORIES_MODEL
+from tests.conftest import STORIES_MODEL
 
 CORPORA = {
     "a.txt": "Once upon a time, there was a cat.\n\nThe cat liked to play in the sun.\n\n" * 3,
@@ -143,11 +143,13 @@ def test_an_open_reader_keeps_reading_the_old_graph(tmp_path, corpus):
             assert new.file_id != old.file_id
 
 
-def test_a_different_tokenizer_is_refused_and_the_graph_untouched(tmp_path, corpus):
+def test_a_different_tokenizer_is_refused_and_the_graph_untouched(
+    tmp_path, corpus, other_tokenizer
+):
     graph = tmp_path / "graph"
     build(graph, [corpus["a.txt"]])
     before = snapshot(graph)
-    builder = GraphBuilder(str(GPT2_TOKENIZER), max_order=3, progress=False)
+    builder = GraphBuilder(str(other_tokenizer), max_order=3, progress=False)
     with builder:
         with pytest.raises(BuildError, match=r"cannot append to .* built with tokenizer"):
             builder.check_append(graph)
@@ -160,14 +162,17 @@ def test_a_different_tokenizer_is_refused_and_the_graph_untouched(tmp_path, corp
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--tokenizer", str(GPT2_TOKENIZER)], "it was built with tokenizer"),
+        (["--tokenizer", "OTHER"], "it was built with tokenizer"),
         (["--tokenizer", str(STORIES_MODEL), "--max-order", "4"], "its max order is 3, this"),
     ],
 )
-def test_the_cli_refuses_a_mismatched_append_in_one_line(tmp_path, corpus, capsys, args, message):
+def test_the_cli_refuses_a_mismatched_append_in_one_line(
+    tmp_path, corpus, capsys, other_tokenizer, args, message
+):
     graph = tmp_path / "graph"
     build(graph, [corpus["a.txt"]])
     before = snapshot(graph)
+    args = [str(other_tokenizer) if a == "OTHER" else a for a in args]
     command = ["build", "--corpus", str(corpus["b.txt"]), *args, "--append", "--out", str(graph)]
     assert main([*command, "--quiet"]) == 1
     err = capsys.readouterr().err

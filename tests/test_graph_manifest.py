@@ -59,7 +59,7 @@ def test_a_flipped_byte_is_refused(copy_of):
 def test_a_truncated_data_file_is_refused_by_the_service_cli(copy_of, capsys):
     data = copy_of / DATA_FILE
     data.write_bytes(data.read_bytes()[:4096])
-    assert main(["serve-draft", "--graph", str(copy_of), "--port", "0"]) == 2
+    assert main(["serve-draft", "--graph", str(copy_of), "--port", "0"]) == 1
     err = capsys.readouterr().err
     assert "bytes, the manifest says" in err and "Traceback" not in err
 

@@ -344,3 +344,24 @@ def serving(health: health_pb2_grpc.HealthStub) -> bool:
         return health.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status == 1
     except grpc.RpcError:
         return False
+
+
+def test_the_reload_line_says_what_changed():
+    """A rebuild keeps version 1: the line names the build times and the corpus figures that
+    changed instead of 'version 1 -> 1'."""
+    from dataclasses import replace
+
+    from draft_service.reload import describe_change
+    from speculant.graph_format import GraphMeta
+
+    old = GraphMeta(1, 3, "t", "sha256:x", 10, 5, 100, [], {"inputs": ["a.txt"]}, "T1")
+    rebuilt = replace(old, corpus_documents=7, corpus_tokens=150, build_params={"inputs": ["b"]})
+    rebuilt.built_at = "T2"
+    line = describe_change(old, rebuilt)
+    assert line.startswith("rebuilt (version 1, built T1 -> T2)")
+    assert "documents 5 -> 7" in line and "tokens 100 -> 150" in line
+    assert "inputs ['a.txt'] -> ['b']" in line and "version 1 -> 1" not in line
+    appended = replace(old, version=2, corpus_documents=9)
+    line = describe_change(old, appended)
+    assert line.startswith("version 1 -> 2") and "documents 5 -> 9" in line
+    assert "100 tokens" in line and "max order 3" in line

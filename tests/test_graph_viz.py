@@ -218,35 +218,37 @@ def _viz(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "status", "message"),
     [
-        (["/nonexistent/graph"], "graph not found"),
-        (["{graph}", "--max-nodes", "0"], "--max-nodes"),
-        (["{graph}", "--max-nodes", "many"], "--max-nodes"),
-        (["{graph}", "--min-weight", "1.5"], "--min-weight"),
-        (["{graph}", "--min-weight", "nan"], "--min-weight"),
-        (["{graph}", "--min-weight", "abc"], "--min-weight"),
-        (["{graph}", "--tokenizer", "/nonexistent/tokenizer"], "/nonexistent/tokenizer"),
-        (["{graph}", "--context", "Zebras counted 42"], "nothing to draw"),
-        (["{graph}", "--out", "/nonexistent/dir/page.html"], "/nonexistent/dir"),
+        (["/nonexistent/graph"], 1, "graph not found"),
+        (["{graph}", "--max-nodes", "0"], 2, "--max-nodes"),
+        (["{graph}", "--max-nodes", "many"], 2, "--max-nodes"),
+        (["{graph}", "--min-weight", "1.5"], 2, "--min-weight"),
+        (["{graph}", "--min-weight", "nan"], 2, "--min-weight"),
+        (["{graph}", "--min-weight", "abc"], 2, "--min-weight"),
+        (["{graph}", "--tokenizer", "/nonexistent/tokenizer"], 1, "/nonexistent/tokenizer"),
+        (["{graph}", "--context", "Zebras counted 42"], 1, "nothing to draw"),
+        (["{graph}", "--out", "/nonexistent/dir/page.html"], 1, "/nonexistent/dir"),
     ],
 )
-def test_cli_errors_are_one_line_with_status_2(story_graph, tmp_path, args, message):
+def test_cli_errors_are_one_line(story_graph, tmp_path, args, status, message):
+    """Status 2 for a bad flag (argparse), 1 for a failure; one `speculant graph-viz: error:`."""
     args = [a.replace("{graph}", str(story_graph)) for a in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "page.html")]
     completed = _viz(*args)
-    assert completed.returncode == 2, completed.stderr
+    assert completed.returncode == status, completed.stderr
     assert "Traceback" not in completed.stderr
     errors = [line for line in completed.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0], completed.stderr
+    assert errors[0].startswith("speculant graph-viz: error: ")
     assert not (tmp_path / "page.html").exists()
 
 
 def test_cli_refuses_a_graph_of_another_tokenizer(tmp_path):
     graph = write_graph(tmp_path / "g", CHAINS, tokenizer_name=str(STORIES_MODEL))
     completed = _viz(str(graph), "--out", str(tmp_path / "p.html"), "--context", "Once")
-    assert completed.returncode == 2
+    assert completed.returncode == 1
     assert "error:" in completed.stderr and "not the one the graph was built with" in (
         completed.stderr
     )

@@ -11,6 +11,7 @@ OpenAI-style JSON naming the field.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -223,6 +224,45 @@ def test_generate_and_health_and_models(http):
     assert _request(f"{http.url}/health") == (200, {"status": "ok", "model": MODEL})
     assert [m.id for m in http.client.models.list()] == [MODEL]
     assert _live_sessions(http) == 0
+
+
+def _answer_headers(url: str, body: bytes | None = None, headers: dict[str, str] | None = None):
+    """The answer's headers (an error answer's too)."""
+    request = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            response.read()
+            return response.headers
+    except urllib.error.HTTPError as exc:
+        exc.read()
+        return exc.headers
+
+
+def test_every_answer_carries_its_request_id_and_the_logs_name_it(http, caplog):
+    from speculant.request_context import RequestIdFilter
+
+    caplog.set_level(logging.INFO, logger="gateway.http_api")
+    caplog.handler.addFilter(RequestIdFilter())  # as the service's log handler has it
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 4, "temperature": 0}).encode()
+    json_headers = {"Content-Type": "application/json"}
+    given = _answer_headers(
+        f"{http.url}/generate", body, {**json_headers, "X-Request-Id": "req-42"}
+    )
+    assert given["X-Request-Id"] == "req-42"
+    made = _answer_headers(f"{http.url}/generate", body, json_headers)["X-Request-Id"]
+    assert len(made) == 32 and int(made, 16) >= 0  # a new id: uuid4 hex
+    bad = _answer_headers(f"{http.url}/nope", None, {"X-Request-Id": "bad id with spaces"})
+    assert bad["X-Request-Id"] not in (None, "bad id with spaces")  # replaced, on a 404 too
+    ids = {"req-42", made, bad["X-Request-Id"]}
+    for _ in range(100):  # the access line is written just after the answer is sent
+        access = [r for r in caplog.records if r.getMessage().startswith("HTTP ")]
+        by_id = {r.request_id: r.getMessage() for r in access}
+        if ids <= set(by_id):
+            break
+        time.sleep(0.05)
+    assert by_id["req-42"].startswith("HTTP POST /generate -> 200 in ")
+    assert by_id[made].startswith("HTTP POST /generate -> 200")
+    assert by_id[bad["X-Request-Id"]].startswith("HTTP GET /nope -> 404")
 
 
 def test_a_client_that_disconnects_ends_its_generation(http):

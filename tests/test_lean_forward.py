@@ -45,7 +45,7 @@ def test_chunked_chains_match_the_transformers_forward_bit_for_bit(loaded: Loade
     lean, reference = _twin(loaded, True), _twin(loaded, False)
     tokenizer = load_tokenizer(str(STORIES_MODEL))
     rng = random.Random(0)
-    for prompt in load_dev_prompts()[:6]:
+    for prompt in load_dev_prompts(6):
         ids = torch.tensor(tokenizer(prompt)["input_ids"])
         ids = torch.cat([ids, torch.randint(0, loaded.vocab_size, (40,))])  # [n]
         caches = (lean.new_cache(), reference.new_cache())

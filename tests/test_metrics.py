@@ -358,8 +358,8 @@ def test_serve_draft_metrics_port_in_use(tinystories_graph):
             "--metrics-port", str(port),
         )  # fmt: skip
         _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 2
-    assert "error: cannot serve metrics on 127.0.0.1:" in stderr
+    assert process.returncode == 1
+    assert "speculant serve-draft: error: cannot serve metrics on 127.0.0.1:" in stderr
     assert "Traceback" not in stderr
 
 

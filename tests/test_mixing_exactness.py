@@ -9,7 +9,7 @@ import pytest
 
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
-from tests.conftest import load_dev_prompts
+from tests.conftest import dev_prompt_sets, load_dev_prompts
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
 from tests.test_exactness import (
     assert_drafts_served,
@@ -33,9 +33,9 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[str]:
-    return load_dev_prompts()[:PROMPTS]
+@pytest.fixture(scope="module", params=dev_prompt_sets(PROMPTS))
+def prompts(request: pytest.FixtureRequest) -> list[str]:
+    return load_dev_prompts(*request.param)
 
 
 @pytest.fixture(scope="module")
@@ -80,4 +80,4 @@ def test_greedy_identical_over_services_with_witten_bell_and_threshold(
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(rounds, tokens, "greedy")
     # the threshold reached the draft service: drafts are well under k tokens per round
-    assert drafted < 0.75 * K * (rounds - PROMPTS)
+    assert drafted < 0.75 * K * (rounds - len(prompts))

@@ -20,7 +20,7 @@ from gateway.clients import GrpcDraftClient
 from speculant.errors import RemoteError, UnavailableError
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from tests.e2e_fixtures import DRAFT_TIMEOUT_S, embedded_decoder, services  # noqa: F401
 from tests.test_exactness import assert_drafts_served
 
@@ -142,9 +142,9 @@ def preparing_gateway(services) -> Iterator[gateway_pb2_grpc.GatewayServiceStub]
         server.stop(0)
 
 
-@pytest.fixture(scope="module")
-def prompts() -> list[str]:
-    return load_dev_prompts()[:PROMPTS]
+@pytest.fixture(scope="module", params=dev_prompt_sets(PROMPTS))
+def prompts(request: pytest.FixtureRequest) -> list[str]:
+    return load_dev_prompts(*request.param)
 
 
 def _generate(stub, prompt: str, strategy: int, temperature: float, seed: int):

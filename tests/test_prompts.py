@@ -7,7 +7,7 @@ import pytest
 from speculant.errors import InvalidArgumentError
 from speculant.prompting import encode_prompt
 from speculant.tokenizer import load_tokenizer
-from tests.conftest import PHI3_TOKENIZER, STORIES_MODEL
+from tests.conftest import PHI3_TOKENIZER, STORIES_MODEL, needs
 
 
 def test_text_prompt_gets_the_default_special_tokens():
@@ -17,6 +17,7 @@ def test_text_prompt_gets_the_default_special_tokens():
     assert ids == tokenizer("Once upon a time").input_ids
 
 
+@needs(PHI3_TOKENIZER)
 def test_chat_messages_use_the_chat_template():
     tokenizer = load_tokenizer(str(PHI3_TOKENIZER))
     messages = [{"role": "user", "content": "Tell me a story."}]
@@ -33,6 +34,7 @@ def test_chat_messages_without_a_template_are_invalid():
     assert info.value.field == "messages"
 
 
+@needs(PHI3_TOKENIZER)
 @pytest.mark.parametrize(
     ("prompt", "messages", "field"),
     [

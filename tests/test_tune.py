@@ -20,7 +20,7 @@ from speculant.cli import main
 from speculant.graph_format import DATA_FILE, GraphFormatError, verify_manifest, write_manifest
 from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
-from tests.conftest import DEV_PROMPTS, STORIES_MODEL, load_dev_prompts
+from tests.conftest import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts
 from tests.e2e_fixtures import embedded_decoder  # noqa: F401  (fixture)
 from tests.test_exactness import plain_greedy_outputs
 
@@ -37,7 +37,7 @@ def graph_copy(tinystories_graph: Path, tmp_path: Path) -> Path:
 def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):  # noqa: F811
     """simulate() against HF's greedy continuation == the coordinator's own counts, for chains
     and trees."""
-    prompts = load_dev_prompts()[:6]
+    prompts = load_dev_prompts(6)
     references = plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
     coordinator = embedded_decoder.coordinator
     drafter = coordinator.drafter
@@ -63,7 +63,7 @@ def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):  # noqa: F
 
 
 def _prompt_file(path: Path, count: int) -> Path:
-    lines = DEV_PROMPTS.read_text(encoding="utf-8").splitlines()[:count]
+    lines = DEMO_PROMPTS.read_text(encoding="utf-8").splitlines()[:count]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -98,11 +98,11 @@ def test_tune_writes_the_meta_and_the_drafter_uses_it(graph_copy: Path, tmp_path
         graph.close()
 
 
-def _contexts(count: int = 40) -> list[list[int]]:
+def _contexts(count: int = 8) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(STORIES_MODEL))
-    return [list(tokenizer(p).input_ids) for p in load_dev_prompts()[:count]]
+    return [list(tokenizer(p).input_ids) for p in load_dev_prompts(count)]
 
 
 def test_graph_defaults_fill_unset_parameters_and_explicit_ones_win(graph_copy: Path):

@@ -73,7 +73,7 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
     try:
         ready = process.stdout.readline()
         if split is not None:  # --pin-cpus reports first what it pinned
-            assert ready.startswith("pinned: verifier to CPU"), ready
+            assert ready.startswith("up: pinned: verifier to CPU"), ready
             ready = process.stdout.readline()
         assert ready.startswith(f"ready: gateway 127.0.0.1:{gateway_port}"), ready
         assert "grpcurl" in process.stdout.readline()
@@ -123,3 +123,123 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+# -- checked before anything starts -----------------------------------------------------------
+
+
+def run_up(
+    monkeypatch, capsys, *extra: str, graph: Path | str = "g"
+) -> subprocess.CompletedProcess[str]:
+    """`speculant up` in this process, with starting a child made a failure."""
+    import gateway.up as up
+    from speculant.cli import main
+
+    def no_start(plan):
+        raise AssertionError(f"the {plan.name} service was started")
+
+    monkeypatch.setattr(up, "_start", no_start)
+    ports = free_ports(3)
+    argv = ["up", "--graph", str(graph), "--model", str(STORIES_MODEL), "--device", "cpu"]
+    argv += ["--gateway-port", str(ports[0]), "--draft-port", str(ports[1])]
+    argv += ["--verifier-port", str(ports[2]), *extra]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, captured.out, captured.err)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--k", "0"], "--k"),
+        (["--tree-nodes", "99"], "--tree-nodes"),
+        (["--max-batch", "0"], "max_batch"),
+        (["--session-ttl", "-1"], "session_ttl"),
+        (["--auth-token-file", "/nonexistent/token"], "/nonexistent/token"),
+        (["--tls-cert", "/nonexistent/cert.pem"], "--tls-key"),
+        (["--metrics-port-base", "70000"], "--metrics-port-base"),
+        (["--device", "gpu"], "--device"),
+    ],
+)
+def test_up_refuses_bad_flags_before_starting_anything(monkeypatch, capsys, extra, message):
+    completed = run_up(monkeypatch, capsys, *extra)
+    assert completed.returncode == 2, completed.stderr
+    assert "ready" not in completed.stdout and "Traceback" not in completed.stderr
+    errors = [line for line in completed.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith("speculant up: error: "), completed.stderr
+    assert message in errors[0]
+
+
+def test_up_on_a_taken_port_fails_before_ready(monkeypatch, capsys, tinystories_graph):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        completed = run_up(
+            monkeypatch, capsys, "--verifier-port", str(port), graph=tinystories_graph
+        )
+    assert completed.returncode == 1, completed.stderr
+    assert "ready" not in completed.stdout
+    (line,) = [line for line in completed.stderr.splitlines() if ": error: " in line]
+    assert line.startswith("speculant up: error: ") and f"port {port}" in line
+    assert "(verifier) is in use" in line
+
+
+def test_a_server_that_is_not_the_child_does_not_count_as_ready():
+    """Another server answering SERVING on the child's port (a race with another stack) is
+    not the child: _wait_ready waits for the child's own socket, here in vain."""
+    from gateway.up import Child, _wait_ready, listens_on
+    from speculant.grpc_server import ServiceServer
+
+    other = ServiceServer("127.0.0.1", 0, ["speculant.v1.DraftService"])
+    other.start()
+    other.set_serving()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert listens_on(os.getpid(), other.port) and not listens_on(child.pid, other.port)
+        fake = Child("draft", other.address, child, other.port)
+        assert not _wait_ready(fake, 2.0, {"requested": False})
+    finally:
+        child.kill()
+        child.wait()
+        other.stop(0)
+
+
+def _plan(*extra: str, cores: int = 2):
+    from gateway.up import plan_up
+    from speculant.cli import build_parser
+
+    argv = ["up", "--graph", "g", "--model", "m", "--device", "cpu", *extra]
+    return plan_up(build_parser().parse_args(argv))
+
+
+def test_up_passes_its_flags_to_the_services(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    plan = _plan(
+        *("--dtype", "bfloat16", "--download-mode", "offline", "--hf-token", "hf_x"),
+        *("--max-concurrent", "5", "--auth-token-file", str(token)),
+        *("--tls-cert", "c.pem", "--tls-key", "k.pem", "--k", "5", "--tree-nodes", "0"),
+        *("--mixing", "backoff", "--torch-threads", "1", "--no-pin-cpus"),
+    )
+    draft, verifier, gateway = (" ".join(c.argv) for c in plan.children)
+    assert "--dtype bfloat16 --download-mode offline --hf-token hf_x" in verifier
+    assert "--torch-threads 1" in verifier and "--host 127.0.0.1" in verifier
+    assert f"--max-concurrent 5 --auth-token-file {token}" in gateway
+    assert "--tls-cert c.pem --tls-key k.pem" in gateway
+    for argv in (draft, gateway):
+        assert "--k 5 --tree-nodes 0 --mixing backoff" in argv
+    assert all(c.cores is None for c in plan.children)
+
+
+def test_up_pins_only_when_asked(monkeypatch):
+    import gateway.up as up
+
+    monkeypatch.setattr(up, "split_cores", lambda n: up.CoreSplit(frozenset({0}), frozenset({1})))
+    assert all(c.cores is None for c in _plan().children)
+    draft, verifier, gateway = _plan("--pin-cpus").children
+    assert verifier.cores == {0} and draft.cores == gateway.cores == {1}
+    assert "--torch-threads" in verifier.argv  # the threads the cores were counted for

@@ -59,7 +59,7 @@ def hf_greedy(loaded: LoadedModel, prompt_ids: list[int], n: int) -> list[int]:
 def references(loaded: LoadedModel) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, HF greedy continuation of N_TOKENS) for a few dev prompts."""
     refs = []
-    for text in load_dev_prompts()[:N_PROMPTS]:
+    for text in load_dev_prompts(N_PROMPTS):
         ids = loaded.tokenizer(text).input_ids
         refs.append((ids, hf_greedy(loaded, ids, N_TOKENS)))
     return refs

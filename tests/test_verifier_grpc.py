@@ -257,7 +257,8 @@ def test_cli_missing_model_is_one_line_error(tmp_path) -> None:
     )
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    prefix = "speculant serve-verifier: error:"
+    errors = [line for line in result.stderr.splitlines() if line.startswith(prefix)]
     assert len(errors) == 1
     assert "speculant-test/no-such-model" in errors[0]
     assert "offline" in errors[0]
@@ -291,6 +292,9 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
             assert_status(grpc.StatusCode.RESOURCE_EXHAUSTED, None, lambda: prefill(stub, "c"))
         proc.terminate()
         assert proc.wait(15) == 0
+        assert proc.stderr is not None
+        # the torch threads chosen for this host are in the start-up log
+        assert "INFO verifier_service.cli: torch threads: " in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()

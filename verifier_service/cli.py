@@ -9,21 +9,45 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
+from typing import TYPE_CHECKING
 
 from speculant.errors import InvalidArgumentError
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
+if TYPE_CHECKING:
+    from speculant.config import VerifierConfig
+
 log = logging.getLogger(__name__)
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name or local folder of the model")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    add_model_loading_arguments(parser)
     parser.add_argument(
-        "--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto"
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default on a CPU: the usable cores but one, left to the "
+        "gRPC threads and the other services, at most torch's own default; on a GPU: torch's "
+        "default; the choice is logged at start-up)",
+    )
+
+
+def add_model_loading_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--device, --dtype, --hf-token, --download-mode (serve-verifier's, and up's for it)."""
+    parser.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where the model runs (auto: cuda when available, else cpu)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="weights' dtype (auto: the checkpoint's on a GPU, float32 on a CPU)",
     )
     parser.add_argument("--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)")
     parser.add_argument(
@@ -31,12 +55,6 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "offline", "force"],
         default="auto",
         help="auto: cache then network; offline: local cache/folder only; force: re-download",
-    )
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default: torch's choice; 1 suits tiny models on busy CPUs)",
     )
 
 
@@ -48,8 +66,10 @@ def register(
         "serve-verifier", help="serve the target model (Prefill/Verify/Release) over gRPC"
     )
     _add_model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=50052)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)"
+    )
+    serve.add_argument("--port", type=int, default=50052, help="0 picks a free port")
     serve.add_argument(
         "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
     )
@@ -89,7 +109,7 @@ def register(
         "verifier", help="median Prefill/Verify times, in process and over gRPC"
     )
     _add_model_args(bench)
-    bench.add_argument("--repeats", type=int, default=200)
+    bench.add_argument("--repeats", type=int, default=200, help="timed calls per figure")
     bench.add_argument(
         "--grpc-address",
         default=None,
@@ -99,7 +119,7 @@ def register(
     bench.set_defaults(handler=bench_verifier)
 
 
-def _config(args: argparse.Namespace) -> object:
+def config_from_args(args: argparse.Namespace) -> VerifierConfig:
     from pydantic import ValidationError
 
     from speculant.config import VerifierConfig
@@ -127,10 +147,31 @@ def _config(args: argparse.Namespace) -> object:
     try:
         return VerifierConfig(**overrides)
     except ValidationError as exc:
+        from speculant.cli_errors import EXIT_USAGE, CommandError
+
         first = exc.errors()[0]
-        raise SystemExit(
-            f"error: invalid {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        ) from None
+        where = ".".join(map(str, first["loc"]))
+        raise CommandError(f"invalid {where}: {first['msg']}", EXIT_USAGE) from None
+
+
+def with_default_threads(config: VerifierConfig) -> VerifierConfig:
+    """The config with torch_threads chosen for this host when it is not set (see
+    speculant.affinity.default_torch_threads), the choice logged."""
+    import torch
+
+    from speculant.affinity import default_torch_threads
+    from verifier_service.model import ModelLoadError, resolve_device
+
+    if config.torch_threads is not None:
+        log.info("torch threads: %d (as configured)", config.torch_threads)
+        return config
+    try:
+        device = resolve_device(config.device)
+    except ModelLoadError:
+        return config  # the model's load reports it
+    choice = default_torch_threads(device.type, torch.get_num_threads())
+    log.info("torch threads: %d (%s; --torch-threads to change)", choice.threads, choice.reason)
+    return config.model_copy(update={"torch_threads": choice.threads})
 
 
 def serve_verifier(args: argparse.Namespace) -> int:
@@ -138,7 +179,7 @@ def serve_verifier(args: argparse.Namespace) -> int:
     from verifier_service.model import ModelLoadError
     from verifier_service.server import start_server
 
-    config = _config(args)
+    config = with_default_threads(config_from_args(args))
     if args.log_format == "json":  # keep stderr to JSON lines: no model-loading progress bar
         from transformers.utils import logging as transformers_logging
 
@@ -147,12 +188,13 @@ def serve_verifier(args: argparse.Namespace) -> int:
     try:
         metrics = metrics_from_args(args)
         tls = server_tls_from_args(args)
-        server, verifier = start_server(config, args.host, args.port, tls=tls, metrics=metrics)  # type: ignore[arg-type]
+        server, verifier = start_server(config, args.host, args.port, tls=tls, metrics=metrics)
     except (ModelLoadError, OSError, InvalidArgumentError) as exc:
+        from speculant.cli_errors import EXIT_FAILURE, EXIT_USAGE, fail
+
         if metrics is not None:
             metrics.close()
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, EXIT_USAGE if isinstance(exc, InvalidArgumentError) else EXIT_FAILURE)
     try:
         server.wait_for_termination_signal()
     finally:
@@ -166,9 +208,10 @@ def bench_verifier(args: argparse.Namespace) -> int:
     from verifier_service.bench import main
     from verifier_service.model import ModelLoadError
 
-    config = _config(args)
+    config = config_from_args(args)
     try:
-        return main(args, config)  # type: ignore[arg-type]
+        return main(args, config)
     except ModelLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        from speculant.cli_errors import fail
+
+        return fail(exc)

@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from speculant.config import VerifierConfig
 from speculant.errors import FailedPreconditionError
+from speculant.hub import hub_offline_reason, offline_hint
 from verifier_service.lean_llama import LeanLlama
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,12 @@ def _looks_local(name: str) -> bool:
 
 
 def _source_and_kwargs(config: VerifierConfig) -> tuple[str, dict[str, Any], bool]:
-    """(source for from_pretrained, hub kwargs, is_local) for the configured model."""
+    """(source for from_pretrained, hub kwargs, is_local) for the configured model.
+
+    A local folder is loaded by its resolved path. A hub name is read from the local cache
+    only when downloads are off (download_mode offline, HF_HUB_OFFLINE) or the hub cannot be
+    reached (speculant.hub: fail fast instead of a minute of retries).
+    """
     name = config.model_name
     if not name:
         raise ModelLoadError("no model given (--model NAME_OR_DIR)")
@@ -54,12 +60,16 @@ def _source_and_kwargs(config: VerifierConfig) -> tuple[str, dict[str, Any], boo
     if local.exists():
         if not local.is_dir():
             raise ModelLoadError(f"model path {str(local)!r} is not a folder")
-        return str(local), {}, True
+        return str(local.resolve()), {}, True
     if _looks_local(name):
         raise ModelLoadError(f"model folder {str(local)!r} does not exist")
     token = config.hf_token or os.environ.get("HF_TOKEN") or None
     kwargs: dict[str, Any] = {"token": token}
-    if config.download_mode == "offline":
+    if config.download_mode == "offline" or hub_offline_reason() is not None:
+        if config.download_mode == "force":
+            raise ModelLoadError(
+                f"cannot re-download model {name!r} (--download-mode force): {hub_offline_reason()}"
+            )
         kwargs["local_files_only"] = True
     elif config.download_mode == "force":
         kwargs["force_download"] = True
@@ -67,18 +77,11 @@ def _source_and_kwargs(config: VerifierConfig) -> tuple[str, dict[str, Any], boo
 
 
 def _hub_hint(config: VerifierConfig) -> str:
-    offline = config.download_mode == "offline" or os.environ.get("HF_HUB_OFFLINE") in (
-        "1",
-        "true",
-        "True",
-        "ON",
-        "YES",
-    )
-    if offline:
-        return (
-            "not a local folder, and not in the local Hugging Face cache"
-            " (offline: download_mode=offline or HF_HUB_OFFLINE=1)"
-        )
+    reason = hub_offline_reason()
+    if reason is None and config.download_mode == "offline":
+        reason = "--download-mode offline"
+    if reason is not None:
+        return offline_hint(reason)
     return (
         "not a local folder; as a hub name it needs network access to huggingface.co"
         " (and HF_TOKEN for gated or private models)"
@@ -271,9 +274,9 @@ class LoadedModel:
                 f"cannot load model {config.model_name!r}{where}: {_first_line(exc)}"
             ) from exc
         model.to(device)
-        loaded = cls.from_model(
-            model, tokenizer, name=config.model_name, use_lean=config.lean_forward
-        )
+        # a local folder is named by its resolved path: it still loads from another directory
+        name = source if is_local else config.model_name
+        loaded = cls.from_model(model, tokenizer, name=name, use_lean=config.lean_forward)
         log.info(
             "loaded %s on %s (%s): vocab %d, context %d",
             loaded.name,

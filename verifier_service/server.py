@@ -233,8 +233,10 @@ def start_server(
     try:
         if verifier is None:
             # One torch thread runs no OpenMP pool, so forwards can run on the RPC threads
-            # under a lock and skip a thread hand-off per round.
-            verifier = LocalVerifier(config, model_thread=torch.get_num_threads() > 1)
+            # under a lock and skip a thread hand-off per round. (The configured count: the
+            # model's load sets it, after this decision.)
+            threads = config.torch_threads or torch.get_num_threads()
+            verifier = LocalVerifier(config, model_thread=threads > 1)
     except BaseException:
         server.stop(grace=0)
         raise

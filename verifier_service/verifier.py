@@ -98,7 +98,8 @@ class LocalVerifier:
         self._accepted_tokens = 0
         self._info = ModelInfo(
             model_name=self.model.name,
-            tokenizer_name=config.model_name or self.model.name,
+            # loaded here: the model's name (a local folder's resolved path)
+            tokenizer_name=(config.model_name if model is not None else "") or self.model.name,
             tokenizer_fingerprint=tokenizer_fingerprint(self.model.tokenizer),
             vocab_size=self.model.vocab_size,
             eos_token_ids=list(self.model.eos_token_ids),
