@@ -174,7 +174,13 @@ def register(
         help="held-out prompts (JSON lines, prompt; default: the tinystories dev prompts in "
         "../shared, else the demo prompts)",
     )
-    b.add_argument("--eval-max-tokens", type=_positive, default=128, metavar="T")
+    b.add_argument(
+        "--eval-max-tokens",
+        type=_positive,
+        default=128,
+        metavar="T",
+        help="tokens generated per held-out prompt (default: %(default)s)",
+    )
     b.add_argument("--limit", type=_positive, default=None, metavar="N", help="first N prompts")
     b.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="draw the curve (matplotlib)")

@@ -434,11 +434,11 @@ def run_load_command(args: argparse.Namespace) -> int:
     try:
         mix = parse_mix(args.mix)
     except ValueError as exc:
-        return fail(str(exc))
+        return usage_error(str(exc))
     health = [a.strip() for a in args.health.split(",") if a.strip()]
     for address in [*health, *([args.verifier] if args.verifier else [])]:
         if not is_loopback(address):
-            return fail(f"{address} is not a loopback address (load tests stay local)")
+            return usage_error(f"{address} is not a loopback address (load tests stay local)")
     try:
         prompts = load_prompts(args.prompts or default_prompts_path())
         report = run_load(
