@@ -55,7 +55,7 @@ def _probability(text: str) -> float:
     return value
 
 
-def _add_corpus_args(p: argparse.ArgumentParser) -> None:
+def add_corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--corpus",
         nargs="+",
@@ -163,16 +163,14 @@ def _add_corpus_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(
-    subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
-) -> None:
-    """Add this package's subcommands (and its `speculant bench` targets)."""
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add this package's subcommands."""
     build = subparsers.add_parser(
         "build",
         help="build an n-gram graph from a corpus",
         description="Tokenize a corpus, count its n-grams exactly and publish an LMDB graph.",
     )
-    _add_corpus_args(build)
+    add_corpus_args(build)
     build.add_argument("--out", required=True, metavar="GRAPH_DIR", help="graph directory")
     build.add_argument(
         "--append",
@@ -226,14 +224,6 @@ def register(
     )
     viz.set_defaults(handler=run_graph_viz)
 
-    bench = bench_subparsers.add_parser(
-        "build", help="time a graph build (wall, peak RSS, throughput, size)"
-    )
-    _add_corpus_args(bench)
-    bench.add_argument("--out", default=None, help="graph directory (default: a temporary one)")
-    bench.add_argument("--json", default=None, metavar="OUT", help="also write figures as JSON")
-    bench.set_defaults(handler=run_bench_build)
-
 
 def _fail(exc: BaseException) -> int:
     from speculant.cli_errors import fail
@@ -241,7 +231,7 @@ def _fail(exc: BaseException) -> int:
     return fail(exc)
 
 
-def _builder_errors() -> tuple[type[BaseException], ...]:
+def builder_errors() -> tuple[type[BaseException], ...]:
     from builder.errors import BuildError
     from speculant.graph_format import GraphFormatError
     from speculant.tokenizer import TokenizerLoadError
@@ -314,7 +304,7 @@ def read_inputs(builder, args: argparse.Namespace) -> None:
 def run_build(args: argparse.Namespace) -> int:
     if args.quiet:
         logging.getLogger("builder").setLevel(logging.WARNING)
-    errors = _builder_errors()
+    errors = builder_errors()
     try:
         from builder import GraphBuilder
         from builder.publish import remove_stale_run_dirs, remove_stale_temp_dirs
@@ -377,8 +367,8 @@ def run_graph_viz(args: argparse.Namespace) -> int:
 
     from builder.graph_viz import VizError, select_subgraph
     from builder.graph_viz_page import render_html
-    from draft_service.graph import NGramGraph
     from speculant.graph_format import GraphFormatError
+    from speculant.graph_reader import NGramGraph
     from speculant.tokenizer import TokenizerLoadError
 
     try:
@@ -437,17 +427,3 @@ def _viz_labels(meta, args: argparse.Namespace):
             f"({meta.tokenizer_name}, fingerprint {meta.tokenizer_fingerprint})"
         )
     return tokenizer_labels(tokenizer), tokenizer if args.context is not None else None
-
-
-def run_bench_build(args: argparse.Namespace) -> int:
-    from builder.bench import bench_build, format_bench
-
-    try:
-        figures = bench_build(args)
-    except _builder_errors() as exc:
-        return _fail(exc)
-    print(format_bench(figures))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2, sort_keys=True)
-    return 0

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from draft_service.graph import NGramGraph
 from speculant.graph_format import VALUE_DTYPE
+from speculant.graph_reader import NGramGraph
 
 
 class VizError(ValueError):

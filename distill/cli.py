@@ -20,7 +20,7 @@ from distill import defaults
 from speculant.cli_errors import fail
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
@@ -34,7 +34,7 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def _budgets(text: str) -> tuple[int, ...]:
+def budgets(text: str) -> tuple[int, ...]:
     try:
         values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
     except ValueError as exc:
@@ -79,7 +79,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-field", default="text", metavar="F", help="JSON-lines text field")
     p.add_argument(
         "--max-tokens",
-        type=_positive,
+        type=positive,
         default=defaults.MAX_TOKENS,
         metavar="T",
         help=f"tokens per continuation (default {defaults.MAX_TOKENS})",
@@ -93,14 +93,14 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--batch-size",
-        type=_positive,
+        type=positive,
         default=defaults.BATCH_SIZE,
         metavar="B",
         help=f"continuations generated together (default {defaults.BATCH_SIZE})",
     )
     p.add_argument(
         "--weight",
-        type=_positive,
+        type=positive,
         default=defaults.WEIGHT,
         metavar="W",
         help=f"each continuation n-gram counts W times (default {defaults.WEIGHT})",
@@ -114,7 +114,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--torch-threads",
-        type=_positive,
+        type=positive,
         default=None,
         metavar="N",
         help="torch threads (default: 1 on a CPU, torch's own on a GPU)",
@@ -133,9 +133,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(
-    subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
-) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``distill`` and ``bench distill``."""
     p = subparsers.add_parser(
         "distill",
@@ -148,43 +146,13 @@ def register(
     add_source_args(p)
     p.add_argument(
         "--generations",
-        type=_positive,
+        type=positive,
         default=defaults.GENERATIONS,
         metavar="N",
         help=f"continuations to generate (default {defaults.GENERATIONS})",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
     p.set_defaults(handler=run_distill)
-
-    b = bench_subparsers.add_parser(
-        "distill", help="tau on held-out prompts against the number of distilled generations"
-    )
-    add_source_args(b)
-    b.add_argument(
-        "--budgets",
-        type=_budgets,
-        default=(0, 512, 1024, 2048, 4096),
-        metavar="N,N,...",
-        help="generations per point (default 0,512,1024,2048,4096)",
-    )
-    b.add_argument(
-        "--eval-prompts",
-        default=None,
-        metavar="FILE.jsonl",
-        help="held-out prompts (JSON lines, prompt; default: the tinystories dev prompts in "
-        "../shared, else the demo prompts)",
-    )
-    b.add_argument(
-        "--eval-max-tokens",
-        type=_positive,
-        default=128,
-        metavar="T",
-        help="tokens generated per held-out prompt (default: %(default)s)",
-    )
-    b.add_argument("--limit", type=_positive, default=None, metavar="N", help="first N prompts")
-    b.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
-    b.add_argument("--plot", default=None, metavar="OUT.png", help="draw the curve (matplotlib)")
-    b.set_defaults(handler=run_bench_distill)
 
 
 def options_from_args(args: argparse.Namespace, generations: int):
@@ -213,7 +181,7 @@ def options_from_args(args: argparse.Namespace, generations: int):
     )
 
 
-def _errors() -> tuple[type[BaseException], ...]:
+def distill_errors() -> tuple[type[BaseException], ...]:
     from builder.errors import BuildError
     from speculant.errors import FailedPreconditionError
     from speculant.graph_format import GraphFormatError
@@ -234,7 +202,7 @@ def run_distill(args: argparse.Namespace) -> int:
         from distill.run import distill_graph
 
         result = distill_graph(options_from_args(args, args.generations))
-    except _errors() as exc:
+    except distill_errors() as exc:
         return fail(exc)
     if not args.quiet:
         meta = result.meta
@@ -246,12 +214,3 @@ def run_distill(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def run_bench_distill(args: argparse.Namespace) -> int:
-    try:
-        from distill.bench import run_bench
-
-        return run_bench(args)
-    except _errors() as exc:
-        return fail(exc)

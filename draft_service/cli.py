@@ -6,7 +6,7 @@
   at GRAPH_DIR is loaded without a restart, checked every S seconds and on SIGHUP, see
   :mod:`draft_service.reload`).
 - ``speculant tune --graph GRAPH_DIR --model M --prompts FILE [--write]``: fit the graph's mixing
-  parameters by replayed greedy speculative decoding (:mod:`draft_service.tune`).
+  parameters by replayed greedy speculative decoding (:mod:`bench.tune`).
 - ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
   [--json OUT]``: in-process and over-gRPC Propose latency, time to SERVING, server RSS.
 - ``speculant bench draft-tier --graph GRAPH_DIR [--processes 1,2] [--clients 4] [--json OUT]``:
@@ -23,14 +23,10 @@ import signal
 from typing import TYPE_CHECKING
 
 from speculant.config import (
-    DEFAULT_DRAFT_K,
     DEFAULT_LEARN_MEMORY_MB,
     DEFAULT_LEARN_WEIGHT,
     DEFAULT_MAX_CONTEXT_TOKENS,
     DEFAULT_RELOAD_INTERVAL_S,
-    DEFAULT_TREE_NODES,
-    MIXING_MODES,
-    DraftConfig,
 )
 from speculant.draft_flags import add_draft_default_arguments
 from speculant.errors import InvalidArgumentError
@@ -46,10 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def register(
-    subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
-) -> None:
-    """Add this package's subcommands (and its `speculant bench` targets)."""
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add this package's subcommands."""
     serve = subparsers.add_parser(
         "serve-draft", help="serve draft proposals from an n-gram graph over gRPC"
     )
@@ -87,105 +81,6 @@ def register(
     add_metrics_arguments(serve)
     add_log_format_argument(serve)
     serve.set_defaults(handler=serve_draft)
-
-    tune = subparsers.add_parser(
-        "tune",
-        help="fit the graph's mixing parameters by measured tokens per verifier forward on "
-        "prompts; --write stores them in the graph as its drafting defaults",
-    )
-    tune.add_argument("--graph", required=True, help="graph directory")
-    tune.add_argument("--model", required=True, help="the verifier model (name or folder)")
-    tune.add_argument(
-        "--prompts", required=True, help='JSON-lines file, one {"prompt": ...} a line'
-    )
-    tune.add_argument("--max-prompts", type=int, default=32, help="prompts read (train + held out)")
-    tune.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
-    tune.add_argument(
-        "--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per round (a tree's depth)"
-    )
-    tune.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=DEFAULT_TREE_NODES,
-        help=f"the draft tree's size scored (0 = a chain of k; default {DEFAULT_TREE_NODES})",
-    )
-    tune.add_argument(
-        "--train-fraction", type=float, default=0.5, help="share of prompts fitted on"
-    )
-    tune.add_argument(
-        "--metric",
-        choices=["tau", "acceptance"],
-        default="tau",
-        help="what is maximised: tokens per verifier forward, or the acceptance rate",
-    )
-    tune.add_argument("--seed", type=int, default=0, help="seed of the train/held-out split")
-    tune.add_argument(
-        "--device", choices=["cpu", "cuda"], default="cpu", help="where the model runs"
-    )
-    tune.add_argument("--json", default=None, metavar="OUT", help="write the result as JSON")
-    tune.add_argument(
-        "--write",
-        action="store_true",
-        help="store the best parameters in the graph's meta (atomically, new manifest)",
-    )
-    tune.set_defaults(handler=run_tune_command)
-
-    bench = bench_subparsers.add_parser(
-        "draft", help="Propose latency in-process and over gRPC, time to SERVING, server RSS"
-    )
-    bench.add_argument("--graph", required=True, help="graph directory")
-    bench.add_argument("--requests", type=int, default=2000, help="Propose calls per measurement")
-    bench.add_argument("--k", type=int, default=8, help="draft tokens per call")
-    bench.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=DEFAULT_TREE_NODES,
-        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
-    )
-    bench.add_argument(
-        "--concurrency", default="1,4", help="comma-separated closed-loop client counts"
-    )
-    bench.add_argument(
-        "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
-    )
-    bench.add_argument("--no-mix", action="store_true", help="attentive_mix=false")
-    bench.add_argument(
-        "--mixing",
-        choices=list(MIXING_MODES),
-        default=DraftConfig.model_fields["mixing"].default,
-        help="mixing mode",
-    )
-    bench.add_argument(
-        "--min-draft-prob", type=float, default=0.0, help="adaptive draft length (0 = off)"
-    )
-    bench.add_argument(
-        "--context-len", type=int, default=32, help="maximum context length in tokens"
-    )
-    bench.add_argument("--workers", type=int, default=8, help="server worker threads")
-    bench.add_argument("--seed", type=int, default=0, help="seed for the request contexts")
-    bench.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
-    bench.set_defaults(handler=bench_draft)
-
-    tier = bench_subparsers.add_parser(
-        "draft-tier",
-        help="Propose throughput of 1..N draft processes sharing one graph, and their memory",
-    )
-    tier.add_argument("--graph", required=True, help="graph directory")
-    tier.add_argument(
-        "--processes", default="1,2", help="comma-separated draft process counts (default 1,2)"
-    )
-    tier.add_argument("--clients", type=int, default=4, help="closed-loop client processes")
-    tier.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
-    tier.add_argument("--k", type=int, default=8, help="draft tokens per call")
-    tier.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=DEFAULT_TREE_NODES,
-        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
-    )
-    tier.add_argument("--workers", type=int, default=8, help="server worker threads")
-    tier.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
-    tier.set_defaults(handler=bench_draft_tier)
 
 
 def _fail(message: str) -> int:
@@ -326,108 +221,4 @@ def _serve(
     signal.signal(signal.SIGHUP, lambda _signum, _frame: server.request_reload())
     server.wait_for_termination_signal()
     log.info("draft service stopped")
-    return 0
-
-
-def run_tune_command(args: argparse.Namespace) -> int:
-    """Tune, print the table (and JSON), and with --write store the winner in the graph."""
-    import json
-    from pathlib import Path
-
-    from draft_service.tune import (
-        TuneOptions,
-        format_table,
-        print_progress,
-        run_tune,
-        write_tuned,
-    )
-    from speculant.errors import SpeculantError
-
-    options = TuneOptions(
-        graph=args.graph,
-        model=args.model,
-        prompts=args.prompts,
-        max_prompts=args.max_prompts,
-        max_tokens=args.max_tokens,
-        k=args.k,
-        tree_nodes=args.tree_nodes,
-        train_fraction=args.train_fraction,
-        metric=args.metric,
-        seed=args.seed,
-        device=args.device,
-    )
-    try:
-        result = run_tune(options, print_progress)
-        print(format_table(result))
-        if args.write:
-            result["written"] = write_tuned(args.graph, result)
-            print(f"wrote the tuned parameters {result['written']['params']} to {args.graph}")
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    except (SpeculantError, OSError) as exc:
-        return _fail(str(exc))
-    return 0
-
-
-def bench_draft(args: argparse.Namespace) -> int:
-    """Print (and optionally write as JSON) the draft service's figures."""
-    from draft_service.bench import BenchOptions, run_bench
-    from speculant.graph_format import GraphFormatError
-
-    try:
-        concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    except ValueError:
-        return _usage(f"--concurrency must be like 1,4, got {args.concurrency!r}")
-    options = BenchOptions(
-        graph=args.graph,
-        requests=args.requests,
-        k=args.k,
-        concurrency=concurrency,
-        strategy=args.strategy,
-        attentive_mix=not args.no_mix,
-        mixing=args.mixing,
-        min_draft_prob=args.min_draft_prob,
-        tree_nodes=args.tree_nodes,
-        context_len=args.context_len,
-        workers=args.workers,
-        seed=args.seed,
-        json_out=args.json,
-    )
-    try:
-        run_bench(options)
-    except GraphFormatError as exc:
-        return _fail(str(exc))
-    return 0
-
-
-def bench_draft_tier(args: argparse.Namespace) -> int:
-    """Print (and optionally write as JSON) the draft tier's throughput by process count."""
-    from draft_service.tier_bench import TierBenchOptions, run_tier_bench
-    from speculant.graph_format import GraphFormatError
-
-    try:
-        processes = [int(p) for p in args.processes.split(",") if p.strip()]
-    except ValueError:
-        processes = []
-    if not processes or min(processes) < 1:
-        return _usage(f"--processes must be like 1,2,4, got {args.processes!r}")
-    for name in ("clients", "k", "workers"):
-        if getattr(args, name) < 1:
-            return _usage(f"--{name} must be >= 1")
-    if not args.seconds > 0:
-        return _usage(f"--seconds must be > 0, got {args.seconds}")
-    options = TierBenchOptions(
-        graph=args.graph,
-        processes=processes,
-        clients=args.clients,
-        seconds=args.seconds,
-        k=args.k,
-        tree_nodes=args.tree_nodes,
-        workers=args.workers,
-        json_out=args.json,
-    )
-    try:
-        run_tier_bench(options)
-    except GraphFormatError as exc:
-        return _fail(str(exc))
     return 0

@@ -56,11 +56,11 @@ from collections.abc import Callable, Sequence
 import lmdb
 import numpy as np
 
-from draft_service.graph import NGramGraph
 from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextIndex, ContextIndexCache, as_arrays, combine
 from speculant.errors import InvalidArgumentError
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft, SparseDistribution
 
 _U32 = np.dtype("<u4")

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from draft_service.live_layer import LiveLayer
 from speculant.errors import UnavailableError
+from speculant.graph_reader import NGramGraph
 
 STILL_OPENING = "the draft service is still opening its graph"  # UNAVAILABLE before a graph
 

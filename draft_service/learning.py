@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draft_service.graph import NGramGraph
 from draft_service.learn_log import LearnLog, LearnLogError
 from draft_service.live_layer import DEFAULT_MAX_BYTES, DEFAULT_WEIGHT, LiveLayer, LiveStats
 from speculant.errors import InvalidArgumentError
+from speculant.graph_reader import NGramGraph
 
 log = logging.getLogger(__name__)
 

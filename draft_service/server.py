@@ -20,7 +20,6 @@ from pathlib import Path
 import grpc
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from draft_service.graph_slot import STILL_OPENING, GraphSlot
 from draft_service.learning import Learning, LearningConfig
 from draft_service.live_layer import LiveStats
@@ -28,6 +27,7 @@ from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.errors import InvalidArgumentError, UnavailableError
+from speculant.graph_reader import NGramGraph
 from speculant.grpc_server import (
     RESERVED_THREADS,
     CallLimit,

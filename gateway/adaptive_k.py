@@ -13,7 +13,7 @@ multiplicative decrease, in the spirit of TCP's congestion window):
 - every token accepted but the draft shorter than asked: keep k (the drafter, not k, was the
   limit).
 
-What it buys, measured by replay (``draft_service.greedy_sim``: exact rounds at temperature
+What it buys, measured by replay (``bench.greedy_sim``: exact rounds at temperature
 0) on 32 tinystories dev prompts, 128 tokens, stories260K, the default mixing: fixed k=8 takes
 2.65 tokens per verifier forward (tau) and wastes 9,161 of 11,712 drafted tokens; this rule
 with k_max 8 takes tau 2.31 and wastes 3,816 of 6,136 (grow 1 instead of 2: tau 2.21, 3,176

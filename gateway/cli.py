@@ -93,9 +93,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def register(
-    subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
-) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add this package's subcommands."""
     serve = subparsers.add_parser(
         "serve-gateway", help="serve Generate/GenerateStream over draft and verifier services"
@@ -184,15 +182,11 @@ def register(
     add_generation_arguments(generate)
     generate.set_defaults(handler=run_generate)
 
-    from gateway.bench import register_bench
     from gateway.demo import register_demo
-    from gateway.load import register_load
     from gateway.up import register_up
 
     register_demo(subparsers)
     register_up(subparsers)
-    register_load(subparsers)
-    register_bench(bench_subparsers)
 
 
 def add_http_arguments(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from draft_service.live_layer import LiveLayer
 from gateway.alignment import check_tokenizer_alignment
 from gateway.coordinator import (
@@ -30,6 +29,7 @@ from gateway.coordinator import (
     StreamChunk,
 )
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
+from speculant.graph_reader import NGramGraph
 from speculant.prompting import encode_prompt
 from speculant.types import DraftParams
 from verifier_service.verifier import LocalVerifier

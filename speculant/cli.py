@@ -15,10 +15,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from builder import cli as builder_cli
-from distill import cli as distill_cli
-from draft_service import cli as draft_cli
-from gateway import cli as gateway_cli
 from speculant.cli_errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -27,7 +23,6 @@ from speculant.cli_errors import (
     set_program,
 )
 from speculant.request_context import configure_logging
-from verifier_service import cli as verifier_cli
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -88,8 +83,17 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = subparsers.add_parser("bench", help="benchmarks (print figures; --json writes them)")
     bench_subparsers = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    # The root CLI is the one module that imports every package (here, lazily).
+    from bench import cli as bench_cli
+    from builder import cli as builder_cli
+    from distill import cli as distill_cli
+    from draft_service import cli as draft_cli
+    from gateway import cli as gateway_cli
+    from verifier_service import cli as verifier_cli
+
     for module in (builder_cli, distill_cli, draft_cli, verifier_cli, gateway_cli):
-        module.register(subparsers, bench_subparsers)
+        module.register(subparsers)
+    bench_cli.register(subparsers, bench_subparsers)
     for child in _subparsers(parser):
         child.formatter_class = DefaultsHelpFormatter
         if not any("-v" in a.option_strings for a in child._actions):

@@ -12,17 +12,7 @@ import sys
 
 import pytest
 
-from gateway.bench import (
-    BenchSettings,
-    Variant,
-    format_footer,
-    format_table,
-    rotated,
-    run_benchmark,
-    settings_from_args,
-    variants_for,
-)
-from gateway.bench_cost import (
+from bench.cost import (
     CostSettings,
     cost_at,
     cost_settings_from_args,
@@ -33,7 +23,12 @@ from gateway.bench_cost import (
     project_all,
     run_cost,
 )
-from gateway.bench_plot import PlotUnavailable, require_matplotlib, write_plot
+from bench.generate import rotated, run_benchmark
+from bench.generate_cli import settings_from_args
+from bench.mixing import format_table
+from bench.plot import PlotUnavailable, require_matplotlib, write_plot
+from bench.report import format_footer
+from bench.settings import BenchSettings, Variant, variants_for
 from speculant.cli import build_parser
 from tests.conftest import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
 

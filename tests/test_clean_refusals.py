@@ -128,7 +128,7 @@ def test_a_blank_auth_token_variable_is_refused():
 
 
 def test_graph_format_error_for_a_wrong_type_read_through_the_library(tmp_path):
-    from draft_service.graph import NGramGraph
+    from speculant.graph_reader import NGramGraph
 
     graph = with_meta_field(write_graph(tmp_path / "g", {1: {(1,): {2: 1}}}), "max_order", "5")
     with pytest.raises(GraphFormatError, match="'max_order' must be int"):

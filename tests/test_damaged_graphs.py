@@ -195,7 +195,7 @@ def test_a_read_past_a_truncated_end_reads_zeros_instead_of_killing(good_graph, 
     script = textwrap.dedent(
         f"""
         import os
-        from draft_service.graph import NGramGraph
+        from speculant.graph_reader import NGramGraph
         graph = NGramGraph.open({str(graph)!r})
         os.truncate({str(graph / DATA_FILE)!r}, 8192)
         txn, dbs = graph.raw_lookup()

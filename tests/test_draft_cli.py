@@ -18,7 +18,7 @@ from graph_factory import write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from test_draft_core import CHAINS, VOCAB
 
-from draft_service.bench import FAST_RECONNECT
+from bench.drafts import FAST_RECONNECT
 from speculant.types import DraftParams
 
 SPECULANT = [sys.executable, "-m", "speculant.cli"]
@@ -140,7 +140,7 @@ def test_bench_draft_tier_runs_each_process_count(graph_dir: Path, tmp_path: Pat
 def test_graph_mapping_dirty_bytes_counts_only_the_named_file(tmp_path: Path) -> None:
     import mmap
 
-    from draft_service.tier_bench import graph_mapping_dirty_bytes
+    from bench.tier import graph_mapping_dirty_bytes
 
     data = tmp_path / "data.mdb"
     data.write_bytes(b"\0" * 65536)
@@ -170,7 +170,7 @@ def test_drafts_on_the_tinystories_graph(tinystories_graph: Path) -> None:
     from conftest import STORIES_MODEL  # tests/ is on sys.path
 
     from draft_service.drafting import Drafter
-    from draft_service.graph import NGramGraph
+    from speculant.graph_reader import NGramGraph
     from speculant.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(STORIES_MODEL))

@@ -14,10 +14,10 @@ from graph_factory import write_graph
 from scipy import stats
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from draft_service.mixing import order_weights
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import META_DB, META_KEY, GraphFormatError, write_manifest
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 
 VOCAB = 100

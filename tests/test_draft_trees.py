@@ -16,9 +16,9 @@ from scipy.stats import chisquare
 
 import verifier_service.verifier as verifier_module
 from draft_service.drafting import TREE_WIDTH, Drafter
-from draft_service.graph import NGramGraph
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams, DraftProposal
 from speculant.v1 import common_pb2, gateway_pb2
 from tests.conftest import dev_prompt_sets, load_dev_prompts

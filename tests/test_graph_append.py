@@ -13,7 +13,6 @@ import pytest
 
 from builder import GraphBuilder
 from builder.errors import BuildError
-from draft_service.graph import NGramGraph
 from speculant.cli import main
 from speculant.graph_format import (
     DATA_FILE,
@@ -27,6 +26,7 @@ from speculant.graph_format import (
     read_meta,
     write_manifest,
 )
+from speculant.graph_reader import NGramGraph
 from tests.conftest import STORIES_MODEL
 
 CORPORA = {

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from builder import GraphBuilder
-from draft_service.graph import NGramGraph
 from speculant.cli import main
 from speculant.graph_format import DATA_FILE, MANIFEST_FILE, GraphFormatError
+from speculant.graph_reader import NGramGraph
 from tests.conftest import STORIES_MODEL
 
 STORIES = "Once upon a time, there was a cat.\n\nThe cat liked to play in the sun.\n\n"

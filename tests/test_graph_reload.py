@@ -24,11 +24,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from builder import GraphBuilder
 from builder.publish import publish
 from draft_service import cli as draft_cli
-from draft_service.graph import NGramGraph
 from draft_service.graph_slot import GraphSlot
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S
 from draft_service.server import DraftServer, start_server
 from speculant.graph_format import DATA_FILE, write_manifest
+from speculant.graph_reader import NGramGraph
 from speculant.tokenizer import load_tokenizer
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 from tests.conftest import STORIES_MODEL

@@ -31,7 +31,7 @@ from builder.graph_viz import (
     tokenizer_labels,
 )
 from builder.graph_viz_page import render_html
-from draft_service.graph import NGramGraph
+from speculant.graph_reader import NGramGraph
 from tests.conftest import STORIES_MODEL
 from tests.graph_factory import Chains, write_graph
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from gateway.load import is_loopback, percentile
+from bench.load import is_loopback, percentile
 from speculant.cli import main
 from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 from tests.test_up import free_ports

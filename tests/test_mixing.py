@@ -16,13 +16,13 @@ from graph_factory import write_graph
 from test_draft_core import CHAINS as CORE_CHAINS
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from draft_service.mixing import witten_bell_weights
 from draft_service.server import params_from_request, start_server
 from gateway.coordinator import GenerationRequest
 from gateway.server import draft_params_from_proto
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 

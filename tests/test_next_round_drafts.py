@@ -14,10 +14,10 @@ import grpc
 import pytest
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from gateway.baseline import PlainDecoder
 from gateway.clients import GrpcDraftClient
 from speculant.errors import RemoteError, UnavailableError
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts

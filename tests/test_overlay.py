@@ -17,7 +17,6 @@ import pytest
 from graph_factory import write_graph
 
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
 from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache
 from draft_service.server import params_from_request
@@ -25,6 +24,7 @@ from gateway.coordinator import GenerationRequest
 from gateway.server import draft_params_from_proto
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.greedy_sim import GreedyTrace, simulate
 from builder.meta_update import update_meta
 from draft_service.drafting import Drafter
-from draft_service.graph import NGramGraph
-from draft_service.greedy_sim import GreedyTrace, simulate
 from draft_service.server import DraftServicer, params_from_request
 from gateway.coordinator import GenerationRequest
 from speculant.cli import main
 from speculant.graph_format import DATA_FILE, GraphFormatError, verify_manifest, write_manifest
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
 from tests.conftest import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts

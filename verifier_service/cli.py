@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _add_model_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name or local folder of the model")
     add_model_loading_arguments(parser)
     parser.add_argument(
@@ -58,14 +58,12 @@ def add_model_loading_arguments(parser: argparse.ArgumentParser | argparse._Argu
     )
 
 
-def register(
-    subparsers: argparse._SubParsersAction, bench_subparsers: argparse._SubParsersAction
-) -> None:
-    """Add this package's subcommands (and its `speculant bench` targets)."""
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add this package's subcommands."""
     serve = subparsers.add_parser(
         "serve-verifier", help="serve the target model (Prefill/Verify/Release) over gRPC"
     )
-    _add_model_args(serve)
+    add_model_args(serve)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)"
     )
@@ -104,19 +102,6 @@ def register(
     add_metrics_arguments(serve)
     add_log_format_argument(serve)
     serve.set_defaults(handler=serve_verifier)
-
-    bench = bench_subparsers.add_parser(
-        "verifier", help="median Prefill/Verify times, in process and over gRPC"
-    )
-    _add_model_args(bench)
-    bench.add_argument("--repeats", type=int, default=200, help="timed calls per figure")
-    bench.add_argument(
-        "--grpc-address",
-        default=None,
-        help="measure this running verifier (default: start serve-verifier on a free port)",
-    )
-    bench.add_argument("--json", default=None, metavar="OUT", help="also write the figures here")
-    bench.set_defaults(handler=bench_verifier)
 
 
 def config_from_args(args: argparse.Namespace) -> VerifierConfig:
@@ -202,16 +187,3 @@ def serve_verifier(args: argparse.Namespace) -> int:
         if metrics is not None:
             metrics.close()
     return 0
-
-
-def bench_verifier(args: argparse.Namespace) -> int:
-    from verifier_service.bench import main
-    from verifier_service.model import ModelLoadError
-
-    config = config_from_args(args)
-    try:
-        return main(args, config)
-    except ModelLoadError as exc:
-        from speculant.cli_errors import fail
-
-        return fail(exc)

@@ -5,11 +5,11 @@
         [--json OUT] [--write]
 
 1. The model's greedy continuation of every prompt is computed once (Hugging Face ``generate``,
-   the benchmark's baseline, :class:`gateway.bench.InProcessSystems`).
+   the benchmark's baseline, :class:`bench.in_process.InProcessSystems`).
 2. The prompts are shuffled (``--seed``) and split: a *train* part (``--train-fraction``) and a
    *held-out* part.
 3. Candidate mixing settings are scored on the train part by replaying greedy speculative
-   decoding against the continuations (:mod:`draft_service.greedy_sim`: exact rounds, no model
+   decoding against the continuations (:mod:`bench.greedy_sim`: exact rounds, no model
    calls): ``backoff``; ``witten-bell`` over a grid of escape weights, refined around the best;
    ``seed`` by coordinate search over its four weights from the built-in values.
 4. The best train score wins (ties: the candidate tried first, the built-in default first of
@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from draft_service.greedy_sim import GreedyTrace, SimResult, simulate_all
+from bench.greedy_sim import GreedyTrace, SimResult, simulate_all
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.errors import InvalidArgumentError
 from speculant.types import BUILTIN_TUNABLE_DEFAULTS, DraftParams
@@ -227,7 +227,8 @@ def greedy_traces(
     options: TuneOptions, prompts: list[str], progress: Callable[[str], None]
 ) -> tuple[Any, list[GreedyTrace]]:
     """(the in-process systems: graph, model, tokenizer; each prompt's greedy trace)."""
-    from gateway.bench import BenchSettings, InProcessSystems, Variant
+    from bench.in_process import InProcessSystems
+    from bench.settings import BenchSettings, Variant
 
     settings = BenchSettings(
         graph=options.graph,

@@ -413,7 +413,7 @@ def _print_report(report: dict[str, Any]) -> None:
 
 
 def run_load_command(args: argparse.Namespace) -> int:
-    from gateway.bench import default_prompts_path, load_prompts
+    from bench.settings import default_prompts_path, load_prompts
     from speculant.auth import bearer_metadata, load_token
     from speculant.cli_errors import fail, usage_error
     from speculant.errors import SpeculantError

@@ -5,7 +5,7 @@
 - tokens/s by system: the median over prompts of each variant's tokens/s (bars);
 - speedup by system: the ratio of total tokens/s to ``hf``'s (bars), and, when the run has a
   cost section, the projected speedup on the largest measured verifier beside it
-  (tau / (cost(L+1) + overhead) against 1 / cost(1); see :mod:`gateway.bench_cost`);
+  (tau / (cost(L+1) + overhead) against 1 / cost(1); see :mod:`bench.cost`);
 - tokens per verifier call (tau) by k: one line per speculative system and mixing, ``hf`` at 1.
 
 matplotlib is optional (``pip install 'speculant-graph[bench]'``); it is imported only here, with

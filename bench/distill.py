@@ -138,7 +138,7 @@ def format_table(result: dict[str, Any], base: float | None) -> str:
 
 def plot(result: dict[str, Any], out: str) -> None:
     """tau against the number of distilled generations (matplotlib, Agg)."""
-    from gateway.bench_plot import require_matplotlib
+    from bench.plot import require_matplotlib
 
     plt = require_matplotlib()
     rows = result["rows"]

@@ -11,7 +11,7 @@ processes (no copy per process). This benchmark shows both halves:
 - memory: for each server, its private memory (USS, PSS) and the private dirty bytes of its
   ``data.mdb`` mapping: 0, i.e. no process holds a copy of the graph.
 
-Clients are separate processes (``python -m draft_service.tier_bench client ...``) so the
+Clients are separate processes (``python -m bench.tier client ...``) so the
 client side is not limited by one interpreter's GIL; they exchange JSON, never pickles.
 """
 
@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from draft_service.bench import make_contexts, start_service
-from draft_service.graph import NGramGraph
+from bench.drafts import make_contexts, start_service
 from speculant.config import DEFAULT_TREE_NODES
 from speculant.graph_format import DATA_FILE
+from speculant.graph_reader import NGramGraph
 
 START_DELAY_S = 1.5  # clients start together this long after launch (all connected by then)
 
@@ -89,7 +89,7 @@ def _launch_clients(
     start_at = time.time() + START_DELAY_S
     procs = []
     for i in range(options.clients):
-        cmd = [sys.executable, "-m", "draft_service.tier_bench", "client"]
+        cmd = [sys.executable, "-m", "bench.tier", "client"]
         cmd += ["--address", addresses[i % len(addresses)], "--contexts", contexts_file]
         cmd += ["--offset", str(i), "--k", str(options.k), "--start-at", f"{start_at:.6f}"]
         cmd += ["--tree-nodes", str(options.tree_nodes)]
@@ -191,7 +191,7 @@ def client_main(argv: list[str]) -> int:
     from speculant.stream_exchange import StreamExchange
     from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 
-    parser = argparse.ArgumentParser(prog="draft_service.tier_bench client")
+    parser = argparse.ArgumentParser(prog="bench.tier client")
     parser.add_argument("--address", required=True)
     parser.add_argument("--contexts", required=True)
     parser.add_argument("--offset", type=int, default=0)
@@ -236,5 +236,5 @@ def client_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["client"]:
-        sys.exit("usage: python -m draft_service.tier_bench client ... (started by the benchmark)")
+        sys.exit("usage: python -m bench.tier client ... (started by the benchmark)")
     sys.exit(client_main(sys.argv[2:]))

@@ -1,6 +1,6 @@
 """Measure mixing modes and adaptive draft lengths end to end (embedded, against HF generate).
 
-    python -m draft_service.mixing_bench --graph G --model M [--k 8]
+    python -m bench.mixing --graph G --model M [--k 8]
         [--mixing seed,backoff,witten-bell] [--escape-weight 1,8] [--min-draft-prob 0,0.1]
         [--overlay-weight 0,1,4] [--tree-nodes 0,12]
         [--limit N] [--json OUT]
@@ -10,7 +10,7 @@ coordinator per variant (mixing x escape_weight (witten-bell only) x min_draft_p
 overlay_weight x tree_nodes, each with
 its own Drafter so that step caches are not shared), in an order rotated prompt by prompt, after
 a warm-up prompt. The figures are
-those of ``speculant bench generate`` (:mod:`gateway.bench`, whose helpers this reuses):
+those of ``speculant bench generate`` (:mod:`bench.generate`, whose helpers this reuses):
 
 - tau = generated tokens / verifier forwards (prefill included); ``tau`` is the total ratio;
 - speedup = tokens/s over HF's on the same prompt (median over prompts) and of the totals;
@@ -29,17 +29,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.bench import (
-    BenchSettings,
-    InProcessSystems,
-    RunRecord,
-    Variant,
-    default_prompts_path,
-    load_prompts,
-    per_prompt_values,
-    rotated,
-    summarize_variant,
-)
+from bench.generate import rotated
+from bench.in_process import InProcessSystems
+from bench.settings import BenchSettings, RunRecord, Variant, default_prompts_path, load_prompts
+from bench.summary import per_prompt_values, summarize_variant
 from speculant.config import DEFAULT_TREE_NODES, MIXING_MODES
 from speculant.types import DraftParams
 

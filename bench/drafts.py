@@ -31,8 +31,8 @@ import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import DEFAULT_CACHE_SIZE, Drafter
-from draft_service.graph import NGramGraph
 from speculant.config import DEFAULT_TREE_NODES
+from speculant.graph_reader import NGramGraph
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams

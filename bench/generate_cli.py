@@ -1,0 +1,276 @@
+"""The `speculant bench generate` command: its flags, their checks, and the run they start."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.cost import (
+    DEFAULT_COST_MODELS,
+    FORMULA,
+    CostSettings,
+    add_cost_options,
+    cost_settings_from_args,
+    format_cost_table,
+    format_projection,
+    project_all,
+    register_cost,
+    run_cost,
+)
+from bench.generate import run_benchmark
+from bench.plot import PlotUnavailable, require_matplotlib, write_plot
+from bench.report import format_footer, format_table
+from bench.settings import (
+    DEFAULT_OVERLAY_WEIGHT,
+    DEFAULT_TREE_NODES,
+    SERVICES_AS,
+    SYSTEMS,
+    BenchSettings,
+    default_prompts_path,
+)
+from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+
+    return parse
+
+
+def _on_off(text: str) -> bool:
+    if text not in ("on", "off"):
+        raise ValueError(f"expected on or off, got {text!r}")
+    return text == "on"
+
+
+def _system(text: str) -> str:
+    if text not in SYSTEMS:
+        raise ValueError(f"unknown system {text!r}; choose from {', '.join(SYSTEMS)}")
+    return text
+
+
+def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
+    """Add `speculant bench generate`."""
+    p = bench_subparsers.add_parser(
+        "generate",
+        help="speculative decoding (embedded, services) against HF generate and prompt lookup",
+    )
+    p.add_argument("--prompts", default=str(default_prompts_path()), help="JSON lines: prompt")
+    p.add_argument("--graph", required=True, help="graph directory")
+    p.add_argument("--model", required=True, help="model name or folder")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
+    p.add_argument("--k", dest="ks", type=_csv(int), default=(4, 8), help="e.g. 4,8")
+    p.add_argument("--mix", dest="mixes", type=_csv(_on_off), default=(True, False), help="on,off")
+    p.add_argument(
+        "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
+    )
+    p.add_argument(
+        "--systems", type=_csv(_system), default=SYSTEMS, help="subset of " + ",".join(SYSTEMS)
+    )
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--repetitions", type=int, default=1, help="runs per prompt and variant")
+    p.add_argument("--warmup", type=int, default=1, help="prompts run untimed first")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads here and OMP/MKL_NUM_THREADS in the services (default 1: on a "
+        "small shared machine a second OpenMP thread slows tiny-model forwards badly)",
+    )
+    p.add_argument(
+        "--device", choices=["cpu", "auto", "cuda"], default="cpu", help="where the model runs"
+    )
+    p.add_argument(
+        "--next-round-drafts",
+        type=_csv(int),
+        default=(DEFAULT_NEXT_ROUND_DRAFTS,),
+        help="services: the gateway's --next-round-drafts; several (e.g. 0,12) run one gateway "
+        f"each, side by side (default {DEFAULT_NEXT_ROUND_DRAFTS})",
+    )
+    p.add_argument(
+        "--tree-nodes",
+        type=_csv(int),
+        default=(DEFAULT_TREE_NODES,),
+        help="draft tree sizes to compare, e.g. 0,12,24 (0 = a chain of k; default "
+        f"{DEFAULT_TREE_NODES}, DraftConfig's)",
+    )
+    p.add_argument(
+        "--overlay-weight",
+        dest="overlay_weights",
+        type=_csv(float),
+        default=(DEFAULT_OVERLAY_WEIGHT,),
+        help="context overlay weights to compare, e.g. 0,4 (0 = off; default "
+        f"{DEFAULT_OVERLAY_WEIGHT:g}, DraftConfig's)",
+    )
+    p.add_argument(
+        "--adaptive-k",
+        dest="adaptive_ks",
+        type=_csv(_on_off),
+        default=(False,),
+        help="adaptive draft length: off, on, or off,on to compare side by side (default off)",
+    )
+    p.add_argument(
+        "--pin-cpus",
+        action="store_true",
+        help="run model forwards (this process's hf and embedded runs, the verifier service) "
+        "on the first core and the draft service and gateway on the others",
+    )
+    p.add_argument(
+        "--compare-graph",
+        dest="compare_graphs",
+        action="append",
+        default=[],
+        metavar="GRAPH_DIR",
+        help="also draft from this graph (e.g. a distilled copy of --graph), side by side; "
+        "repeatable",
+    )
+    p.add_argument(
+        "--learn",
+        dest="learns",
+        type=_csv(_on_off),
+        default=(False,),
+        help="online learning: off, on, or off,on side by side (default off); on = a live layer "
+        "warmed up on --learn-warmup other generations, paused while measuring",
+    )
+    p.add_argument(
+        "--learn-warmup",
+        type=int,
+        default=300,
+        metavar="N",
+        help="generations a learning drafter sees before measuring (default 300)",
+    )
+    p.add_argument(
+        "--learn-warmup-prompts",
+        default=None,
+        metavar="FILE.jsonl",
+        help="their prompts (default: document prefixes of the graph's own corpus)",
+    )
+    p.add_argument(
+        "--learn-restart",
+        action="store_true",
+        help="services: restart a learning draft service (SIGTERM) after its warm-up, so that "
+        "it measures what it replayed from its learn log",
+    )
+    p.add_argument(
+        "--services-as",
+        choices=SERVICES_AS,
+        default="bench",
+        help="how the services start: bench (--torch-threads in every service, --pin-cpus), "
+        "up (as `speculant up` starts them with default flags: its thread choice and pinning), "
+        "serve (serve-draft, serve-verifier, serve-gateway with default flags, unpinned)",
+    )
+    p.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="draw the figures (matplotlib)")
+    p.add_argument(
+        "--cost",
+        action="store_true",
+        help="add the forward-cost section and the projected speedups (see `bench cost`); "
+        "--cost-models defaults to the run's model and random-llama-58m",
+    )
+    add_cost_options(p, prefix="cost-")
+    p.set_defaults(handler=run_bench_generate)
+    register_cost(bench_subparsers)
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    return BenchSettings(
+        graph=args.graph,
+        model=args.model,
+        prompts=args.prompts,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        ks=tuple(args.ks),
+        mixes=tuple(args.mixes),
+        strategy=args.strategy,
+        systems=tuple(args.systems),
+        limit=args.limit,
+        repetitions=args.repetitions,
+        warmup=args.warmup,
+        torch_threads=args.torch_threads,
+        device=args.device,
+        next_round_drafts=tuple(args.next_round_drafts),
+        tree_nodes=tuple(args.tree_nodes),
+        overlay_weights=tuple(args.overlay_weights),
+        adaptive_ks=tuple(args.adaptive_ks),
+        pin_cpus=args.pin_cpus,
+        compare_graphs=tuple(args.compare_graphs),
+        learns=tuple(args.learns),
+        learn_warmup=args.learn_warmup,
+        learn_warmup_prompts=args.learn_warmup_prompts,
+        learn_restart=args.learn_restart,
+        services_as=args.services_as,
+    )
+
+
+def _raise_on_sigterm(_signum: int, _frame: object) -> None:
+    raise SystemExit(143)  # unwinds through the finally blocks that stop the services
+
+
+def default_cost_models(run_model: str) -> tuple[str, ...]:
+    """The run's model, then random-llama-58m from ../shared when it is there."""
+    models = [run_model]
+    larger = DEFAULT_COST_MODELS[-1]
+    if larger.is_dir() and Path(run_model).resolve() != larger.resolve():
+        models.append(str(larger))
+    return tuple(models)
+
+
+def add_cost_section(
+    result: dict[str, Any], cost_settings: CostSettings, progress: Callable[[str], None]
+) -> None:
+    """Measure the forward costs and add them, with the projections, to a bench result."""
+    cost = run_cost(cost_settings, progress=progress)
+    result["cost"] = cost
+    result["projection_formula"] = FORMULA
+    result["projection"] = project_all(result["summary"], cost, result["settings"]["model"])
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_bench_generate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    from speculant.cli_errors import usage_error
+
+    if not settings.ks or not settings.mixes or not settings.systems:
+        return usage_error("--k, --mix and --systems need at least one value")
+    if args.plot:
+        try:
+            require_matplotlib()  # fail before the run, not after it
+        except PlotUnavailable as exc:
+            return usage_error(exc)
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    result = run_benchmark(settings, progress=_progress)
+    if args.cost:
+        cost_settings = cost_settings_from_args(
+            args, prefix="cost-", models=default_cost_models(settings.model)
+        )
+        add_cost_section(result, cost_settings, _progress)
+    print(format_table(result))
+    print()
+    print(format_footer(result))
+    if args.cost:
+        print()
+        print(format_cost_table(result["cost"]))
+        print()
+        print(format_projection(result["projection"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"figures written to {args.json}", file=sys.stderr)
+    if args.plot:
+        write_plot(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,173 @@
+"""The systems a benchmark runs in its own process: Hugging Face `generate` (plain and prompt
+lookup), and the embedded coordinator with and without drafts, each counting verifier forwards."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bench.settings import BenchSettings, RunRecord, Variant
+from speculant.config import DraftConfig
+
+
+class ForwardCounter:
+    """Counts forward passes of a torch module with a forward hook."""
+
+    def __init__(self, module: Any) -> None:
+        self.count = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_args: object) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+class NoDrafts:
+    """A draft source that never drafts (the ``plain`` system): every round verifies only the
+    pending token, so the coordinator decodes one token per forward."""
+
+    def propose(self, context_ids: Sequence[int], params: Any, seed: int | None = None) -> Any:
+        from speculant.types import DraftProposal
+
+        return DraftProposal()
+
+
+class InProcessSystems:
+    """hf, hf-lookup and embedded: one model, shared by the baseline and the embedded decoder."""
+
+    def __init__(self, settings: BenchSettings) -> None:
+        from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
+        from gateway.baseline import PlainDecoder
+
+        self.settings = settings
+        self.decoder = SpeculativeDecoder(
+            graph_path=settings.graph,
+            verifier_config=VerifierConfig(
+                model_name=settings.model,
+                device=settings.device,
+                torch_threads=settings.torch_threads,
+            ),
+            draft_config=DraftConfig(strategy=settings.strategy),
+        )
+        loaded = self.decoder.verifier.model
+        self.plain = PlainDecoder(loaded.model, list(loaded.eos_token_ids))
+        self.forwards = ForwardCounter(loaded.model)
+        self._coordinators: dict[Variant, Any] = {}
+        self._graphs: dict[str, Any] = {"": self.decoder.graph}
+        self.live_layers: dict[str, Any] = {}  # graph -> the live layer of its learn variants
+
+    def graph(self, path: str) -> Any:
+        """The opened graph of a variant (checked to share the main graph's tokenizer)."""
+        if path not in self._graphs:
+            from speculant.graph_reader import NGramGraph
+
+            graph = NGramGraph.open(path)
+            main = self.decoder.graph.meta
+            if graph.meta.tokenizer_fingerprint != main.tokenizer_fingerprint:
+                raise ValueError(f"--compare-graph {path}: another tokenizer than --graph's")
+            self._graphs[path] = graph
+        return self._graphs[path]
+
+    def live_layer(self, path: str) -> Any:
+        """The live layer that the learn variants drafting from graph `path` share."""
+        if path not in self.live_layers:
+            from draft_service.live_layer import LiveLayer
+
+            self.live_layers[path] = LiveLayer(self.graph(path).max_order)
+        return self.live_layers[path]
+
+    def coordinator(self, variant: Variant) -> Any:
+        """A coordinator with its own Drafter per variant: the drafter's step cache is then not
+        warmed by the other variants' drafts of the same prompt (one shared verifier). Learn
+        variants share their graph's live layer; they learn only while warming up."""
+        if variant not in self._coordinators:
+            from draft_service.drafting import Drafter
+            from gateway.coordinator import Coordinator
+
+            shared = self.decoder.coordinator
+            live = self.live_layer(variant.graph) if variant.learn else None
+            drafter = (
+                NoDrafts()
+                if variant.system == "plain"
+                else Drafter(self.graph(variant.graph), live=live)
+            )
+            self._coordinators[variant] = Coordinator(
+                drafter,
+                shared.verifier,
+                shared.tokenizer,
+                draft_context_window=shared.draft_context_window,
+            )
+        return self._coordinators[variant]
+
+    def warm_up_learning(self, variant: Variant, prompts: list[list[int]], seed: int) -> None:
+        """Generate the warm-up prompts through the variant, its live layer learning each."""
+        from gateway.coordinator import GenerationRequest
+
+        coordinator = self.coordinator(variant)
+        coordinator.learner = self.live_layer(variant.graph)
+        try:
+            for i, ids in enumerate(prompts):
+                coordinator.generate(
+                    GenerationRequest(
+                        prompt_ids=ids,
+                        max_tokens=self.settings.max_tokens,
+                        temperature=self.settings.temperature,
+                        seed=seed + i,
+                    )
+                )
+        finally:
+            coordinator.learner = None  # paused while measuring
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.decoder.tokenizer
+
+    def encode(self, prompt: str) -> list[int]:
+        from speculant.prompting import encode_prompt
+
+        return encode_prompt(self.tokenizer, prompt)
+
+    def run_hf(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
+        lookup = variant.k if variant.system == "hf-lookup" else None
+        before = self.forwards.count
+        started = time.perf_counter()
+        result = self.plain.generate(
+            prompt_ids,
+            self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            seed=seed,
+            prompt_lookup_num_tokens=lookup,
+        )
+        wall = time.perf_counter() - started
+        return RunRecord(result.token_ids, wall, self.forwards.count - before)
+
+    def run_embedded(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
+        from gateway.coordinator import GenerationRequest
+        from speculant.types import DraftParams
+
+        draft = DraftConfig(
+            k=variant.k or 1,  # plain: its drafter ignores k
+            strategy=self.settings.strategy,
+            attentive_mix=bool(variant.mix),
+            tree_nodes=variant.tree_nodes,
+            adaptive_k=variant.adaptive_k,
+            overlay_weight=variant.overlay_weight,
+        )
+        request = GenerationRequest(
+            prompt_ids=prompt_ids,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            seed=seed,
+            draft=DraftParams.from_config(draft),
+        )
+        started = time.perf_counter()
+        result = self.coordinator(variant).generate(request)
+        wall = time.perf_counter() - started
+        stats = result.stats.as_dict()
+        return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats)
+
+    def close(self) -> None:
+        self.forwards.close()

@@ -1,0 +1,338 @@
+"""The `services` system of a benchmark: draft, verifier and gateway services as child processes
+on free localhost ports (or one `speculant up`), called over gRPC."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.machine import _peak_rss_bytes
+from bench.settings import RPC_TIMEOUT_S, BenchSettings, RunRecord, Variant
+from speculant.affinity import pin_process, split_cores
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the child binds it right after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    address: str
+    process: subprocess.Popen
+    log_path: Path
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """The child environment: OMP/MKL_NUM_THREADS bound the OpenMP pools of every service
+    (torch.get_num_threads() starts from OMP_NUM_THREADS); the verifier also gets
+    ``--torch-threads``."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+class ServiceStack:
+    """The services as child processes on free localhost ports; stop() ends them all.
+
+    "bench" mode: one verifier; per draft tier (graph, learn) one draft service; per tier and
+    --next-round-drafts value one gateway that measures (it reports nothing to the draft tier,
+    so no measured prompt ever drafts from another variant's output of itself). A learning tier
+    also gets a warm-up gateway that reports its generations (see warm_up_learning).
+    "up" / "serve" mode: the one stack `speculant up` (or the serve-* commands) starts with
+    default flags, learning as they do by default."""
+
+    def __init__(self, settings: BenchSettings, log_dir: Path) -> None:
+        self.settings = settings
+        self.log_dir = log_dir
+        self.children: list[ServiceProcess] = []
+        self.channels: list[Any] = []
+        self.stubs: dict[tuple[str, bool, int], Any] = {}  # (graph, learn, prep) -> gateway
+        self.drafts: dict[tuple[str, bool], ServiceProcess] = {}
+        self.verifier: ServiceProcess | None = None
+        self.notes: list[str] = []  # what `up` chose for this host (services_as "up")
+        self._split = None
+
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        address: str | None = None,
+        cores: frozenset[int] | None = None,
+    ) -> ServiceProcess:
+        """Start `speculant ARGS` (on a free port, or at `address` that ARGS name already)."""
+        from gateway.up import _child_setup
+
+        host = "127.0.0.1"
+        command = [sys.executable, "-m", "speculant.cli", *args]
+        if address is None:
+            address = f"{host}:{free_port(host)}"
+            command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
+        log_path = self.log_dir / f"{name}.log"
+        # "bench": every service gets the bench's threads; otherwise the user's environment
+        env = (
+            thread_env(self.settings.torch_threads)
+            if self.settings.services_as == "bench"
+            else None
+        )
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_child_setup(cores),
+            )
+        child = ServiceProcess(name, address, process, log_path)
+        self.children.append(child)
+        return child
+
+    def _start_with_default_flags(self) -> None:
+        """The three services as `speculant up` (services_as "up") or the serve-* commands
+        ("serve") start them with default flags: their own thread choice, `up`'s pinning."""
+        from gateway.up import plan_up
+        from speculant.cli import build_parser
+
+        s = self.settings
+        ports = [str(free_port("127.0.0.1")) for _ in range(3)]
+        argv = ["up", "--graph", s.graph, "--model", s.model, "--device", s.device]
+        argv += ["--gateway-port", ports[0], "--draft-port", ports[1], "--verifier-port", ports[2]]
+        if s.services_as == "serve":
+            argv.append("--no-pin-cpus")
+        plan = plan_up(build_parser().parse_args(argv))
+        self.notes = plan.notes
+        by_name = {}
+        for child in plan.children:
+            args = child.argv
+            if s.services_as == "serve" and child.name == "verifier":
+                # as the README starts it: the verifier chooses its own threads
+                i = args.index("--torch-threads") if "--torch-threads" in args else -1
+                if i >= 0:
+                    args = args[:i] + args[i + 2 :]
+            by_name[child.name] = self._spawn(child.name, args, child.address, child.cores)
+            if child.name == "verifier":
+                self._wait_ready(by_name["draft"])
+                self._wait_ready(by_name["verifier"])
+        self._wait_ready(by_name["gateway"])
+        self.stubs[("", False, 0)] = self._gateway_stub(by_name["gateway"].address)
+
+    def _wait_ready(self, child: ServiceProcess) -> None:
+        from speculant.health import wait_until_serving
+
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            if child.process.poll() is not None:
+                tail = child.log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"the {child.name} service exited (code {child.process.returncode}):\n{tail}"
+                )
+            if wait_until_serving(child.address, timeout_s=0.5):
+                return
+        raise RuntimeError(f"the {child.name} service was not serving after the start-up timeout")
+
+    def _tiers(self) -> list[tuple[str, bool]]:
+        return [
+            (g, learn)
+            for g in ("", *self.settings.compare_graphs)
+            for learn in self.settings.learns
+        ]
+
+    def _draft_args(self, tier: tuple[str, bool]) -> list[str]:
+        graph, learn = tier
+        args = ["serve-draft", "--graph", graph or self.settings.graph]
+        if not learn:
+            return [*args, "--no-learn"]
+        # the learn log lives in the bench's own directory, never beside the user's graph
+        index = self._tiers().index(tier)
+        return [*args, "--learn-log", str(self.log_dir / f"learned-{index}.jsonl")]
+
+    @staticmethod
+    def _tier_name(kind: str, tier: tuple[str, bool], prep: int | None = None) -> str:
+        graph, learn = tier
+        name = kind + (f" graph={Path(graph).name}" if graph else "") + (" learn" if learn else "")
+        return name + (f" prep={prep}" if prep is not None else "")
+
+    def start(self) -> None:
+        s = self.settings
+        if s.services_as != "bench":
+            self._start_with_default_flags()
+            return
+        for tier in self._tiers():
+            self.drafts[tier] = self._spawn(self._tier_name("draft", tier), self._draft_args(tier))
+        self.verifier = self._spawn(
+            "verifier",
+            [
+                *("serve-verifier", "--model", s.model, "--device", s.device),
+                *("--torch-threads", str(s.torch_threads)),
+            ],
+        )
+        for child in [*self.drafts.values(), self.verifier]:
+            self._wait_ready(child)
+        self._split = split_cores(s.torch_threads) if s.pin_cpus else None
+        for child in [*self.drafts.values(), self.verifier]:
+            self._pin(child)
+        for tier, draft in self.drafts.items():
+            for prep in s.next_round_drafts:
+                several = len(s.next_round_drafts) > 1
+                name = self._tier_name("gateway", tier, prep if several else None)
+                self.stubs[(*tier, prep)] = self._gateway(name, draft, ["--no-learn"], prep)
+
+    def _pin(self, child: ServiceProcess) -> None:
+        if self._split is not None:
+            cores = self._split.model if child is self.verifier else self._split.other
+            pin_process(child.process.pid, cores)
+
+    def _gateway(self, name: str, draft: ServiceProcess, extra: list[str], prep: int) -> Any:
+        """Start a gateway on draft and the verifier; its stub."""
+        assert self.verifier is not None
+        gateway = self._spawn(
+            name,
+            [
+                *("serve-gateway", "--draft", draft.address, "--verifier", self.verifier.address),
+                *("--next-round-drafts", str(prep), *extra),
+            ],
+        )
+        self._wait_ready(gateway)
+        self._pin(gateway)
+        return self._gateway_stub(gateway.address)
+
+    def _gateway_stub(self, address: str) -> Any:
+        from speculant.v1 import gateway_pb2_grpc
+
+        return gateway_pb2_grpc.GatewayServiceStub(self._channel(address))
+
+    def warm_up_learning(
+        self, tier: tuple[str, bool], prompts: list[str], progress: Callable[[str], None]
+    ) -> dict[str, Any]:
+        """Generate the warm-up prompts through a reporting gateway of the tier's draft
+        service, wait until it learned them all, and (learn_restart) restart it gracefully,
+        so that what it measures after comes from its learn log. Returns the live layer's
+        figures."""
+        from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2
+
+        draft = self.drafts[tier]
+        stub = self._gateway(self._tier_name("gateway warm-up", tier), draft, [], 0)
+        for i, prompt in enumerate(prompts):
+            request = gateway_pb2.GenerateRequest(
+                prompt=prompt,
+                max_tokens=self.settings.max_tokens,
+                temperature=self.settings.temperature,
+                seed=10_000 + i,
+            )
+            stub.Generate(request, timeout=RPC_TIMEOUT_S)
+        draft_stub = draft_pb2_grpc.DraftServiceStub(self._channel(draft.address))
+        deadline = time.monotonic() + 60
+        while True:  # the gateway reports in the background
+            live = draft_stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=10).live
+            if live.learned_documents >= len(prompts) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        figures = {"warmup_generations": len(prompts), "learned_documents": live.learned_documents}
+        if self.settings.learn_restart:
+            progress(f"restarting {draft.name} (SIGTERM; it replays its learn log)")
+            from gateway.up import Child, stop_children
+
+            stop_children([Child(draft.name, draft.address, draft.process)])
+            self.children.remove(draft)
+            host, port = draft.address.rsplit(":", 1)
+            args = [*self._draft_args(tier), "--host", host, "--port", port]
+            self.drafts[tier] = draft = self._spawn(draft.name, args, draft.address)
+            self._wait_ready(draft)
+            self._pin(draft)
+            draft_stub = draft_pb2_grpc.DraftServiceStub(self._channel(draft.address))
+            live = draft_stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=10).live
+            figures["documents_after_restart"] = live.documents
+        figures["live_layer_bytes"] = live.estimated_bytes
+        return figures
+
+    def _channel(self, address: str) -> Any:
+        import grpc
+
+        channel = grpc.insecure_channel(address)
+        self.channels.append(channel)
+        return channel
+
+    def run(self, variant: Variant, prompt: str, seed: int) -> RunRecord:
+        from google.protobuf import json_format
+
+        from speculant.strategies import STRATEGY_TO_PROTO
+        from speculant.v1 import common_pb2, gateway_pb2
+
+        strategy = STRATEGY_TO_PROTO[self.settings.strategy]
+        request = gateway_pb2.GenerateRequest(
+            prompt=prompt,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            seed=seed,
+            draft=common_pb2.DraftOptions(
+                k=variant.k,
+                strategy=strategy,
+                attentive_mix=variant.mix,
+                tree_nodes=variant.tree_nodes,
+                adaptive_k=variant.adaptive_k,
+                overlay_weight=variant.overlay_weight,
+            ),
+        )
+        started = time.perf_counter()
+        stub = self.stubs[(*variant.draft_tier, variant.next_round_drafts or 0)]
+        response = stub.Generate(request, timeout=RPC_TIMEOUT_S)
+        wall = time.perf_counter() - started
+        stats = json_format.MessageToDict(
+            response.stats,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+        return RunRecord(list(response.token_ids), wall, response.stats.rounds, stats)
+
+    def process_info(self) -> dict[str, Any]:
+        """Per service: pid, address, RSS now, peak RSS, and its OMP_NUM_THREADS."""
+        import psutil
+
+        out: dict[str, Any] = {}
+        for child in self.children:
+            info: dict[str, Any] = {"pid": child.process.pid, "address": child.address}
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(child.process.pid)
+                info["rss_bytes"] = proc.memory_info().rss
+                info["num_threads"] = proc.num_threads()
+                info["omp_num_threads"] = proc.environ().get("OMP_NUM_THREADS")
+            info["peak_rss_bytes"] = _peak_rss_bytes(child.process.pid)
+            out[child.name] = info
+        return out
+
+    def stop(self) -> None:
+        from gateway.up import Child, stop_children
+
+        for channel in self.channels:
+            channel.close()
+        self.channels.clear()
+        stop_children([Child(c.name, c.address, c.process) for c in reversed(self.children)])
+
+
+@contextlib.contextmanager
+def service_stack(settings: BenchSettings) -> Iterator[ServiceStack]:
+    """Started services, stopped on the way out (errors and Ctrl-C included)."""
+    with tempfile.TemporaryDirectory(prefix="speculant-bench-") as log_dir:
+        stack = ServiceStack(settings, Path(log_dir))
+        try:
+            stack.start()
+            yield stack
+        finally:
+            stack.stop()
+
+
+# --- figures -------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""What a `speculant bench generate` run measures: its settings, the systems and variants, the
+prompts, and one record per generation."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
+DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
+SYSTEMS = ("hf", "hf-lookup", "plain", "embedded", "services")
+SERVICES_AS = ("bench", "up", "serve")
+RPC_TIMEOUT_S = 600.0
+
+
+def default_prompts_path() -> Path:
+    """The tinystories dev prompts when ../shared is present, else the demo prompts."""
+    return SHARED_DEV_PROMPTS if SHARED_DEV_PROMPTS.is_file() else DEMO_PROMPTS
+
+
+DEFAULT_TREE_NODES: int = DraftConfig.model_fields["tree_nodes"].default
+DEFAULT_OVERLAY_WEIGHT: float = DraftConfig.model_fields["overlay_weight"].default
+
+
+@dataclass
+class BenchSettings:
+    """What to run; every field is recorded in the JSON output."""
+
+    graph: str
+    model: str
+    prompts: str = field(default_factory=lambda: str(default_prompts_path()))
+    max_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    ks: tuple[int, ...] = (4, 8)
+    mixes: tuple[bool, ...] = (True, False)
+    strategy: str = "greedy"
+    systems: tuple[str, ...] = SYSTEMS
+    limit: int | None = None
+    repetitions: int = 1
+    warmup: int = 1
+    torch_threads: int = 1
+    device: str = "cpu"
+    startup_timeout_s: float = 300.0
+    # services only: one gateway per value (see serve-gateway --next-round-drafts)
+    next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
+    # draft tree sizes (0 = chain), embedded and services; default: DraftConfig's
+    tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
+    # context overlay weights (0 = off), embedded and services; default: DraftConfig's
+    overlay_weights: tuple[float, ...] = (DEFAULT_OVERLAY_WEIGHT,)
+    # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
+    adaptive_ks: tuple[bool, ...] = (False,)
+    pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
+    # more graphs (e.g. a distilled one), each drafting its own embedded / services rows
+    compare_graphs: tuple[str, ...] = ()
+    # online learning off / on (embedded: a live layer; services: a learning draft service),
+    # on after learn_warmup generations of other prompts, then paused while measuring
+    learns: tuple[bool, ...] = (False,)
+    learn_warmup: int = 300
+    learn_warmup_prompts: str | None = None  # JSON lines; default: the graph's corpus prefixes
+    learn_restart: bool = False  # services: restart the learning draft service after warm-up
+    # how the services start: "bench" (torch_threads in every service, pin_cpus), "up" (as
+    # `speculant up` starts them with default flags: its thread choice and pinning), "serve"
+    # (serve-draft, serve-verifier, serve-gateway with default flags, unpinned)
+    services_as: str = "bench"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of the table: a system, and for the speculative ones its k and mixing."""
+
+    system: str
+    k: int | None = None
+    mix: bool | None = None
+    next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
+    tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
+    adaptive_k: bool = False  # draft length from the acceptance history
+    overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
+    graph: str = ""  # "" = settings.graph, else one of settings.compare_graphs
+    learn: bool = False  # drafts from a live layer warmed up on other prompts
+
+    @property
+    def name(self) -> str:
+        if self.system in ("hf", "plain"):
+            return self.system
+        if self.system == "hf-lookup":
+            return f"hf-lookup k={self.k}"
+        name = f"{self.system} k={self.k} mix={'on' if self.mix else 'off'}"
+        if self.tree_nodes != DEFAULT_TREE_NODES:
+            name += f" tree={self.tree_nodes}"
+        if self.overlay_weight != DEFAULT_OVERLAY_WEIGHT:
+            name += f" ov={self.overlay_weight:g}"
+        if self.adaptive_k:
+            name += " adaptive"
+        if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
+            name += f" prep={self.next_round_drafts}"
+        if self.graph:
+            name += f" graph={Path(self.graph).name}"
+        if self.learn:
+            name += " learn"
+        return name
+
+    @property
+    def draft_tier(self) -> tuple[str, bool]:
+        """(graph, learn): the variants that share one drafter's graph and live layer."""
+        return self.graph, self.learn
+
+
+@dataclass
+class RunRecord:
+    """One call of one variant on one prompt."""
+
+    token_ids: list[int]
+    wall_seconds: float
+    rounds: int
+    stats: dict[str, Any] | None = None  # the coordinator's GenerationStats (speculative only)
+
+
+def variants_for(settings: BenchSettings) -> list[Variant]:
+    """The table's rows, in the order of SYSTEMS."""
+    rows: list[Variant] = []
+    for system in SYSTEMS:
+        if system not in settings.systems:
+            continue
+        if system in ("hf", "plain"):
+            rows.append(Variant(system))
+        elif system == "hf-lookup":
+            rows.append(Variant("hf-lookup", k=max(settings.ks)))
+        else:  # embedded, services: one row per draft shape (and gateway, for services)
+            preps = settings.next_round_drafts if system == "services" else (None,)
+            rows.extend(
+                Variant(
+                    system,
+                    k,
+                    mix,
+                    next_round_drafts=prep,
+                    tree_nodes=tree,
+                    adaptive_k=adaptive,
+                    overlay_weight=overlay,
+                    graph=graph,
+                    learn=learn,
+                )
+                for graph, learn, k, mix, tree, overlay, prep, adaptive in itertools.product(
+                    ("", *settings.compare_graphs),
+                    settings.learns,
+                    settings.ks,
+                    settings.mixes,
+                    settings.tree_nodes,
+                    settings.overlay_weights,
+                    preps,
+                    settings.adaptive_ks,
+                )
+            )
+    return rows
+
+
+def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """The `prompt` field of each JSON line, the first `limit` of them."""
+    with open(path, encoding="utf-8") as f:
+        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return prompts[:limit] if limit else prompts
+
+
+# --- machine -------------------------------------------------------------------------------
