@@ -30,7 +30,8 @@ import numpy as np
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from draft_service.drafting import DEFAULT_CACHE_SIZE, Drafter
+from draft_service.drafting import Drafter
+from draft_service.step_cache import DEFAULT_CACHE_SIZE
 from speculant.config import DEFAULT_TREE_NODES
 from speculant.graph_reader import NGramGraph
 from speculant.strategies import STRATEGY_TO_PROTO

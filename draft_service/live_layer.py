@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from speculant.config import DEFAULT_LEARN_MEMORY_MB, DEFAULT_LEARN_WEIGHT
+from speculant.graph_format import KEY_DTYPE
 
 # Bytes of Python objects per context key (its bytes object, dict slots, the inner dict of
 # successors) and per (context, successor) pair (a dict slot, the int objects), measured with
@@ -95,7 +96,7 @@ class LiveLayer:
         """Count one document's n-grams; forget the oldest documents while over the memory cap.
         Returns the tokens kept (a document that alone exceeds the cap keeps its last tokens;
         one shorter than two tokens has no n-gram and is not kept)."""
-        packed = np.asarray(token_ids, dtype=">u4").tobytes()
+        packed = np.asarray(token_ids, dtype=KEY_DTYPE).tobytes()
         fits = (self.max_bytes - DOCUMENT_BYTES) // (4 + self.max_order * (KEY_BYTES + PAIR_BYTES))
         packed = packed[-4 * max(0, fits) :] if len(packed) > 4 * fits else packed
         if len(packed) < 8:
@@ -117,7 +118,7 @@ class LiveLayer:
     def _count(self, packed: bytes, delta: int) -> None:
         """Add (delta +1) or subtract (-1) one document's n-gram counts (lock held)."""
         counts, frozen, top = self._counts, self._frozen, self.max_order
-        tokens = np.frombuffer(packed, dtype=">u4").tolist()
+        tokens = np.frombuffer(packed, dtype=KEY_DTYPE).tolist()
         for i in range(1, len(tokens)):  # token i follows the contexts ending at token i - 1
             successor = tokens[i]
             for order in range(1, min(top, i) + 1):

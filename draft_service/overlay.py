@@ -34,6 +34,8 @@ import threading
 
 import numpy as np
 
+from speculant.graph_format import KEY_DTYPE
+
 # Context tokens the cache of one drafter keeps indexed, in all (about 200 MB at most).
 MAX_CACHED_TOKENS = 131_072
 
@@ -155,7 +157,7 @@ class ContextIndex:
         if not packed_tokens:
             return
         data = self.packed + packed_tokens
-        tokens = np.frombuffer(packed_tokens, dtype=">u4").tolist()
+        tokens = np.frombuffer(packed_tokens, dtype=KEY_DTYPE).tolist()
         counts, frozen, top = self._counts, self._frozen, self.max_order
         for offset, token in enumerate(tokens):
             i = self.length + offset  # token i follows the n-grams ending at token i - 1

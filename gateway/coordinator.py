@@ -234,10 +234,11 @@ class Coordinator:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
         with a request's draft.overlay_weight > 0 it sees the whole context instead.
 
-        next_round_drafts: with a drafter that can prepare them (gateway.clients.GrpcDraftClient),
-        ask it each round to prepare drafts for this many likely outcomes of the verification
-        while the verifier runs; when the outcome is one of them, the next round starts without
-        waiting for a draft call. The output is the same either way (0 = off).
+        next_round_drafts: with a drafter that can prepare them
+        (gateway.draft_client.GrpcDraftClient), ask it each round to prepare drafts for this
+        many likely outcomes of the verification while the verifier runs; when the outcome is
+        one of them, the next round starts without waiting for a draft call. The output is the
+        same either way (0 = off).
 
         learner: gets each finished generation's tokens (prompt and output), so that the
         drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).

@@ -1,8 +1,8 @@
 """The two small interfaces the coordinator drives: a drafter and a verifier.
 
 Each has an in-process implementation (embedded mode: draft_service.drafting.Drafter and
-verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.clients), so the same round
-logic runs in one process or across services.
+verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.draft_client,
+gateway.verifier_client), so the same round logic runs in one process or across services.
 """
 
 from __future__ import annotations

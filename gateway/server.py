@@ -24,24 +24,21 @@ from dataclasses import asdict, fields
 import grpc
 
 from gateway.alignment import check_tokenizer_alignment
-from gateway.clients import (
-    DEFAULT_VERIFIER_TIMEOUT_S,
-    GrpcDraftClient,
-    GrpcVerifierClient,
-    request_deadline,
-)
 from gateway.coordinator import (
     Coordinator,
     GenerationRequest,
     GenerationResult,
     StreamChunk,
 )
+from gateway.deadlines import request_deadline
+from gateway.draft_client import GrpcDraftClient
 from gateway.interfaces import GenerationLearner
 from gateway.learning import LearnReporter
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limits import SLACK, check_prompt_chars, max_token_chars
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason
+from gateway.verifier_client import DEFAULT_VERIFIER_TIMEOUT_S, GrpcVerifierClient
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
     DEFAULT_NEXT_ROUND_DRAFTS,

@@ -39,7 +39,7 @@ MIN_MIX_TEMPERATURE = 1e-6
 # is off by default; it can only pay where the draft service has spare CPU (not measured).
 DEFAULT_NEXT_ROUND_DRAFTS = 0
 # How often the draft service looks for a newly published graph (draft_service.reload), and how
-# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.clients), in seconds.
+# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.draft_client), in seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0
 # Input bounds of the internal services, checked before any work (INVALID_ARGUMENT naming the

@@ -24,7 +24,9 @@ import contextlib
 import hashlib
 import json
 import os
+import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,6 +48,7 @@ MANIFEST_FILE = "manifest.json"
 
 KEY_DTYPE = np.dtype(">u4")  # context ids in keys: big-endian so byte order == numeric order
 VALUE_DTYPE = np.dtype("<u4")  # successor ids and counts in values
+_PACK_ONE = struct.Struct(">I").pack  # one id as a key part
 
 
 class GraphFormatError(FailedPreconditionError):
@@ -60,6 +63,18 @@ def order_db_name(order: int) -> bytes:
 def encode_context(context_ids: np.ndarray | list[int]) -> bytes:
     """Pack an order-o context (o token ids) into its LMDB key."""
     return np.asarray(context_ids, dtype=KEY_DTYPE).tobytes()
+
+
+def tail_key(context_ids: Sequence[int] | np.ndarray, max_order: int) -> bytes:
+    """The last <= max_order ids of a context as big-endian uint32: the key of its highest
+    order; the key of order o <= that is its last 4*o bytes."""
+    tail = [int(t) for t in context_ids[max(0, len(context_ids) - max_order) :]]
+    return struct.pack(f">{len(tail)}I", *tail)
+
+
+def extend_tail(tail: bytes, token: int, max_order: int) -> bytes:
+    """tail_key of the context that `tail` ends, followed by `token`."""
+    return (tail + _PACK_ONE(token))[-4 * max_order :]
 
 
 def encode_successors(successor_ids: np.ndarray, counts: np.ndarray) -> bytes:

@@ -283,7 +283,7 @@ def test_greedy_cache_is_transparent_and_bounded(graph: NGramGraph) -> None:
             order_bias=float(rng.choice([0.0, 1.0])),
         )
         assert plain(cached.propose(context, params)) == plain(uncached.propose(context, params))
-        assert len(cached._greedy_cache) <= 3
+        assert len(cached.chain.cache) <= 3
 
 
 # -- validation --------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from gateway.clients import REPLICA_HOLD_OFF_S, GrpcDraftClient, expand_addresses
+from gateway.draft_client import GrpcDraftClient
+from gateway.draft_replicas import REPLICA_HOLD_OFF_S, expand_addresses
 from speculant.errors import InvalidArgumentError
 from speculant.health import wait_until_serving
 from speculant.types import DraftParams

@@ -15,7 +15,8 @@ import torch
 from scipy.stats import chisquare
 
 import verifier_service.verifier as verifier_module
-from draft_service.drafting import TREE_WIDTH, Drafter
+from draft_service.drafting import Drafter
+from draft_service.tree import TREE_WIDTH
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph

@@ -9,8 +9,9 @@ import time
 import grpc
 import pytest
 
-from gateway.clients import GrpcDraftClient, GrpcVerifierClient
+from gateway.draft_client import GrpcDraftClient
 from gateway.server import GatewayServicer, start_gateway
+from gateway.verifier_client import GrpcVerifierClient
 from speculant.config import GenerationConfig
 from speculant.errors import FailedPreconditionError
 from speculant.health import health_status

@@ -376,7 +376,8 @@ def test_error_classes_map_to_http_statuses(error, status):
 
 def test_https_with_the_gateways_certificate(certs):  # noqa: F811
     """An HTTP API on a TLS gateway serves HTTPS with the same certificate and client CA."""
-    from gateway.clients import GrpcDraftClient, GrpcVerifierClient
+    from gateway.draft_client import GrpcDraftClient
+    from gateway.verifier_client import GrpcVerifierClient
 
     servicer = GatewayServicer(GrpcDraftClient(["127.0.0.1:1"]), GrpcVerifierClient("127.0.0.1:1"))
     api = HttpApiServer(servicer, tls=_server_tls(certs, mutual=True), model_name=MODEL).start()

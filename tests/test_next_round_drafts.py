@@ -15,7 +15,7 @@ import pytest
 
 from draft_service.drafting import Drafter
 from gateway.baseline import PlainDecoder
-from gateway.clients import GrpcDraftClient
+from gateway.draft_client import GrpcDraftClient
 from speculant.errors import RemoteError, UnavailableError
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams

@@ -1,0 +1,130 @@
+"""Chain drafts: up to k tokens, each drafted after the context and the drafts before it.
+
+At each position: the successor counts after the tail (:mod:`draft_service.successors`), mixed
+into q; ``greedy`` drafts argmax q and reports a point mass (the distribution it was drawn
+from), ``sampling`` draws from q and reports q. A dead end (no order matches) ends the draft.
+*Adaptive length* (min_draft_prob > 0): the draft ends before position i (i >= 2) when the
+running probability q(d_1) * ... * q(d_{i-1}) * max q_i falls below min_draft_prob (see
+:func:`too_unlikely` for why sampled drafts decide it before drawing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from draft_service.overlay import ContextIndex
+from draft_service.step_cache import StepCache, mix_key, point_mass
+from draft_service.successors import Successors, overlay_successors
+from speculant.graph_format import extend_tail, tail_key
+from speculant.graph_reader import decode_values, match_orders
+from speculant.types import DraftParams, DraftProposal, SparseDistribution
+
+
+class ChainDrafter:
+    """Chains of drafts from one graph's successors; greedy steps kept in a StepCache keyed by
+    (tail, mix_key) or, with overlay or live counts, (tail, mix_key, overlay weight, overlay
+    counts, live signature) -> (token, matched order, q(token) or NaN[, source])."""
+
+    def __init__(self, successors: Successors, cache: StepCache) -> None:
+        self.successors = successors
+        self.cache = cache
+
+    def propose(
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        seed: int | None,
+        overlay: ContextIndex | None,
+    ) -> DraftProposal:
+        """A chain of up to params.k drafts after context_ids (checked, params resolved)."""
+        successors, mixer = self.successors, self.successors.mixer
+        max_order = successors.graph.max_order
+        tail = tail_key(context_ids, max_order)
+        txn, dbs = successors.graph.raw_lookup()
+        every_order = params.effective_mixing != "backoff"
+        greedy = params.strategy == "greedy"
+        rng = None if greedy else np.random.default_rng(seed)
+        proposal = DraftProposal()
+        cache = self.cache.entries if greedy and self.cache.enabled else None
+        remember = self.cache.remember
+        key_of_mix = mix_key(params)
+        min_prob = params.min_draft_prob
+        running = 1.0  # q(d_1) * ... * q(d_i) so far
+        for _ in range(params.k):
+            source = "graph"
+            found = overlay_successors(overlay, tail)
+            learned, signature = successors.learned(tail)
+            if found or learned:  # more counts than the graph's for this tail: combine them
+                key = (
+                    (tail, key_of_mix, params.overlay_weight, found, signature) if greedy else None
+                )
+                step = cache.get(key) if cache is not None else None
+                if step is None:
+                    combined = successors.combined(tail, txn, dbs, params, found, learned)
+                    if greedy:
+                        token, prob = successors.argmax_combined(combined, params)
+                        dist = point_mass(token)
+                    else:
+                        ids, q = mixer.mix(combined.orders, combined.ids, combined.counts, params)
+                        if too_unlikely(running, q, min_prob, proposal):
+                            break
+                        token, dist, prob = sample(ids, q, rng)
+                    order, source = combined.orders[0], combined.source_of(token)
+                    if cache is not None:
+                        remember(key, (token, order, prob, source))
+                else:
+                    token, order, prob, source = step
+                    dist = point_mass(token)
+            elif greedy:
+                step = cache.get((tail, key_of_mix)) if cache is not None else None
+                if step is None or (min_prob and step[2] != step[2]):  # missing, or NaN q
+                    step = successors.greedy_step(tail, txn, dbs, params, with_prob=min_prob > 0)
+                    if cache is not None:
+                        remember((tail, key_of_mix), step)
+                token, order, prob = step
+                if order == 0:
+                    break  # dead end: a partial (possibly empty) draft
+                dist = point_mass(token)
+            else:
+                orders, values = match_orders(tail, txn, dbs, every_order)
+                if not orders:
+                    break
+                ids, q = mixer.mix(orders, *decode_values(values), params)
+                if too_unlikely(running, q, min_prob, proposal):
+                    break
+                token, dist, prob = sample(ids, q, rng)
+                order = orders[0]
+            if greedy and running * prob < min_prob and proposal.token_ids:
+                break  # adaptive length: d_i is too unlikely to survive verification
+            running *= prob
+            proposal.token_ids.append(token)
+            proposal.distributions.append(dist)
+            proposal.matched_orders.append(order)
+            proposal.sources.append(source)
+            tail = extend_tail(tail, token, max_order)
+        return proposal
+
+
+def too_unlikely(running: float, q: np.ndarray, min_prob: float, proposal: DraftProposal) -> bool:
+    """Adaptive length for a sampled draft: whether the draft ends before the next position,
+    decided *before* sampling it, from the running probability so far and max q (the
+    likeliest token's chance), never from the token drawn. So the token drafted at a position
+    is always a plain draw from the q it reports: cutting the draft after a draw (when the
+    drawn token's q is small) would make it a draw from q restricted to its likelier tokens,
+    and the verifier, correcting against q, would no longer sample the target distribution."""
+    return bool(proposal.token_ids) and running * float(q.max()) < min_prob
+
+
+def sample(
+    ids: np.ndarray, q: np.ndarray, rng: np.random.Generator
+) -> tuple[int, SparseDistribution, float]:
+    """Draw one id from q by inverse CDF; return it, q (ids with q == 0 dropped) and q(id)."""
+    if not q.all():  # an order whose softmax weight underflowed contributes nothing
+        keep = q > 0
+        ids, q = ids[keep], q[keep]
+    cdf = np.cumsum(q)
+    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    index = min(index, q.size - 1)
+    return int(ids[index]), SparseDistribution(ids.astype(np.int64), q), float(q[index])

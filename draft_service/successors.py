@@ -1,0 +1,149 @@
+"""The successor counts drafting mixes q from, after one context tail.
+
+Three sources, highest order first at each: the graph's counts c_graph,o; the live layer's
+(what the draft tier learned from the generations it served, :mod:`draft_service.live_layer`),
+added as live.weight * c_live,o; and the overlay's (the request's own context,
+:mod:`draft_service.overlay`), added as overlay_weight * c_context,o. Each successor's *source*
+says who listed it: "graph" (the graph or the live layer: the tier's shared counts),
+"overlay", or "both".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import lmdb
+import numpy as np
+
+from draft_service.live_layer import LiveLayer
+from draft_service.mixing import Mixer
+from draft_service.overlay import Combined, ContextIndex, as_arrays, combine
+from speculant.graph_format import VALUE_DTYPE
+from speculant.graph_reader import NGramGraph, decode_values, match_orders, match_successors
+from speculant.types import DraftParams
+
+DEAD_END = (-1, 0, 0.0)  # a greedy step where no order matches: (token, order, q)
+# (matching orders, successor ids per order, counts per order, token -> its source)
+Counts = tuple[list[int], list[np.ndarray], list[np.ndarray], Callable[[int], str]]
+
+
+class Successors:
+    """Successor counts and greedy steps after a tail, from a graph and an optional live layer
+    (thread-safe: reads only)."""
+
+    def __init__(self, graph: NGramGraph, live: LiveLayer | None, mixer: Mixer) -> None:
+        self.graph = graph
+        self.live = live
+        self.mixer = mixer
+
+    def learned(self, tail: bytes) -> tuple[tuple, tuple]:
+        """(the live layer's successor counts for tail, their signature for cache keys), see
+        LiveLayer.lookup; ((), ()) without a layer."""
+        return self.live.lookup(tail) if self.live is not None else ((), ())
+
+    def counts(
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        found: tuple,
+        learned: tuple,
+    ) -> Counts:
+        """The counts after tail: the graph's, combined with learned (the live layer's) and
+        found (the overlay's, ContextIndex.successors) when there are any; no orders at a dead
+        end."""
+        if not (found or learned):
+            every_order = params.effective_mixing != "backoff"
+            return *match_successors(tail, txn, dbs, every_order), from_graph
+        combined = self.combined(tail, txn, dbs, params, found, learned)
+        return combined.orders, combined.ids, combined.counts, combined.source_of
+
+    def combined(
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        found: tuple,
+        learned: tuple,
+    ) -> Combined:
+        """The graph's counts after tail plus live.weight times learned, then plus
+        overlay_weight times found: c_graph + w_live c_live + w c_ctx per order. A token the
+        live layer alone lists counts as "graph", one the overlay lists as "overlay" or
+        "both"."""
+        every_order = params.effective_mixing != "backoff"
+        orders, ids, counts = match_successors(tail, txn, dbs, every_order)
+        if learned:
+            assert self.live is not None
+            shared = combine(orders, ids, counts, learned, self.live.weight, every_order)
+            orders, ids, counts = shared.orders, shared.ids, shared.counts
+            if not found:
+                return Combined(orders, ids, counts, ids, [])
+        return combine(orders, ids, counts, as_arrays(found), params.overlay_weight, every_order)
+
+    def greedy_step(
+        self,
+        tail: bytes,
+        txn: lmdb.Transaction,
+        dbs: list,
+        params: DraftParams,
+        *,
+        with_prob: bool,
+    ) -> tuple[int, int, float]:
+        """(argmax q, matched order, q(argmax)) after tail from the graph alone; DEAD_END where
+        no order matches.
+
+        with_prob=False may leave q(argmax) NaN (not needed without min_draft_prob: saves a
+        numpy sum per backoff step); such a cached step is recomputed when it is needed.
+        """
+        mode = params.effective_mixing
+        if mode == "witten-bell" and not with_prob:  # look at the highest order first
+            orders, values = match_orders(tail, txn, dbs, every_order=False)
+            if not orders:
+                return DEAD_END
+            if witten_bell_decided(values[0], params.escape_weight):
+                top = int(np.frombuffer(values[0], dtype=VALUE_DTYPE, count=1)[0])
+                return top, orders[0], math.nan
+            lower_orders, lower_values = match_orders(tail, txn, dbs, True, top=orders[0] - 1)
+            orders += lower_orders
+            values += lower_values
+        else:
+            orders, values = match_orders(tail, txn, dbs, every_order=mode != "backoff")
+            if not orders:
+                return DEAD_END
+        token, prob = self.mixer.argmax(orders, *decode_values(values), params, with_prob)
+        return token, orders[0], prob
+
+    def argmax_combined(self, combined: Combined, params: DraftParams) -> tuple[int, float]:
+        """(argmax q, q(argmax)) over combined counts (ties: lowest id)."""
+        if len(combined.orders) == 1:  # combined counts are not sorted: no shortcut
+            counts = combined.counts[0]
+            top = counts.max()
+            return int(combined.ids[0][counts == top].min()), float(top / counts.sum())
+        return self.mixer.argmax(combined.orders, combined.ids, combined.counts, params)
+
+
+def witten_bell_decided(value: memoryview, escape_weight: float) -> bool:
+    """Whether the highest matching order alone fixes the Witten-Bell argmax.
+
+    With that order's counts a_1 >= a_2 >= ... (C in all, T distinct), b = escape_weight and
+    lambda = C / (C + b T), q(x) = lambda * a_x / C + (1 - lambda) * Q(x) for some distribution Q
+    of the lower orders, so q(top) - q(y) >= (a_1 - a_2 - b T) / (C + b T) > 0 for every other y
+    when a_1 - a_2 > b T: the top successor is the strict argmax whatever the lower orders say.
+    """
+    flat = np.frombuffer(value, dtype=VALUE_DTYPE)  # [2T]: T ids, then T counts
+    types = flat.size >> 1
+    second = int(flat[types + 1]) if types > 1 else 0
+    return int(flat[types]) - second > escape_weight * types
+
+
+def from_graph(_token: int) -> str:
+    """The source of every successor when only the graph has counts."""
+    return "graph"
+
+
+def overlay_successors(overlay: ContextIndex | None, tail: bytes) -> tuple:
+    """The overlay's successor counts for tail (ContextIndex.successors); () without one."""
+    return overlay.successors(tail) if overlay is not None else ()

@@ -1,0 +1,150 @@
+"""Draft trees: up to tree_nodes tokens, at most k deep, grown best-first by path probability
+q(t_1) * ... * q(t_d) under the mixed q.
+
+``greedy``: each node offers its TREE_WIDTH likeliest successors (each q a point mass); the
+greedy chain is its first branch. ``sampling``: each node's children are TREE_WIDTH draws from
+its q *without replacement* (fewer where q has fewer tokens or the budget ends; how many is
+fixed before drawing), child i reporting q_i = q without the earlier children, renormalised:
+what the verifier's recursive rejection rule needs (verifier_service.rejection). The verifier
+checks every branch in one forward pass and keeps the path it accepts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from draft_service.chain import sample
+from draft_service.overlay import ContextIndex
+from draft_service.step_cache import StepCache, mix_key, point_mass
+from draft_service.successors import Successors, overlay_successors
+from speculant.graph_format import extend_tail, tail_key
+from speculant.types import DraftParams, DraftProposal
+
+TREE_WIDTH = 3  # successors a tree node offers (3 beat 2 on the tinystories dev prompts)
+# A tree step: (matched order, [(successor, q, source), ...] likeliest first), (0, []) at a dead end
+TreeStep = tuple[int, list[tuple[int, float, str]]]
+
+
+class TreeDrafter:
+    """Draft trees from one graph's successors; greedy tree steps kept in a StepCache keyed
+    like the chain's."""
+
+    def __init__(self, successors: Successors, cache: StepCache) -> None:
+        self.successors = successors
+        self.cache = cache
+
+    def propose_greedy(
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        overlay: ContextIndex | None,
+    ) -> DraftProposal:
+        """A greedy draft tree after context_ids: best-first on path probability."""
+        max_order = self.successors.graph.max_order
+        root = tail_key(context_ids, max_order)
+        key_of_mix = mix_key(params)
+        proposal = DraftProposal()
+        ties = itertools.count()
+        # max-heap of candidate nodes:
+        # (-path probability, tie, parent, token, depth, order, source, tail)
+        frontier: list[tuple[float, int, int, int, int, int, str, bytes]] = []
+
+        def offer_children(tail: bytes, parent: int, depth: int, path_prob: float) -> None:
+            order, successors = self.step(tail, params, key_of_mix, overlay)
+            for token, q, source in successors:
+                item = (-path_prob * q, next(ties), parent, token, depth, order, source, tail)
+                heapq.heappush(frontier, item)
+
+        offer_children(root, -1, 0, 1.0)
+        while frontier and len(proposal.token_ids) < params.tree_nodes:
+            neg_prob, _, parent, token, depth, order, source, tail = heapq.heappop(frontier)
+            index = len(proposal.token_ids)
+            proposal.token_ids.append(token)
+            proposal.parents.append(parent)
+            proposal.distributions.append(point_mass(token))
+            proposal.matched_orders.append(order)
+            proposal.sources.append(source)
+            if depth + 1 < params.k:
+                child_tail = extend_tail(tail, token, max_order)
+                offer_children(child_tail, index, depth + 1, -neg_prob)
+        return proposal
+
+    def propose_sampled(
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        seed: int | None,
+        overlay: ContextIndex | None,
+    ) -> DraftProposal:
+        """A tree of sampled drafts: nodes expanded best-first on path probability, each with
+        up to TREE_WIDTH children drawn from its q without replacement."""
+        successors = self.successors
+        max_order = successors.graph.max_order
+        root = tail_key(context_ids, max_order)
+        txn, dbs = successors.graph.raw_lookup()
+        rng = np.random.default_rng(seed)
+        proposal = DraftProposal()
+        ties = itertools.count()
+        # max-heap of nodes to expand: (-path probability, tie, node index, depth, tail)
+        frontier: list[tuple[float, int, int, int, bytes]] = [(-1.0, next(ties), -1, 0, root)]
+        while frontier and len(proposal.token_ids) < params.tree_nodes:
+            neg_prob, _, node, depth, tail = heapq.heappop(frontier)
+            found = overlay_successors(overlay, tail)
+            orders, ids_list, counts_list, source_of = successors.counts(
+                tail, txn, dbs, params, found, successors.learned(tail)[0]
+            )
+            if not orders:
+                continue  # a dead end: no children
+            order = orders[0]
+            ids, q = successors.mixer.mix(orders, ids_list, counts_list, params)
+            keep = q > 0
+            ids, q = ids[keep], q[keep] / q[keep].sum()  # [support]
+            draws = min(TREE_WIDTH, ids.size, params.tree_nodes - len(proposal.token_ids))
+            for _ in range(draws):  # fixed before drawing: exactness needs that
+                token, dist, prob = sample(ids, q, rng)  # dist: q_i, the q it came from
+                proposal.token_ids.append(token)
+                proposal.parents.append(node)
+                proposal.distributions.append(dist)
+                proposal.matched_orders.append(order)
+                proposal.sources.append(source_of(token))
+                if depth + 1 < params.k:
+                    path_prob = -neg_prob * prob
+                    child_tail = extend_tail(tail, token, max_order)
+                    index = len(proposal.token_ids) - 1
+                    heapq.heappush(frontier, (-path_prob, next(ties), index, depth + 1, child_tail))
+                others = ids != token  # without replacement: the next sibling's q_i
+                ids, q = ids[others], q[others]
+                if ids.size:
+                    q = q / q.sum()
+        return proposal
+
+    def step(
+        self, tail: bytes, params: DraftParams, key_of_mix: tuple, overlay: ContextIndex | None
+    ) -> TreeStep:
+        """(matched order, the TREE_WIDTH likeliest successors after tail with their q and
+        source; ties: lowest id first); (0, []) at a dead end. Cached (keyed by the overlay's
+        and the live layer's counts for tail too, where they have any)."""
+        successors = self.successors
+        found = overlay_successors(overlay, tail)
+        learned, signature = successors.learned(tail)
+        if found or learned:
+            key: tuple = (tail, key_of_mix, params.overlay_weight, found, signature)
+        else:
+            key = (tail, key_of_mix)
+        step = self.cache.entries.get(key)
+        if step is None:
+            txn, dbs = successors.graph.raw_lookup()
+            orders, ids_list, counts_list, source_of = successors.counts(
+                tail, txn, dbs, params, found, learned
+            )
+            step = (0, [])  # a dead end
+            if orders:
+                best = successors.mixer.top(orders, ids_list, counts_list, params, TREE_WIDTH)
+                step = (orders[0], [(token, q, source_of(token)) for token, q in best])
+            if self.cache.enabled:
+                self.cache.remember(key, step)
+        return step

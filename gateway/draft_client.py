@@ -1,0 +1,281 @@
+"""The gRPC drafter of the coordinator: drafts from one or more draft-service replicas over
+open ProposeStreams, and reports what was generated (Learn)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.deadlines import remaining_time
+from gateway.draft_calls import GrpcDraftCall, UnaryDraftCall
+from gateway.draft_replicas import REPLICA_HOLD_OFF_S, Replica, expand_addresses, stream_refused
+from gateway.draft_wire import is_greedy_request, proposal_from_message, propose_request
+from gateway.stream_watchdog import StreamWatchdog
+from speculant.config import DEFAULT_DRAFT_REFRESH_S
+from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
+from speculant.request_context import request_metadata
+from speculant.stream_exchange import StreamExchange
+from speculant.tls import ClientTls
+from speculant.types import (
+    DraftParams,
+    DraftProposal,
+)
+from speculant.v1 import (
+    draft_pb2,
+)
+
+log = logging.getLogger(__name__)
+
+
+LEARN_TIMEOUT_S = 2.0  # one Learn report to one draft replica (off the request's path)
+
+
+@dataclass
+class LearnDelivery:
+    """Where one Learn report went: the replicas that took it, failed, and persisted it."""
+
+    delivered: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    persisted_by: str = ""
+
+
+class GrpcDraftClient:
+    """Drafts from one or more draft-service replicas over open streams (ProposeStream), round
+    robin, failing over to the next replica on an error or a timeout. A replica that failed goes
+    to the back of the order for REPLICA_HOLD_OFF_S (a passive health check), so a dead replica
+    costs one failed call per hold-off, not one per round.
+
+    The replica set can change while calls run (``refresh``): with ``dns:NAME:PORT`` entries
+    (see expand_addresses) a background thread resolves them again every ``refresh_s`` seconds,
+    so replicas a scaler adds are used and removed ones are dropped without a restart.
+
+    Streams: each replica's open streams are pooled (gateway.stream_pool): idle ones are closed
+    after a few seconds, and a replica that refuses a new stream (it serves its limit: each
+    open stream holds one of its threads) is asked by unary Propose until it takes streams
+    again, which is not a failure."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        timeout_s: float = 0.25,
+        tls: ClientTls | None = None,
+        refresh_s: float = DEFAULT_DRAFT_REFRESH_S,
+        resolve: Callable[[Sequence[str]], list[str]] = expand_addresses,
+    ) -> None:
+        """addresses: HOST:PORT and dns:NAME:PORT entries. tls: connect over TLS (see
+        speculant.tls), else plaintext. refresh_s: resolve dns: entries again this often
+        (0 = only at start-up). resolve: entries -> HOST:PORT replicas (tests replace it)."""
+        if not addresses:
+            raise ValueError("at least one draft service address is needed")
+        self._entries = list(addresses)
+        self._resolve = resolve
+        self._tls = tls
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._replicas: list[Replica] = []
+        self._turn = itertools.count()
+        self._watchdog = StreamWatchdog()
+        self._stopped = threading.Event()
+        self.refresh()
+        if refresh_s > 0 and any(a.startswith("dns:") for a in self._entries):
+            threading.Thread(
+                target=self._refresh_loop, args=(refresh_s,), name="draft-dns", daemon=True
+            ).start()
+        threading.Thread(target=self._trim_loop, name="draft-streams", daemon=True).start()
+
+    @property
+    def addresses(self) -> list[str]:
+        """The current replicas' HOST:PORT addresses."""
+        return [replica.address for replica in self._replicas]
+
+    def refresh(self) -> None:
+        """Resolve the entries again and switch to that replica set: known replicas keep their
+        streams and hold-off, new ones are added, gone ones stop getting calls (their idle
+        streams are closed; calls in flight on them finish)."""
+        addresses = self._resolve(self._entries)
+        if not addresses:
+            raise UnavailableError(f"--draft: {', '.join(self._entries)} resolved to nothing")
+        with self._lock:
+            known = {replica.address: replica for replica in self._replicas}
+            replicas = [known.get(a) or Replica.connect(a, self._tls) for a in addresses]
+            current = set(addresses)
+            gone = [r for r in self._replicas if r.address not in current]
+            self._replicas = replicas
+        for replica in gone:
+            log.info("draft replica %s left the set", replica.address)
+            replica.streams.close()
+        for replica in replicas:
+            if replica.address not in known and known:
+                log.info("draft replica %s joined the set", replica.address)
+
+    def _refresh_loop(self, interval_s: float) -> None:
+        while not self._stopped.wait(interval_s):
+            try:
+                self.refresh()
+            except (InvalidArgumentError, UnavailableError) as exc:  # keep the current set
+                log.warning("draft replicas not refreshed: %s", exc)
+
+    def _trim_loop(self, interval_s: float = 1.0) -> None:
+        """Close the streams that stayed idle too long (they hold a draft service thread)."""
+        while not self._stopped.wait(interval_s):
+            for replica in self._replicas:
+                replica.streams.trim()
+
+    def close(self) -> None:
+        """Stop refreshing the replica set and close the idle streams."""
+        self._stopped.set()
+        for replica in self._replicas:
+            replica.streams.close()
+
+    def _replica_order(self) -> list[Replica]:
+        """Round robin, replicas held off after a failure last."""
+        with self._lock:
+            replicas = self._replicas
+            first = next(self._turn) % len(replicas)
+        order = replicas[first:] + replicas[:first]
+        now = time.monotonic()
+        return sorted(order, key=lambda r: r.held_off_until > now)  # stable: keeps rotation
+
+    def hold_off(self, replica: Replica) -> None:
+        with self._lock:
+            replica.held_off_until = time.monotonic() + REPLICA_HOLD_OFF_S
+
+    def check_in(self, replica: Replica, exchange: StreamExchange) -> None:
+        with self._lock:
+            current = replica in self._replicas
+        if current:
+            replica.streams.checkin(exchange)
+        else:  # the replica left the set while this call ran
+            replica.streams.discard(exchange)
+
+    def receive(self, replica: Replica, exchange: StreamExchange) -> draft_pb2.ProposeResponse:
+        """The next response on `exchange`, cancelled by the watchdog past the draft timeout."""
+        ticket = self._watchdog.watch(exchange, remaining_time(self.timeout_s))
+        try:
+            return exchange.receive(f"draft service {replica.address}")
+        finally:
+            self._watchdog.done(ticket)
+
+    def _propose_on(
+        self, replica: Replica, request: draft_pb2.ProposeRequest
+    ) -> draft_pb2.ProposeResponse:
+        """The replica's answer: on a pooled stream, or by unary Propose when it takes none."""
+        exchange = replica.streams.checkout()
+        if exchange is None:
+            return self._propose_unary(replica, request)
+        exchange.send(request)
+        try:
+            response = self.receive(replica, exchange)
+        except RemoteError as exc:
+            if not stream_refused(exc, exchange):
+                replica.streams.discard(exchange)
+                raise
+            replica.streams.refused(exchange)
+            return self._propose_unary(replica, request)
+        except UnavailableError:
+            replica.streams.discard(exchange)
+            raise
+        self.check_in(replica, exchange)
+        return response
+
+    def _propose_unary(
+        self, replica: Replica, request: draft_pb2.ProposeRequest
+    ) -> draft_pb2.ProposeResponse:
+        try:
+            return replica.stub.Propose(
+                request, timeout=remaining_time(self.timeout_s), metadata=request_metadata()
+            )
+        except grpc.RpcError as exc:
+            raise RemoteError.from_rpc_error(exc, f"draft service {replica.address}") from exc
+
+    def propose(
+        self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
+    ) -> DraftProposal:
+        return self.propose_message(propose_request(context_ids, params, seed))
+
+    def propose_message(
+        self, request: draft_pb2.ProposeRequest, skip: Replica | None = None
+    ) -> DraftProposal:
+        """Ask each replica in turn (but `skip`) until one answers."""
+        last_error: Exception | None = None
+        for replica in self._replica_order():
+            if replica is skip:
+                continue
+            try:
+                response = self._propose_on(replica, request)
+                return proposal_from_message(response, is_greedy_request(request))
+            except (RemoteError, UnavailableError) as exc:
+                last_error = exc
+                self.hold_off(replica)
+                log.debug("draft replica %s failed: %s", replica.address, exc)
+        if last_error is None:
+            raise UnavailableError("no other draft service replica to ask")
+        raise last_error
+
+    def start(
+        self,
+        context_ids: Sequence[int],
+        params: DraftParams,
+        seed: int | None,
+        next_round_drafts: int,
+        next_round_seed: int | None,
+        draft_known: bool = False,
+    ) -> GrpcDraftCall | UnaryDraftCall:
+        """Send a ProposeRequest that also asks for next-round drafts; return at once.
+        draft_known: the caller holds this draft already; only the next-round drafts come.
+        Without a stream to the replica (it takes none now), the draft comes by unary Propose
+        when asked for, without next-round drafts."""
+        request = propose_request(context_ids, params, seed)
+        replica = self._replica_order()[0]
+        exchange = replica.streams.checkout()
+        if exchange is None:
+            return UnaryDraftCall(self, request, draft_known)
+        if next_round_drafts > 0:
+            request.next_round_drafts = next_round_drafts
+            request.next_round_only = draft_known
+            if next_round_seed is not None:
+                request.next_round_seed = next_round_seed
+        exchange.send(request)
+        return GrpcDraftCall(self, replica, exchange, request)
+
+    def learn(
+        self, token_ids: Sequence[int], generation_id: str, timeout_s: float = LEARN_TIMEOUT_S
+    ) -> LearnDelivery:
+        """Report a finished generation to every current replica (each learns it), asking
+        exactly one to persist it: the first that answers, in round-robin order. Never raises:
+        failures are counted in the result."""
+        request = draft_pb2.LearnRequest(token_ids=token_ids, generation_id=generation_id)
+        delivery = LearnDelivery()
+        for replica in self._replica_order():
+            request.persist = not delivery.persisted_by
+            try:
+                response = replica.stub.Learn(request, timeout=timeout_s)
+            except grpc.RpcError as exc:
+                delivery.failed.append(replica.address)
+                log.debug("learn report to %s failed: %s", replica.address, exc)
+                continue
+            delivery.delivered.append(replica.address)
+            if response.persisted:
+                delivery.persisted_by = replica.address
+        return delivery
+
+    def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
+        """The graph meta of the first replica that answers (each asked within timeout_s)."""
+        last_error: grpc.RpcError | None = None
+        for replica in self._replica_order():
+            try:
+                return replica.stub.GetGraphInfo(
+                    draft_pb2.GetGraphInfoRequest(), timeout=timeout_s, metadata=request_metadata()
+                )
+            except grpc.RpcError as exc:
+                last_error = exc
+        raise UnavailableError(
+            f"no draft service answers at {', '.join(self.addresses)}: "
+            f"{last_error.details() if last_error else ''}"
+        )
