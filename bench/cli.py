@@ -70,7 +70,7 @@ def register(
     )
     bench.add_argument("--graph", required=True, help="graph directory")
     bench.add_argument("--requests", type=int, default=2000, help="Propose calls per measurement")
-    bench.add_argument("--k", type=int, default=8, help="draft tokens per call")
+    bench.add_argument("--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per call")
     bench.add_argument(
         "--tree-nodes",
         type=int,
@@ -111,7 +111,7 @@ def register(
     )
     tier.add_argument("--clients", type=int, default=4, help="closed-loop client processes")
     tier.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
-    tier.add_argument("--k", type=int, default=8, help="draft tokens per call")
+    tier.add_argument("--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per call")
     tier.add_argument(
         "--tree-nodes",
         type=int,

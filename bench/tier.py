@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 
 from bench.drafts import make_contexts, start_service
-from speculant.config import DEFAULT_TREE_NODES
+from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.graph_format import DATA_FILE
 from speculant.graph_reader import NGramGraph
 
@@ -195,7 +195,7 @@ def client_main(argv: list[str]) -> int:
     parser.add_argument("--address", required=True)
     parser.add_argument("--contexts", required=True)
     parser.add_argument("--offset", type=int, default=0)
-    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--k", type=int, default=DEFAULT_DRAFT_K)
     parser.add_argument("--tree-nodes", type=int, default=DEFAULT_TREE_NODES)
     parser.add_argument("--start-at", type=float, required=True)
     parser.add_argument("--seconds", type=float, required=True)

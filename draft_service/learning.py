@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draft_service.learn_log import LearnLog, LearnLogError
-from draft_service.live_layer import DEFAULT_MAX_BYTES, DEFAULT_WEIGHT, LiveLayer, LiveStats
+from draft_service.live_layer import DEFAULT_MAX_BYTES, DEFAULT_WEIGHT, LiveLayer
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
+from speculant.types import LiveStats
 
 log = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from speculant.config import DEFAULT_LEARN_MEMORY_MB, DEFAULT_LEARN_WEIGHT
 from speculant.graph_format import KEY_DTYPE
+from speculant.types import LiveStats
 
 # Bytes of Python objects per context key (its bytes object, dict slots, the inner dict of
 # successors) and per (context, successor) pair (a dict slot, the int objects), measured with
@@ -47,20 +47,6 @@ DEFAULT_MAX_BYTES = DEFAULT_LEARN_MEMORY_MB << 20
 DEFAULT_WEIGHT = DEFAULT_LEARN_WEIGHT
 
 Successors = tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # ((order, ((id, count),)),)
-
-
-@dataclass(frozen=True)
-class LiveStats:
-    """What the layer holds now, and what it has learned and forgotten since it started."""
-
-    documents: int
-    tokens: int
-    contexts: int
-    pairs: int
-    estimated_bytes: int
-    max_bytes: int
-    learned_documents: int
-    forgotten_documents: int
 
 
 class LiveLayer:

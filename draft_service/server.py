@@ -8,13 +8,10 @@ default strategy (greedy). Bad requests become INVALID_ARGUMENT naming the field
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -22,7 +19,6 @@ import grpc
 from draft_service.drafting import Drafter
 from draft_service.graph_slot import STILL_OPENING, GraphSlot
 from draft_service.learning import Learning, LearningConfig
-from draft_service.live_layer import LiveStats
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
@@ -37,55 +33,22 @@ from speculant.grpc_server import (
 )
 from speculant.metrics import Metrics
 from speculant.request_context import clean_request_id, request_id_scope
-from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ServerTls
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft
-from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from speculant.v1 import draft_pb2, draft_pb2_grpc
+from speculant.wire import (
+    draft_params_from_pb,
+    graph_info_to_pb,
+    live_stats_to_pb,
+    next_round_to_pb,
+    proposal_to_pb,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 # How often the server unmaps the graph pages it touched (see NGramGraph.release_pages).
 RELEASE_INTERVAL_S = 0.5
-_OPTIONAL_FLOATS = (
-    "order_bias",
-    "mix_temperature",
-    "reliability_weight",
-    "entropy_penalty",
-    "escape_weight",
-    "min_draft_prob",
-    "overlay_weight",
-)
-
-
-def params_from_request(
-    request: draft_pb2.ProposeRequest, defaults: DraftParams
-) -> tuple[DraftParams, int | None]:
-    """(validated DraftParams, seed or None) from a ProposeRequest; unset fields take defaults."""
-    changes: dict[str, object] = {}
-    if request.HasField("k"):
-        changes["k"] = request.k
-    if request.HasField("tree_nodes"):
-        changes["tree_nodes"] = request.tree_nodes
-    if request.strategy != common_pb2.DRAFT_STRATEGY_UNSPECIFIED:
-        if request.strategy not in STRATEGY_FROM_PROTO:
-            raise InvalidArgumentError(
-                "strategy", f"unknown DraftStrategy value {request.strategy}"
-            )
-        changes["strategy"] = STRATEGY_FROM_PROTO[request.strategy]
-    if request.HasField("attentive_mix"):
-        changes["attentive_mix"] = request.attentive_mix
-    if request.HasField("mixing"):  # validated (by name) in DraftParams.validate
-        changes["mixing"] = request.mixing
-    for name in _OPTIONAL_FLOATS:
-        if request.HasField(name):
-            value = getattr(request, name)
-            if math.isnan(value):
-                raise InvalidArgumentError(name, "must be a number, got NaN")
-            changes[name] = value
-    params = replace(defaults, **changes) if changes else defaults
-    seed = request.seed if request.HasField("seed") else None
-    return params.validate(), seed
 
 
 MAX_NEXT_ROUND_DRAFTS = 64
@@ -111,39 +74,6 @@ def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | No
             "next_round_drafts", f"must be in 0..{MAX_NEXT_ROUND_DRAFTS}, got {count}"
         )
     return count, request.next_round_seed if request.HasField("next_round_seed") else None
-
-
-def _fill_draft(
-    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft,
-    proposal: DraftProposal,
-    with_distributions: bool = True,
-) -> None:
-    message.draft_token_ids.extend(proposal.token_ids)
-    message.matched_orders.extend(proposal.matched_orders)
-    message.draft_sources.extend(proposal.sources)
-    if isinstance(message, draft_pb2.ProposeResponse):
-        message.draft_parents.extend(proposal.parents)
-    for dist in proposal.distributions if with_distributions else ():
-        message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
-
-
-def proposal_to_response(proposal: DraftProposal) -> draft_pb2.ProposeResponse:
-    """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders)."""
-    response = draft_pb2.ProposeResponse()
-    _fill_draft(response, proposal)
-    return response
-
-
-def next_round_response(drafts: list[NextRoundDraft], greedy: bool) -> draft_pb2.ProposeResponse:
-    """A ProposeResponse carrying only prepared next-round drafts (greedy ones without their
-    point-mass q's, see NextRoundDraft in draft.proto)."""
-    response = draft_pb2.ProposeResponse()
-    for draft in drafts:
-        message = response.next_round.add(
-            accepted_count=draft.accepted_count, next_token_id=draft.next_token
-        )
-        _fill_draft(message, draft.proposal, with_distributions=not greedy)
-    return response
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
@@ -218,21 +148,21 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     ) -> draft_pb2.ProposeResponse:
         with request_id_scope(clean_request_id(request.request_id)), self.slot.use() as loaded:
             check_context_length(request, self.max_context_tokens)
-            params, seed = params_from_request(request, self.defaults)
+            params, seed = draft_params_from_pb(request, self.defaults)
             count, next_seed = next_round_request(request)
             drafter = loaded.drafter
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
             response = (
                 draft_pb2.ProposeResponse()
                 if count and request.next_round_only
-                else proposal_to_response(proposal)
+                else proposal_to_pb(proposal)
             )
             drafts: list[NextRoundDraft] = []
             if count:
                 drafts = drafter.next_round_drafts(
                     request.context_token_ids, proposal.token_ids, params, next_seed, count
                 )
-                response.MergeFrom(next_round_response(drafts, params.strategy == "greedy"))
+                response.MergeFrom(next_round_to_pb(drafts, params.strategy == "greedy"))
             self._served(request, proposal, len(drafts))
             return response
 
@@ -256,33 +186,33 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         for request in requests:
             with request_id_scope(clean_request_id(request.request_id)):
                 check_context_length(request, self.max_context_tokens)
-                params, seed = params_from_request(request, self.defaults)
+                params, seed = draft_params_from_pb(request, self.defaults)
                 count, next_seed = next_round_request(request)
                 with self.slot.use() as loaded:
                     drafter = loaded.drafter
                     proposal = drafter.propose(request.context_token_ids, params, seed=seed)
                     if not count:
                         self._served(request, proposal, 0)
-                        yield proposal_to_response(proposal)
+                        yield proposal_to_pb(proposal)
                         continue
                     if not request.next_round_only:
-                        yield proposal_to_response(proposal)
+                        yield proposal_to_pb(proposal)
                     # Prepared after the draft went out, while the client verifies it.
                     drafts = drafter.next_round_drafts(
                         request.context_token_ids, proposal.token_ids, params, next_seed, count
                     )
                     self._served(request, proposal, len(drafts))
-                    yield next_round_response(drafts, params.strategy == "greedy")
+                    yield next_round_to_pb(drafts, params.strategy == "greedy")
 
     @map_errors
     def GetGraphInfo(
         self, request: draft_pb2.GetGraphInfoRequest, context: grpc.ServicerContext
     ) -> draft_pb2.GetGraphInfoResponse:
         with self.slot.use() as loaded:
-            response = graph_info_response(loaded.graph)
+            response = graph_info_to_pb(loaded.graph)
             layer = loaded.drafter.live
             if layer is not None:
-                response.live.CopyFrom(live_stats_message(layer.stats(), layer.weight))
+                response.live.CopyFrom(live_stats_to_pb(layer.stats(), layer.weight))
             return response
 
     @map_errors
@@ -304,45 +234,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             learning=True,
             learned_tokens=outcome.learned_tokens,
             persisted=outcome.persisted,
-            live=live_stats_message(outcome.stats, weight),
+            live=live_stats_to_pb(outcome.stats, weight),
         )
-
-
-def live_stats_message(stats: LiveStats, weight: float) -> draft_pb2.LiveLayerStats:
-    return draft_pb2.LiveLayerStats(
-        documents=stats.documents,
-        tokens=stats.tokens,
-        contexts=stats.contexts,
-        estimated_bytes=stats.estimated_bytes,
-        max_bytes=stats.max_bytes,
-        learned_documents=stats.learned_documents,
-        forgotten_documents=stats.forgotten_documents,
-        weight=weight,
-    )
-
-
-def graph_info_response(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
-    """The GetGraphInfoResponse describing a graph (its meta record, path and version)."""
-    meta = graph.meta
-    return draft_pb2.GetGraphInfoResponse(
-        format_version=meta.format_version,
-        max_order=meta.max_order,
-        tokenizer_name=meta.tokenizer_name,
-        tokenizer_fingerprint=meta.tokenizer_fingerprint,
-        vocab_size=meta.vocab_size,
-        corpus_documents=meta.corpus_documents,
-        corpus_tokens=meta.corpus_tokens,
-        orders=[
-            draft_pb2.OrderStats(
-                order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
-            )
-            for o in meta.orders
-        ],
-        build_params_json=json.dumps(meta.build_params, sort_keys=True),
-        built_at=meta.built_at,
-        graph_path=str(graph.path.resolve()),
-        graph_version=meta.version,
-    )
 
 
 class DraftServer:

@@ -7,7 +7,6 @@ import logging
 from typing import Protocol
 
 from gateway.draft_replicas import Replica, stream_refused
-from gateway.draft_wire import is_greedy_request, proposal_from_message
 from speculant.errors import RemoteError, UnavailableError
 from speculant.stream_exchange import StreamExchange
 from speculant.types import (
@@ -17,6 +16,7 @@ from speculant.types import (
 from speculant.v1 import (
     draft_pb2,
 )
+from speculant.wire import is_greedy_request, proposal_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class GrpcDraftCall:
                 if exchange is None:
                     raise UnavailableError("the draft call was discarded")
                 response = self._client.receive(self._replica, exchange)
-                self._draft = proposal_from_message(response, self._greedy)
+                self._draft = proposal_from_pb(response, self._greedy)
             except (RemoteError, UnavailableError) as exc:
                 request = self._request_without_next_round()
                 if isinstance(exc, RemoteError) and exchange and stream_refused(exc, exchange):
@@ -112,7 +112,7 @@ class GrpcDraftCall:
         try:
             if self._expects_draft and self._draft is None:  # the draft's response comes first
                 first = self._client.receive(self._replica, self._exchange)
-                self._draft = proposal_from_message(first, self._greedy)
+                self._draft = proposal_from_pb(first, self._greedy)
             response = self._client.receive(self._replica, self._exchange)
         except (RemoteError, UnavailableError) as exc:
             log.debug("no next-round drafts: %s", exc)
@@ -121,9 +121,7 @@ class GrpcDraftCall:
         self._expects_next_round = False
         self._finish_unless_next_round()
         return [
-            NextRoundDraft(
-                d.accepted_count, d.next_token_id, proposal_from_message(d, self._greedy)
-            )
+            NextRoundDraft(d.accepted_count, d.next_token_id, proposal_from_pb(d, self._greedy))
             for d in response.next_round
         ]
 

@@ -15,7 +15,6 @@ import grpc
 from gateway.deadlines import remaining_time
 from gateway.draft_calls import GrpcDraftCall, UnaryDraftCall
 from gateway.draft_replicas import REPLICA_HOLD_OFF_S, Replica, expand_addresses, stream_refused
-from gateway.draft_wire import is_greedy_request, proposal_from_message, propose_request
 from gateway.stream_watchdog import StreamWatchdog
 from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
@@ -29,6 +28,7 @@ from speculant.types import (
 from speculant.v1 import (
     draft_pb2,
 )
+from speculant.wire import is_greedy_request, proposal_from_pb, propose_request_to_pb
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class GrpcDraftClient:
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
     ) -> DraftProposal:
-        return self.propose_message(propose_request(context_ids, params, seed))
+        return self.propose_message(propose_request_to_pb(context_ids, params, seed))
 
     def propose_message(
         self, request: draft_pb2.ProposeRequest, skip: Replica | None = None
@@ -209,7 +209,7 @@ class GrpcDraftClient:
                 continue
             try:
                 response = self._propose_on(replica, request)
-                return proposal_from_message(response, is_greedy_request(request))
+                return proposal_from_pb(response, is_greedy_request(request))
             except (RemoteError, UnavailableError) as exc:
                 last_error = exc
                 self.hold_off(replica)
@@ -231,7 +231,7 @@ class GrpcDraftClient:
         draft_known: the caller holds this draft already; only the next-round drafts come.
         Without a stream to the replica (it takes none now), the draft comes by unary Propose
         when asked for, without next-round drafts."""
-        request = propose_request(context_ids, params, seed)
+        request = propose_request_to_pb(context_ids, params, seed)
         replica = self._replica_order()[0]
         exchange = replica.streams.checkout()
         if exchange is None:

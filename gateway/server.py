@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, fields
 
 import grpc
 
@@ -56,11 +55,11 @@ from speculant.errors import (
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
 from speculant.prompting import encode_prompt
-from speculant.strategies import STRATEGY_FROM_PROTO
 from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftParams, DraftProposal
-from speculant.v1 import common_pb2, draft_pb2, gateway_pb2, gateway_pb2_grpc
+from speculant.v1 import draft_pb2, gateway_pb2, gateway_pb2_grpc
+from speculant.wire import draft_options_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +72,7 @@ FINISH_REASON_TO_PROTO = {
     FinishReason.CONTEXT_LENGTH: gateway_pb2.FINISH_REASON_CONTEXT_LENGTH,
 }
 # DraftOptions fields that override a DraftParams field of the same name (strategy: an enum)
-_OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
 # a request's strategy: unset (None: the gateway's default) or a name
-REQUESTED_STRATEGY = {common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None, **STRATEGY_FROM_PROTO}
 MAX_TOKENS_LIMIT = 1 << 20
 WATCH_INTERVAL_S = 1.0  # how often the gateway checks its verifier (and a missing draft tier)
 HEALTH_TIMEOUT_S = 2.0  # deadline of those checks
@@ -83,22 +80,6 @@ HEALTH_TIMEOUT_S = 2.0  # deadline of those checks
 
 def stats_to_proto(stats: GenerationStats) -> gateway_pb2.GenerationStats:
     return gateway_pb2.GenerationStats(**stats.as_dict())
-
-
-def draft_params_from_proto(options: common_pb2.DraftOptions, defaults: DraftConfig) -> DraftParams:
-    """Request draft options over the configured defaults (unset optional field = default).
-
-    Mixing parameters set neither in the request nor in the gateway's configuration stay unset
-    (None): the draft service then uses its graph's tuned defaults.
-    """
-    if options.strategy not in REQUESTED_STRATEGY:
-        raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
-    values = asdict(DraftParams.from_config(defaults))
-    for name in _OPTION_FIELDS:
-        if options.HasField(name):
-            values[name] = getattr(options, name)
-    values["strategy"] = REQUESTED_STRATEGY[options.strategy] or defaults.strategy
-    return DraftParams(**values)
 
 
 class NoDrafts:
@@ -290,7 +271,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             ),
             seed=request.seed if request.HasField("seed") else defaults.seed,
             stop=tuple(request.stop) or tuple(defaults.stop),
-            draft=draft_params_from_proto(request.draft, self.draft_defaults),
+            draft=draft_options_from_pb(request.draft, self.draft_defaults),
         ).validate()
 
     def _stream(

@@ -23,10 +23,10 @@ from speculant.types import (
     VerifyResult,
 )
 from speculant.v1 import (
-    common_pb2,
     verifier_pb2,
     verifier_pb2_grpc,
 )
+from speculant.wire import sparse_to_pb
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +158,7 @@ class GrpcVerifierClient:
         request = verifier_pb2.SessionRequest(
             verify=verifier_pb2.VerifyRequest(
                 draft_token_ids=draft_ids,
-                draft_distributions=[
-                    common_pb2.SparseDistribution(
-                        token_ids=d.token_ids.tolist(), probs=d.probs.tolist()
-                    )
-                    for d in draft_distributions or ()
-                ],
+                draft_distributions=[sparse_to_pb(d) for d in draft_distributions or ()],
                 draft_parents=draft_parents or (),
             )
         )

@@ -276,3 +276,17 @@ class VerifierStats:
     forward_passes: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LiveStats:
+    """What the layer holds now, and what it has learned and forgotten since it started."""
+
+    documents: int
+    tokens: int
+    contexts: int
+    pairs: int
+    estimated_bytes: int
+    max_bytes: int
+    learned_documents: int
+    forgotten_documents: int

@@ -94,13 +94,13 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
     prompts = load_dev_prompts(6)
     client = servicer.drafter
     failed_calls = []
-    hold_off = client._hold_off
+    hold_off = client.hold_off
 
     def counting_hold_off(replica) -> None:
         failed_calls.append(replica.address)
         hold_off(replica)
 
-    client._hold_off = counting_hold_off
+    client.hold_off = counting_hold_off
 
     def generate_all(stub, during=None) -> list[tuple[list[int], int]]:
         outputs = []

@@ -17,14 +17,14 @@ from test_draft_core import CHAINS as CORE_CHAINS
 
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
-from draft_service.server import params_from_request, start_server
+from draft_service.server import start_server
 from gateway.coordinator import GenerationRequest
-from gateway.server import draft_params_from_proto
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from speculant.wire import draft_options_from_pb, draft_params_from_pb
 
 VOCAB = 100
 
@@ -376,9 +376,11 @@ def test_propose_request_fields_reach_the_params() -> None:
     request = draft_pb2.ProposeRequest(
         context_token_ids=[1], mixing="witten-bell", min_draft_prob=0.25, escape_weight=8.0
     )
-    params, _ = params_from_request(request, ClassicParams())
+    params, _ = draft_params_from_pb(request, ClassicParams())
     assert (params.mixing, params.min_draft_prob, params.escape_weight) == ("witten-bell", 0.25, 8)
-    unset, _ = params_from_request(draft_pb2.ProposeRequest(context_token_ids=[1]), ClassicParams())
+    unset, _ = draft_params_from_pb(
+        draft_pb2.ProposeRequest(context_token_ids=[1]), ClassicParams()
+    )
     assert (unset.mixing, unset.min_draft_prob) == ("seed", 0.0)
 
 
@@ -395,7 +397,7 @@ def test_bad_propose_fields_are_invalid_argument(
     graph_dir: Path, request_fields: dict, field: str
 ) -> None:
     with pytest.raises(InvalidArgumentError) as info:
-        params_from_request(
+        draft_params_from_pb(
             draft_pb2.ProposeRequest(context_token_ids=[1], **request_fields), ClassicParams()
         )
     assert info.value.field == field
@@ -433,7 +435,7 @@ def test_bad_propose_fields_are_invalid_argument(
     ],
 )
 def test_gateway_draft_options_name_the_field(options: dict, field: str) -> None:
-    params = draft_params_from_proto(common_pb2.DraftOptions(**options), DraftConfig())
+    params = draft_options_from_pb(common_pb2.DraftOptions(**options), DraftConfig())
     with pytest.raises(InvalidArgumentError) as info:
         GenerationRequest(prompt_ids=[1], draft=params).validate()
     assert info.value.field == field
@@ -441,9 +443,9 @@ def test_gateway_draft_options_name_the_field(options: dict, field: str) -> None
 
 def test_gateway_draft_options_pass_through() -> None:
     options = common_pb2.DraftOptions(mixing="witten-bell", min_draft_prob=0.1, escape_weight=8)
-    params = draft_params_from_proto(options, DraftConfig())
+    params = draft_options_from_pb(options, DraftConfig())
     assert (params.mixing, params.min_draft_prob, params.escape_weight) == ("witten-bell", 0.1, 8)
-    defaults = draft_params_from_proto(
+    defaults = draft_options_from_pb(
         common_pb2.DraftOptions(), DraftConfig(mixing="backoff", min_draft_prob=0.2)
     )
     assert (defaults.mixing, defaults.min_draft_prob) == ("backoff", 0.2)

@@ -19,14 +19,13 @@ from graph_factory import write_graph
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache
-from draft_service.server import params_from_request
 from gateway.coordinator import GenerationRequest
-from gateway.server import draft_params_from_proto
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2
+from speculant.wire import draft_options_from_pb, draft_params_from_pb
 from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
 from tests.test_coordinator import run, setup, tokenizer  # noqa: F401  (fixture)
 from tests.test_exactness import (
@@ -233,12 +232,12 @@ def test_validation_names_overlay_weight(value: float) -> None:
         DraftConfig(overlay_weight=value)
     if not math.isnan(value):
         with pytest.raises(InvalidArgumentError) as info:
-            params_from_request(
+            draft_params_from_pb(
                 draft_pb2.ProposeRequest(context_token_ids=[1], overlay_weight=value),
                 DraftParams(),
             )
         assert info.value.field == "overlay_weight"
-    options = draft_params_from_proto(common_pb2.DraftOptions(overlay_weight=value), DraftConfig())
+    options = draft_options_from_pb(common_pb2.DraftOptions(overlay_weight=value), DraftConfig())
     with pytest.raises(InvalidArgumentError) as info:
         GenerationRequest(prompt_ids=[1], draft=options).validate()
     assert info.value.field == "draft.overlay_weight"
@@ -247,10 +246,10 @@ def test_validation_names_overlay_weight(value: float) -> None:
 def test_overlay_weight_travels_and_defaults_off() -> None:
     assert DraftParams().overlay_weight == DraftConfig().overlay_weight == 0.0
     request = draft_pb2.ProposeRequest(context_token_ids=[1], overlay_weight=2.5)
-    assert params_from_request(request, DraftParams())[0].overlay_weight == 2.5
+    assert draft_params_from_pb(request, DraftParams())[0].overlay_weight == 2.5
     options = common_pb2.DraftOptions(overlay_weight=3.0)
-    assert draft_params_from_proto(options, DraftConfig()).overlay_weight == 3.0
-    unset = draft_params_from_proto(common_pb2.DraftOptions(), DraftConfig(overlay_weight=1.0))
+    assert draft_options_from_pb(options, DraftConfig()).overlay_weight == 3.0
+    unset = draft_options_from_pb(common_pb2.DraftOptions(), DraftConfig(overlay_weight=1.0))
     assert unset.overlay_weight == 1.0
 
 

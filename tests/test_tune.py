@@ -13,13 +13,14 @@ import pytest
 from bench.greedy_sim import GreedyTrace, simulate
 from builder.meta_update import update_meta
 from draft_service.drafting import Drafter
-from draft_service.server import DraftServicer, params_from_request
+from draft_service.server import DraftServicer
 from gateway.coordinator import GenerationRequest
 from speculant.cli import main
 from speculant.graph_format import DATA_FILE, GraphFormatError, verify_manifest, write_manifest
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
+from speculant.wire import draft_params_from_pb
 from tests.conftest import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts
 from tests.e2e_fixtures import embedded_decoder  # noqa: F401  (fixture)
 from tests.test_exactness import plain_greedy_outputs
@@ -133,7 +134,7 @@ def test_graph_defaults_fill_unset_parameters_and_explicit_ones_win(graph_copy: 
         # over gRPC: an unset field stays unset until the draft service's drafter fills it
         servicer = DraftServicer()
         servicer.load(graph)
-        params, _ = params_from_request(
+        params, _ = draft_params_from_pb(
             draft_pb2.ProposeRequest(context_token_ids=[1], k=8), servicer.defaults
         )
         assert params.mixing is None

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
 import torch
 
 from speculant.config import VerifierConfig
@@ -20,20 +19,14 @@ from speculant.grpc_server import (
 )
 from speculant.metrics import Metrics
 from speculant.tls import ServerTls
-from speculant.types import SparseDistribution
-from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from speculant.v1 import verifier_pb2, verifier_pb2_grpc
+from speculant.wire import sparse_from_pb
 from verifier_service.metrics import VerifierCollector
 from verifier_service.verifier import LocalVerifier, new_session_id
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["VerifierService"].full_name
-
-
-def _sparse(dist: common_pb2.SparseDistribution) -> SparseDistribution:
-    return SparseDistribution(
-        np.asarray(dist.token_ids, dtype=np.int64), np.asarray(dist.probs, dtype=np.float64)
-    )
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
@@ -91,7 +84,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self.verifier.check_draft_size(
             len(request.draft_token_ids), len(request.draft_distributions)
         )
-        dists = [_sparse(d) for d in request.draft_distributions] or None
+        dists = [sparse_from_pb(d) for d in request.draft_distributions] or None
         result = self.verifier.verify(
             request.session_id,
             request.draft_token_ids,

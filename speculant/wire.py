@@ -1,0 +1,225 @@
+"""The one codec between the library's types (:mod:`speculant.types`) and their protobuf
+messages: every ``*_to_pb`` / ``*_from_pb`` of the services and the gateway is here.
+
+Drafts: a gateway turns a context and DraftParams into a ProposeRequest
+(:func:`propose_request_to_pb`), the draft service reads them back
+(:func:`draft_params_from_pb`, unset fields taking its defaults) and answers with a
+ProposeResponse (:func:`proposal_to_pb`, :func:`next_round_to_pb`), which the gateway decodes
+(:func:`proposal_from_pb`). Clients' DraftOptions become DraftParams in the gateway
+(:func:`draft_options_from_pb`). q's travel as SparseDistribution messages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, fields, replace
+
+import numpy as np
+
+from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS, DraftConfig
+from speculant.errors import InvalidArgumentError
+from speculant.graph_reader import NGramGraph
+from speculant.request_context import REQUEST_ID
+from speculant.strategies import STRATEGY_FROM_PROTO, STRATEGY_TO_PROTO
+from speculant.types import (
+    DraftParams,
+    DraftProposal,
+    LiveStats,
+    NextRoundDraft,
+    SparseDistribution,
+)
+from speculant.v1 import common_pb2, draft_pb2
+
+
+def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
+    return common_pb2.SparseDistribution(
+        token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist()
+    )
+
+
+_OPTIONAL_FLOATS = (
+    "order_bias",
+    "mix_temperature",
+    "reliability_weight",
+    "entropy_penalty",
+    "escape_weight",
+    "min_draft_prob",
+    "overlay_weight",
+)
+
+
+def draft_params_from_pb(
+    request: draft_pb2.ProposeRequest, defaults: DraftParams
+) -> tuple[DraftParams, int | None]:
+    """(validated DraftParams, seed or None) from a ProposeRequest; unset fields take defaults."""
+    changes: dict[str, object] = {}
+    if request.HasField("k"):
+        changes["k"] = request.k
+    if request.HasField("tree_nodes"):
+        changes["tree_nodes"] = request.tree_nodes
+    if request.strategy != common_pb2.DRAFT_STRATEGY_UNSPECIFIED:
+        if request.strategy not in STRATEGY_FROM_PROTO:
+            raise InvalidArgumentError(
+                "strategy", f"unknown DraftStrategy value {request.strategy}"
+            )
+        changes["strategy"] = STRATEGY_FROM_PROTO[request.strategy]
+    if request.HasField("attentive_mix"):
+        changes["attentive_mix"] = request.attentive_mix
+    if request.HasField("mixing"):  # validated (by name) in DraftParams.validate
+        changes["mixing"] = request.mixing
+    for name in _OPTIONAL_FLOATS:
+        if request.HasField(name):
+            value = getattr(request, name)
+            if math.isnan(value):
+                raise InvalidArgumentError(name, "must be a number, got NaN")
+            changes[name] = value
+    params = replace(defaults, **changes) if changes else defaults
+    seed = request.seed if request.HasField("seed") else None
+    return params.validate(), seed
+
+
+def propose_request_to_pb(
+    context_ids: Sequence[int], params: DraftParams, seed: int | None
+) -> draft_pb2.ProposeRequest:
+    """The ProposeRequest for a drafting call (every parameter explicit), naming the request
+    being served (see speculant.request_context)."""
+    return draft_pb2.ProposeRequest(
+        request_id=REQUEST_ID.get() or "",
+        context_token_ids=context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:],  # what a replica takes
+        k=params.k,
+        strategy=STRATEGY_TO_PROTO[params.strategy],
+        attentive_mix=params.attentive_mix,
+        order_bias=params.order_bias,
+        mix_temperature=params.mix_temperature,
+        reliability_weight=params.reliability_weight,
+        entropy_penalty=params.entropy_penalty,
+        seed=seed,
+        mixing=params.mixing,
+        escape_weight=params.escape_weight,
+        min_draft_prob=params.min_draft_prob,
+        overlay_weight=params.overlay_weight,
+        tree_nodes=params.tree_nodes,
+    )
+
+
+def is_greedy_request(request: draft_pb2.ProposeRequest) -> bool:
+    return request.strategy == common_pb2.DRAFT_STRATEGY_GREEDY
+
+
+def _fill_draft(
+    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft,
+    proposal: DraftProposal,
+    with_distributions: bool = True,
+) -> None:
+    message.draft_token_ids.extend(proposal.token_ids)
+    message.matched_orders.extend(proposal.matched_orders)
+    message.draft_sources.extend(proposal.sources)
+    if isinstance(message, draft_pb2.ProposeResponse):
+        message.draft_parents.extend(proposal.parents)
+    for dist in proposal.distributions if with_distributions else ():
+        message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
+
+
+def proposal_to_pb(proposal: DraftProposal) -> draft_pb2.ProposeResponse:
+    """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders)."""
+    response = draft_pb2.ProposeResponse()
+    _fill_draft(response, proposal)
+    return response
+
+
+def next_round_to_pb(drafts: list[NextRoundDraft], greedy: bool) -> draft_pb2.ProposeResponse:
+    """A ProposeResponse carrying only prepared next-round drafts (greedy ones without their
+    point-mass q's, see NextRoundDraft in draft.proto)."""
+    response = draft_pb2.ProposeResponse()
+    for draft in drafts:
+        message = response.next_round.add(
+            accepted_count=draft.accepted_count, next_token_id=draft.next_token
+        )
+        _fill_draft(message, draft.proposal, with_distributions=not greedy)
+    return response
+
+
+def proposal_from_pb(
+    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft, greedy: bool
+) -> DraftProposal:
+    """The DraftProposal in a ProposeResponse or a NextRoundDraft. Greedy drafts' q's are point
+    masses at their tokens, which the verifier assumes anyway: not decoded (distributions=[])."""
+    return DraftProposal(
+        token_ids=list(message.draft_token_ids),
+        distributions=[]
+        if greedy
+        else [
+            SparseDistribution(np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.probs))
+            for d in message.distributions
+        ],
+        matched_orders=list(message.matched_orders),
+        sources=list(message.draft_sources),
+        parents=list(getattr(message, "draft_parents", ())),
+    )
+
+
+# DraftOptions fields that override a DraftParams field of the same name (strategy: an enum)
+_OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
+# a request's strategy: unset (None: the gateway's default) or a name
+REQUESTED_STRATEGY = {common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None, **STRATEGY_FROM_PROTO}
+
+
+def draft_options_from_pb(options: common_pb2.DraftOptions, defaults: DraftConfig) -> DraftParams:
+    """Request draft options over the configured defaults (unset optional field = default).
+
+    Mixing parameters set neither in the request nor in the gateway's configuration stay unset
+    (None): the draft service then uses its graph's tuned defaults.
+    """
+    if options.strategy not in REQUESTED_STRATEGY:
+        raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
+    values = asdict(DraftParams.from_config(defaults))
+    for name in _OPTION_FIELDS:
+        if options.HasField(name):
+            values[name] = getattr(options, name)
+    values["strategy"] = REQUESTED_STRATEGY[options.strategy] or defaults.strategy
+    return DraftParams(**values)
+
+
+def sparse_from_pb(dist: common_pb2.SparseDistribution) -> SparseDistribution:
+    return SparseDistribution(
+        np.asarray(dist.token_ids, dtype=np.int64), np.asarray(dist.probs, dtype=np.float64)
+    )
+
+
+def live_stats_to_pb(stats: LiveStats, weight: float) -> draft_pb2.LiveLayerStats:
+    return draft_pb2.LiveLayerStats(
+        documents=stats.documents,
+        tokens=stats.tokens,
+        contexts=stats.contexts,
+        estimated_bytes=stats.estimated_bytes,
+        max_bytes=stats.max_bytes,
+        learned_documents=stats.learned_documents,
+        forgotten_documents=stats.forgotten_documents,
+        weight=weight,
+    )
+
+
+def graph_info_to_pb(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
+    """The GetGraphInfoResponse describing a graph (its meta record, path and version)."""
+    meta = graph.meta
+    return draft_pb2.GetGraphInfoResponse(
+        format_version=meta.format_version,
+        max_order=meta.max_order,
+        tokenizer_name=meta.tokenizer_name,
+        tokenizer_fingerprint=meta.tokenizer_fingerprint,
+        vocab_size=meta.vocab_size,
+        corpus_documents=meta.corpus_documents,
+        corpus_tokens=meta.corpus_tokens,
+        orders=[
+            draft_pb2.OrderStats(
+                order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
+            )
+            for o in meta.orders
+        ],
+        build_params_json=json.dumps(meta.build_params, sort_keys=True),
+        built_at=meta.built_at,
+        graph_path=str(graph.path.resolve()),
+        graph_version=meta.version,
+    )
