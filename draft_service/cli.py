@@ -102,7 +102,7 @@ def add_learning_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-learn",
         action="store_true",
-        help="do not learn from the generations served (default: learn; see README, Learning)",
+        help="do not learn from the generations served (default: learn; see docs/learning.md)",
     )
     p.add_argument(
         "--learn-memory",

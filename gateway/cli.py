@@ -155,7 +155,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-learn",
         action="store_true",
         help="do not report finished generations to the draft tier (default: report them, so "
-        "the draft services learn from what they serve; see README, Learning)",
+        "the draft services learn from what they serve; see docs/learning.md)",
     )
     add_http_arguments(serve)
     add_server_tls_arguments(serve)

@@ -8,8 +8,8 @@ the answering socket is its own (another stack already on the port must not pass
 Defaults for the host: on a CPU device the verifier gets the usable cores but one as torch
 threads (speculant.affinity.default_torch_threads); ``--pin-cpus`` also runs it on cores of its
 own and the draft service and gateway on the others (not the default: measured slower, or no
-faster, than leaving the placement to the scheduler on a 2-core host with other work; see the
-README's Benchmarks). What was chosen is printed at start-up.
+faster, than leaving the placement to the scheduler on a 2-core host with other work; see
+docs/benchmarks.md). What was chosen is printed at start-up.
 
 Children get SIGTERM when `up` exits (and, on Linux, when `up` itself dies: PR_SET_PDEATHSIG),
 so no orphan keeps a port or a model in memory.
@@ -105,7 +105,7 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         default=False,
         help="give the verifier cores of its own (one per torch thread) and the draft service "
         "and gateway the others (off by default: on a busy small host the scheduler placed them "
-        "better, see the README's Benchmarks)",
+        "better, see the docs/benchmarks.md)",
     )
     up.add_argument(
         "--metrics-port-base",

@@ -1,4 +1,4 @@
-"""Measure the figures of the README's reliability table (loopback only, bounded in time).
+"""Measure the figures of the reliability table in docs/benchmarks.md (loopback, bounded).
 
     .venv/bin/python scripts/measure_reliability.py --graph GRAPH --model MODEL [--json OUT]
 

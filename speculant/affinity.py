@@ -3,7 +3,7 @@
 On a host with few cores, the verifier's forward pass competes with the gateway's and the draft
 service's gRPC threads for the same cores, and the scheduler moves them around; giving the model
 its own core and the rest of the system the others makes each round faster (measured in the
-README's benchmark notes). Linux only: elsewhere pinning is skipped.
+docs/benchmarks.md). Linux only: elsewhere pinning is skipped.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ MAX_DRAFT_K = 64
 # 3.12 against 2.51 for the former default, a chain of 5, and over the three services 1.47x
 # Hugging Face against 1.32x (fewer rounds, fewer RPCs); embedded on a 2-core CPU with the
 # 260K-parameter model the chains stay ~10% faster, as there a forward over 13 tokens costs
-# ~1.3x one over 6 and a tree takes the drafter twice as long (see the README's benchmarks).
+# ~1.3x one over 6 and a tree takes the drafter twice as long (see docs/benchmarks.md).
 DEFAULT_DRAFT_K = 8
 DEFAULT_TREE_NODES = 12
 # Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores
@@ -35,7 +35,7 @@ MIN_MIX_TEMPERATURE = 1e-6
 # while the verifier runs (the gateway's --next-round-drafts; see gateway.coordinator). On the
 # tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
 # on a 2-core host the extra drafting competes with the verifier and the gateway for CPU and
-# costs more than the waits it saves, pinned or not (see the README's benchmark notes), so it
+# costs more than the waits it saves, pinned or not (see docs/benchmarks.md), so it
 # is off by default; it can only pay where the draft service has spare CPU (not measured).
 DEFAULT_NEXT_ROUND_DRAFTS = 0
 # How often the draft service looks for a newly published graph (draft_service.reload), and how
