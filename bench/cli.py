@@ -297,7 +297,7 @@ def bench_draft_tier(args: argparse.Namespace) -> int:
 
 def bench_verifier(args: argparse.Namespace) -> int:
     from bench.verify import main
-    from verifier_service.model import ModelLoadError
+    from verifier_service.model_loading import ModelLoadError
 
     config = config_from_args(args)
     try:

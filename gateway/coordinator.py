@@ -22,7 +22,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -244,6 +243,8 @@ class Coordinator:
         drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).
         """
         self.drafter = drafter
+        # decided once: a draft service prepares next-round drafts; an in-process drafter not
+        self._preparing = drafter if isinstance(drafter, PreparingDraftSource) else None
         self.learner = learner
         self.next_round_drafts = next_round_drafts
         self.verifier = verifier
@@ -384,10 +385,9 @@ class Coordinator:
         try:
             # next-round drafts are prepared for a chain's outcomes: not with trees
             prepares = self.next_round_drafts > 0 and not params.drafts_tree
-            if prepares and hasattr(self.drafter, "start"):
+            if prepares and self._preparing is not None:
                 next_seed = _draft_seed(request.seed, stats.rounds + 1)
-                drafter = cast(PreparingDraftSource, self.drafter)
-                return drafter.start(
+                return self._preparing.start(
                     window, params, seed, self.next_round_drafts, next_seed, draft_known
                 )
             return _ImmediateDraftCall(self.drafter, window, params, seed)

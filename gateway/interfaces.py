@@ -8,7 +8,7 @@ gateway.verifier_client), so the same round logic runs in one process or across 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from speculant.types import (
     DraftParams,
@@ -18,6 +18,7 @@ from speculant.types import (
     SparseDistribution,
     VerifyResult,
 )
+from speculant.v1 import draft_pb2
 
 
 class DraftSource(Protocol):
@@ -45,6 +46,7 @@ class DraftCall(Protocol):
         ...
 
 
+@runtime_checkable
 class PreparingDraftSource(DraftSource, Protocol):
     """A drafter that prepares the next round's drafts while this round's draft is verified
     (a draft service: the work runs in its process while the verifier runs in another)."""
@@ -91,6 +93,30 @@ class TargetVerifier(Protocol):
         ...
 
     def release(self, session_id: str) -> bool: ...
+
+
+class RemoteDraftTier(PreparingDraftSource, Protocol):
+    """The draft services as the gateway server drives them (gateway.draft_client)."""
+
+    def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
+        """The graph meta of the first replica that answers (UnavailableError if none)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class RemoteVerifier(TargetVerifier, Protocol):
+    """The verifier service as the gateway server drives them (gateway.verifier_client)."""
+
+    address: str
+
+    def health(self, timeout_s: float) -> str:
+        """Its health status name (SERVING, NOT_SERVING) or why it did not answer."""
+        ...
+
+    def forget_info(self) -> None:
+        """Drop the cached model info (asked again on next use, e.g. after a restart)."""
+        ...
 
 
 class GenerationLearner(Protocol):

@@ -31,7 +31,7 @@ from gateway.coordinator import (
 )
 from gateway.deadlines import request_deadline
 from gateway.draft_client import GrpcDraftClient
-from gateway.interfaces import GenerationLearner
+from gateway.interfaces import GenerationLearner, RemoteDraftTier, RemoteVerifier
 from gateway.learning import LearnReporter
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_limits import SLACK, check_prompt_chars, max_token_chars
@@ -95,8 +95,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
 
     def __init__(
         self,
-        drafter: GrpcDraftClient,
-        verifier: GrpcVerifierClient,
+        drafter: RemoteDraftTier,
+        verifier: RemoteVerifier,
         *,
         tokenizer_name: str | None = None,
         draft_defaults: DraftConfig | None = None,

@@ -143,7 +143,11 @@ def test_a_tokenizer_the_gateway_cannot_load_hints_at_the_flag():
     )
     drafter = SimpleNamespace(
         graph_info=lambda timeout_s=None: SimpleNamespace(
-            tokenizer_name="t", tokenizer_fingerprint=fingerprint, max_order=3
+            tokenizer_name="t",
+            tokenizer_fingerprint=fingerprint,
+            max_order=3,
+            graph_path="/graphs/g",
+            graph_version=1,
         )
     )
     servicer = GatewayServicer(drafter, verifier)  # type: ignore[arg-type]

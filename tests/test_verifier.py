@@ -24,7 +24,8 @@ from speculant.errors import (
 )
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import SparseDistribution
-from verifier_service.model import LoadedModel, ModelLoadError
+from verifier_service.model import LoadedModel
+from verifier_service.model_loading import ModelLoadError
 from verifier_service.verifier import LocalVerifier
 
 N_PROMPTS = 4

@@ -1,14 +1,16 @@
-"""Batching the Verify calls of concurrent sessions into one forward pass.
+"""The verify step of a session, for chains and trees, and the batching of concurrent ones.
 
 Terms:
 
-- *job*: one session's chain Verify step: its KV cache (``start`` cached positions), the new
-  tokens ``[pending, d_1..d_k]``, the q of each draft (None = point-mass drafts), and the
-  session's temperature and generator.
-- *batch*: jobs run together in ONE forward (:meth:`LoadedModel.forward_batch`); then each row
-  is finished exactly as a job run alone: rejection sampling with the row's own generator, and
-  a crop of the row's own cache past its rejected drafts. A batch of one job is the plain
-  single-session forward (:func:`run_job`).
+- *job*: one session's Verify step: its KV cache (``start`` cached positions), the new tokens
+  ``[pending, d_1..d_n]``, the q of each draft (None = point-mass drafts), the session's
+  temperature and generator, and for a draft tree the parent of each draft (None: a chain).
+- *run alone* (:func:`run_job`): one forward over the job's tokens, then rejection sampling
+  (:func:`~verifier_service.rejection.rejection_sample` for a chain, ``tree_sample`` for a
+  tree) and the cache surgery that keeps the pending token and the accepted drafts.
+- *batch*: chain jobs run together in ONE forward (:meth:`LoadedModel.forward_batch`); then
+  each row is finished exactly as the job run alone, with the row's own generator and cache.
+  Tree jobs run alone (their 4D masks are not batched yet).
 
 Scheduling is *continuous* and has no timer: a caller queues its job and waits while a batch
 runs; when none runs, the first waiter whose job is still queued runs its job together with the
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 
 from verifier_service.model import LoadedModel
-from verifier_service.rejection import RejectionOutput, rejection_sample
+from verifier_service.rejection import RejectionOutput, rejection_sample, tree_sample
 
 
 @dataclass(eq=False)
@@ -40,10 +42,11 @@ class VerifyJob:
 
     cache: Any  # the session's transformers DynamicCache, `start` positions long
     start: int
-    input_ids: list[int]  # [pending, d_1..d_k]
-    q: torch.Tensor | None  # [k, V] dense draft distributions, None = point-mass drafts
+    input_ids: list[int]  # [pending, d_1..d_n]
+    q: torch.Tensor | None  # [n, V] dense draft distributions, None = point-mass drafts
     temperature: float
     generator: torch.Generator
+    parents: list[int] | None = None  # [n]: a draft tree (see DraftProposal.parents); None: chain
     output: RejectionOutput | None = None
     error: BaseException | None = None
     done: bool = False
@@ -62,10 +65,17 @@ def _finish(
 
 
 def run_job(model: LoadedModel, job: VerifyJob) -> RejectionOutput:
-    """One job alone: its own forward over [pending, d_1..d_k], then :func:`_finish`."""
-    input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [k+1]
+    """One job alone: its own forward over [pending, d_1..d_n], then rejection sampling and
+    the cache kept to the accepted path (a tree's accepted_nodes name the path's drafts)."""
+    input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [n+1]
+    if job.parents is not None:
+        logits = model.forward_tree(job.cache, input_ids, job.start, job.parents)  # [n+1, V]
+        drafts = job.input_ids[1:]
+        out = tree_sample(logits, drafts, job.parents, job.temperature, job.generator, job.q)
+        model.keep_path(job.cache, job.start, out.accepted_nodes)
+        return out
     logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(job.input_ids))
-    return _finish(model, job, logits, input_ids[1:])  # logits [k+1, V], drafts [k]
+    return _finish(model, job, logits, input_ids[1:])  # logits [n+1, V], drafts [n]
 
 
 def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
@@ -156,9 +166,16 @@ class VerifyBatcher:
         return job.output
 
     def _take(self, job: VerifyJob) -> list[VerifyJob]:
-        """The job and the oldest other queued jobs, max_batch in all, out of the queue."""
+        """The job and the oldest other queued chain jobs, max_batch in all, out of the queue
+        (a tree job is taken alone)."""
         self._queue.remove(job)
         batch = [job]
-        while self._queue and len(batch) < self.max_batch:
-            batch.append(self._queue.popleft())
+        if job.parents is not None:
+            return batch
+        for other in list(self._queue):
+            if len(batch) == self.max_batch:
+                break
+            if other.parents is None:
+                self._queue.remove(other)
+                batch.append(other)
         return batch

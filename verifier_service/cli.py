@@ -145,7 +145,7 @@ def with_default_threads(config: VerifierConfig) -> VerifierConfig:
     import torch
 
     from speculant.affinity import default_torch_threads
-    from verifier_service.model import ModelLoadError, resolve_device
+    from verifier_service.model_loading import ModelLoadError, resolve_device
 
     if config.torch_threads is not None:
         log.info("torch threads: %d (as configured)", config.torch_threads)
@@ -161,7 +161,7 @@ def with_default_threads(config: VerifierConfig) -> VerifierConfig:
 
 def serve_verifier(args: argparse.Namespace) -> int:
     from speculant.metrics import metrics_from_args
-    from verifier_service.model import ModelLoadError
+    from verifier_service.model_loading import ModelLoadError
     from verifier_service.server import start_server
 
     config = with_default_threads(config_from_args(args))

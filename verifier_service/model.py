@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,105 +22,26 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-from transformers.cache_utils import DynamicLayer
 
 from speculant.config import VerifierConfig
-from speculant.errors import FailedPreconditionError
-from speculant.hub import hub_offline_reason, offline_hint
+from verifier_service.capabilities import (
+    batch_matches_single,
+    lean_matches_reference,
+    tree_matches_chains,
+)
 from verifier_service.lean_llama import LeanLlama
+from verifier_service.model_loading import (
+    DTYPES,
+    ModelLoadError,
+    eos_ids_of,
+    first_line,
+    hub_hint,
+    max_context_of,
+    resolve_device,
+    source_and_kwargs,
+)
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_CONTEXT = 2048  # when neither the model config nor the tokenizer states one
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelLoadError(FailedPreconditionError):
-    """The model or its tokenizer could not be loaded; the message says why, in one line."""
-
-
-def _looks_local(name: str) -> bool:
-    """A path the user meant as a folder (absolute, relative with ./ or ../, or ~)."""
-    return name.startswith(("/", "./", "../", "~", ".\\")) or name in (".", "..")
-
-
-def _source_and_kwargs(config: VerifierConfig) -> tuple[str, dict[str, Any], bool]:
-    """(source for from_pretrained, hub kwargs, is_local) for the configured model.
-
-    A local folder is loaded by its resolved path. A hub name is read from the local cache
-    only when downloads are off (download_mode offline, HF_HUB_OFFLINE) or the hub cannot be
-    reached (speculant.hub: fail fast instead of a minute of retries).
-    """
-    name = config.model_name
-    if not name:
-        raise ModelLoadError("no model given (--model NAME_OR_DIR)")
-    local = Path(name).expanduser()
-    if local.exists():
-        if not local.is_dir():
-            raise ModelLoadError(f"model path {str(local)!r} is not a folder")
-        return str(local.resolve()), {}, True
-    if _looks_local(name):
-        raise ModelLoadError(f"model folder {str(local)!r} does not exist")
-    token = config.hf_token or os.environ.get("HF_TOKEN") or None
-    kwargs: dict[str, Any] = {"token": token}
-    if config.download_mode == "offline" or hub_offline_reason() is not None:
-        if config.download_mode == "force":
-            raise ModelLoadError(
-                f"cannot re-download model {name!r} (--download-mode force): {hub_offline_reason()}"
-            )
-        kwargs["local_files_only"] = True
-    elif config.download_mode == "force":
-        kwargs["force_download"] = True
-    return name, kwargs, False
-
-
-def _hub_hint(config: VerifierConfig) -> str:
-    reason = hub_offline_reason()
-    if reason is None and config.download_mode == "offline":
-        reason = "--download-mode offline"
-    if reason is not None:
-        return offline_hint(reason)
-    return (
-        "not a local folder; as a hub name it needs network access to huggingface.co"
-        " (and HF_TOKEN for gated or private models)"
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def resolve_device(device: str) -> torch.device:
-    """auto -> cuda when available, else cpu."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("device 'cuda' requested but CUDA is not available")
-    return torch.device(device)
-
-
-def _max_context(model_config: Any, tokenizer: PreTrainedTokenizerBase) -> int:
-    for attr in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        value = getattr(model_config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    value = getattr(tokenizer, "model_max_length", None)
-    if isinstance(value, int) and 0 < value < 10**8:
-        return value
-    return DEFAULT_MAX_CONTEXT
-
-
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    ids: list[int] = []
-    generation_config = getattr(model, "generation_config", None)
-    for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-        if source is None:
-            continue
-        for value in source if isinstance(source, list | tuple) else [source]:
-            if int(value) not in ids:
-                ids.append(int(value))
-    return ids
 
 
 def _crop_uses_negative_count(cache: DynamicCache) -> bool:
@@ -162,7 +81,9 @@ class LoadedModel:
         attention kernels (e.g. flash attention) and cache layouts (sliding windows) cannot;
         the verifier then checks only a tree's first branch."""
         if self._supports_trees is None:
-            self._supports_trees = self._passes(self._tree_matches_chains, "draft trees disabled")
+            self._supports_trees = self._passes(
+                lambda: tree_matches_chains(self), "draft trees disabled"
+            )
         return self._supports_trees
 
     @property
@@ -172,7 +93,7 @@ class LoadedModel:
         When not, the verifier runs every Verify on its own."""
         if self._supports_batching is None:
             self._supports_batching = self._passes(
-                self._batch_matches_single, "verify batching disabled"
+                lambda: batch_matches_single(self), "verify batching disabled"
             )
         return self._supports_batching
 
@@ -183,51 +104,6 @@ class LoadedModel:
         except Exception as exc:  # any failure means: not on this model
             log.log(level, "%s for %s: %s", off, self.name, exc)
             return False
-
-    def _batch_matches_single(self) -> bool:
-        if not all(type(layer) is DynamicLayer for layer in self.new_cache().layers):
-            log.warning("verify batching disabled for %s: not a plain dynamic cache", self.name)
-            return False
-        prompts, inputs = [[1, 2, 3, 4, 5], [1, 6]], [[7, 8], [9, 10, 11]]  # any ids
-        singles, caches = [], []
-        for prompt in prompts:
-            for target in (singles, caches):
-                cache = self.new_cache()
-                self.forward(cache, torch.tensor(prompt, device=self.device), 0, 1)
-                target.append(cache)
-        batched = self.forward_batch(caches, inputs, [len(p) for p in prompts])
-        after = torch.tensor([12], device=self.device)  # a next token, on the written-back cache
-        for single, cache, prompt, new, logits in zip(
-            singles, caches, prompts, inputs, batched, strict=True
-        ):
-            ids, end = torch.tensor(new, device=self.device), len(prompt) + len(new)
-            expected = self.forward(single, ids, len(prompt), len(new))
-            pairs = [
-                (logits, expected),
-                (self.forward(cache, after, end, 1), self.forward(single, after, end, 1)),
-            ]
-            if not all(torch.allclose(a, b, atol=1e-3, rtol=1e-3) for a, b in pairs):
-                log.warning("verify batching disabled for %s: batched logits differ", self.name)
-                return False
-        return True
-
-    def _tree_matches_chains(self) -> bool:
-        prefix = torch.tensor([1, 2, 3], device=self.device)  # any ids: only logits are compared
-        drafts, parents = [4, 5, 6], [-1, -1, 1]  # pending 3 -> {4, 5 -> 6}
-        cache = self.new_cache()
-        self.forward(cache, prefix[:2], 0, 1)
-        tree = self.forward_tree(cache, torch.tensor([3, *drafts], device=self.device), 2, parents)
-        if not all(hasattr(layer, "keys") for layer in cache.layers):
-            return False
-        for branch, rows in (([3, 4], [0, 1]), ([3, 5, 6], [0, 2, 3])):
-            chain = self.new_cache()
-            self.forward(chain, prefix[:2], 0, 1)
-            ids = torch.tensor(branch, device=self.device)
-            logits = self.forward(chain, ids, 2, len(branch))  # [len(branch), V]
-            if not torch.allclose(logits, tree[rows], atol=1e-3, rtol=1e-3):
-                log.warning("draft trees disabled for %s: tree logits differ", self.name)
-                return False
-        return True
 
     @classmethod
     def from_model(
@@ -246,8 +122,8 @@ class LoadedModel:
             device=next(model.parameters()).device,
             dtype=next(model.parameters()).dtype,
             vocab_size=vocab,
-            max_context=_max_context(model.config, tokenizer),
-            eos_token_ids=_eos_ids(model, tokenizer),
+            max_context=max_context_of(model.config, tokenizer),
+            eos_token_ids=eos_ids_of(model, tokenizer),
             use_lean=use_lean,
         )
 
@@ -257,11 +133,11 @@ class LoadedModel:
 
         dtype "auto": the checkpoint's dtype on a GPU, float32 on CPU.
         """
-        source, kwargs, is_local = _source_and_kwargs(config)
+        source, kwargs, is_local = source_and_kwargs(config)
         if config.torch_threads:
             torch.set_num_threads(config.torch_threads)
         device = resolve_device(config.device)
-        dtype: Any = _DTYPES.get(config.dtype, "auto")
+        dtype: Any = DTYPES.get(config.dtype, "auto")
         if dtype == "auto" and device.type == "cpu":
             dtype = torch.float32  # half precision is slow (or unsupported) on CPU
         placement = {"device_map": str(device)} if device.type == "cuda" else {}
@@ -269,9 +145,9 @@ class LoadedModel:
             tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **placement, **kwargs)
         except Exception as exc:  # OSError, ValueError, hub errors...
-            where = "" if is_local else f" ({_hub_hint(config)})"
+            where = "" if is_local else f" ({hub_hint(config)})"
             raise ModelLoadError(
-                f"cannot load model {config.model_name!r}{where}: {_first_line(exc)}"
+                f"cannot load model {config.model_name!r}{where}: {first_line(exc)}"
             ) from exc
         model.to(device)
         # a local folder is named by its resolved path: it still loads from another directory
@@ -299,37 +175,13 @@ class LoadedModel:
             candidate = LeanLlama.for_model(self.model) if self.use_lean else None
             if candidate is not None:
                 same = self._passes(
-                    lambda: self._lean_matches_reference(candidate),
+                    lambda: lean_matches_reference(self, candidate),
                     "lean forward off",
                     logging.INFO,
                 )
                 self._lean = candidate if same else None
                 log.info("lean forward %s for %s", "on" if same else "off", self.name)
         return self._lean
-
-    def _lean_matches_reference(self, lean: LeanLlama) -> bool:
-        """Chains of 1 and 6 tokens and a small tree, each on a cached prefix: the lean forward's
-        logits and cache must equal the transformers forward's bit for bit."""
-        ids = torch.arange(13, device=self.device) * 7919 % self.vocab_size  # any valid ids
-        parents = [-1, -1, 1, 2]
-        for case in ("chain1", "chain6", "tree"):
-            caches = []
-            outputs = []
-            for candidate in (None, lean):  # None: the transformers forward
-                cache = self.new_cache()
-                self._run(candidate, cache, ids[:7], 0, 7)
-                if case == "tree":
-                    outputs.append(self._run_tree(candidate, cache, ids[7:12], 7, parents))
-                else:
-                    n = 1 if case == "chain1" else 6
-                    outputs.append(self._run(candidate, cache, ids[7 : 7 + n], 7, n))
-                caches.append(cache)
-            if not torch.equal(outputs[0], outputs[1]):
-                return False
-            for ref, got in zip(caches[0].layers, caches[1].layers, strict=True):
-                if not (torch.equal(ref.keys, got.keys) and torch.equal(ref.values, got.values)):
-                    return False
-        return True
 
     @torch.inference_mode()
     def forward(

@@ -40,7 +40,7 @@ from speculant.types import (
 )
 from verifier_service.batching import VerifyBatcher, VerifyJob, run_job
 from verifier_service.model import LoadedModel
-from verifier_service.rejection import RejectionOutput, sample_token, tree_sample
+from verifier_service.rejection import RejectionOutput, sample_token
 from verifier_service.sessions import Session, SessionStore
 
 log = logging.getLogger(__name__)
@@ -87,9 +87,13 @@ class LocalVerifier:
         self._model_thread = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="model") if model_thread else None
         )
+        # The capability probes run once, here, on the model (thread): forwards run nowhere else.
+        can_batch, self._supports_trees = self._on_model(
+            lambda: (self.model.supports_batching, self.model.supports_trees)
+        )
         self._batcher = (
             VerifyBatcher(self.model, config.max_batch, self._on_model)
-            if config.max_batch > 1 and self.model.supports_batching
+            if config.max_batch > 1 and can_batch
             else None
         )
         self._stats_lock = threading.Lock()
@@ -301,23 +305,35 @@ class LocalVerifier:
             if len(drafts) > room:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
-            k = len(drafts)
-            job = VerifyJob(
-                cache=session.cache,
-                start=session.length,
-                input_ids=[session.pending_token, *drafts],
-                q=q,
-                temperature=session.temperature,
-                generator=session.generator,
-            )
-            if self._batcher is not None:
-                out = self._batcher.run(job)
-            else:
-                out = self._on_model(lambda: run_job(self.model, job))
-            session.length += 1 + out.accepted_count
-            session.pending_token = out.token_ids[-1]
-        self._count(forward=1, drafts=k, accepted=out.accepted_count)
+            out = self._run(session, drafts, q)
+        self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
         return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
+
+    def _run(
+        self,
+        session: Session,
+        drafts: list[int],
+        q: torch.Tensor | None,
+        parents: list[int] | None = None,
+    ) -> RejectionOutput:
+        """The session's verify step (batching.VerifyJob): in a batch when the verifier
+        batches, else alone on the model; the session then moves past the accepted drafts."""
+        job = VerifyJob(
+            cache=session.cache,
+            start=session.length,
+            input_ids=[session.pending_token, *drafts],
+            q=q,
+            temperature=session.temperature,
+            generator=session.generator,
+            parents=parents,
+        )
+        if self._batcher is not None:
+            out = self._batcher.run(job)
+        else:
+            out = self._on_model(lambda: run_job(self.model, job))
+        session.length += 1 + out.accepted_count
+        session.pending_token = out.token_ids[-1]
+        return out
 
     def _room(self, session_id: str, length: int) -> int:
         """Draft positions that still fit after a session of `length` cached tokens and its
@@ -353,27 +369,13 @@ class LocalVerifier:
             room = self._room(session_id, session.length)  # tree depth that still fits
             tree = DraftProposal(drafts, parents=parents)
             kept = [i for i, depth in enumerate(tree.depths()) if depth < room]  # what fits
-            if not self.model.supports_trees:
+            if not self._supports_trees:
                 kept = _first_branch(parents, kept)
             kept_tree = tree.select(kept)
             drafts, parents = kept_tree.token_ids, kept_tree.parents
             if q is not None:
                 q = q[torch.tensor(kept, dtype=torch.long, device=q.device)]  # [kept, V]
-
-            def run() -> RejectionOutput:
-                input_ids = torch.tensor(
-                    [session.pending_token, *drafts], dtype=torch.long, device=self.model.device
-                )  # [n+1]: pending, then the tree's drafts
-                logits = self.model.forward_tree(session.cache, input_ids, session.length, parents)
-                out = tree_sample(
-                    logits, drafts, parents, session.temperature, session.generator, q
-                )
-                self.model.keep_path(session.cache, session.length, out.accepted_nodes)
-                return out
-
-            out = self._on_model(run)
-            session.length += 1 + out.accepted_count
-            session.pending_token = out.token_ids[-1]
+            out = self._run(session, drafts, q, parents)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
         accepted = [kept[i] for i in out.accepted_nodes]  # indices into the request's tree
         return VerifyResult(out.accepted_count, out.token_ids, accepted)
