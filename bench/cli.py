@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
+from typing import TypeVar
 
 from builder.cli import add_corpus_args, builder_errors
 from distill.cli import add_source_args, budgets, distill_errors, positive
 from speculant.cli_errors import fail, usage_error
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES, MIXING_MODES, DraftConfig
 from verifier_service.cli import add_model_args, config_from_args
+
+T = TypeVar("T")
 
 
 def register(
@@ -231,6 +235,16 @@ def run_tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def options_from_args(options: type[T], args: argparse.Namespace, **given: object) -> T:
+    """A benchmark's options dataclass: each field from the flag of its name (json_out from
+    --json), unless given."""
+    values = {"json_out": args.json, **given}
+    for field in fields(options):  # type: ignore[arg-type]
+        if field.name not in values and hasattr(args, field.name):
+            values[field.name] = getattr(args, field.name)
+    return options(**values)
+
+
 def bench_draft(args: argparse.Namespace) -> int:
     """Print (and optionally write as JSON) the draft service's figures."""
     from bench.drafts import BenchOptions, run_bench
@@ -240,20 +254,8 @@ def bench_draft(args: argparse.Namespace) -> int:
         concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
         return usage_error(f"--concurrency must be like 1,4, got {args.concurrency!r}")
-    options = BenchOptions(
-        graph=args.graph,
-        requests=args.requests,
-        k=args.k,
-        concurrency=concurrency,
-        strategy=args.strategy,
-        attentive_mix=not args.no_mix,
-        mixing=args.mixing,
-        min_draft_prob=args.min_draft_prob,
-        tree_nodes=args.tree_nodes,
-        context_len=args.context_len,
-        workers=args.workers,
-        seed=args.seed,
-        json_out=args.json,
+    options = options_from_args(
+        BenchOptions, args, concurrency=concurrency, attentive_mix=not args.no_mix
     )
     try:
         run_bench(options)
@@ -278,18 +280,8 @@ def bench_draft_tier(args: argparse.Namespace) -> int:
             return usage_error(f"--{name} must be >= 1")
     if not args.seconds > 0:
         return usage_error(f"--seconds must be > 0, got {args.seconds}")
-    options = TierBenchOptions(
-        graph=args.graph,
-        processes=processes,
-        clients=args.clients,
-        seconds=args.seconds,
-        k=args.k,
-        tree_nodes=args.tree_nodes,
-        workers=args.workers,
-        json_out=args.json,
-    )
     try:
-        run_tier_bench(options)
+        run_tier_bench(options_from_args(TierBenchOptions, args, processes=processes))
     except GraphFormatError as exc:
         return fail(str(exc))
     return 0

@@ -32,7 +32,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
-from speculant.config import DEFAULT_TREE_NODES
+from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.graph_reader import NGramGraph
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
@@ -51,7 +51,7 @@ FAST_RECONNECT = [
 class BenchOptions:
     graph: str
     requests: int = 2000
-    k: int = 8
+    k: int = DEFAULT_DRAFT_K
     concurrency: list[int] = field(default_factory=lambda: [1, 4])
     strategy: str = "greedy"
     attentive_mix: bool = True

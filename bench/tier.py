@@ -45,7 +45,7 @@ class TierBenchOptions:
     processes: list[int] = field(default_factory=lambda: [1, 2])
     clients: int = 4
     seconds: float = 5.0
-    k: int = 8
+    k: int = DEFAULT_DRAFT_K
     tree_nodes: int = DEFAULT_TREE_NODES  # 0 = chains of k
     workers: int = 8
     context_len: int = 32

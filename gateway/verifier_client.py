@@ -26,7 +26,7 @@ from speculant.v1 import (
     verifier_pb2,
     verifier_pb2_grpc,
 )
-from speculant.wire import sparse_to_pb
+from speculant.wire import model_info_from_pb, sparse_to_pb, verify_result_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +100,7 @@ class GrpcVerifierClient:
     def info(self) -> ModelInfo:
         if self._info is None:
             r = self._call("GetModelInfo", verifier_pb2.GetModelInfoRequest(), timeout=10.0)
-            self._info = ModelInfo(
-                model_name=r.model_name,
-                tokenizer_name=r.tokenizer_name,
-                tokenizer_fingerprint=r.tokenizer_fingerprint,
-                vocab_size=r.vocab_size,
-                eos_token_ids=list(r.eos_token_ids),
-                max_context_length=r.max_context_length,
-                device=r.device,
-                dtype=r.dtype,
-            )
+            self._info = model_info_from_pb(r)
         return self._info
 
     def forget_info(self) -> None:
@@ -162,12 +153,7 @@ class GrpcVerifierClient:
                 draft_parents=draft_parents or (),
             )
         )
-        response = self._step(stream, request, "verifier Verify").verify
-        return VerifyResult(
-            response.accepted_count,
-            list(response.token_ids),
-            list(response.accepted_draft_indices),
-        )
+        return verify_result_from_pb(self._step(stream, request, "verifier Verify").verify)
 
     def release(self, session_id: str) -> bool:
         """End the session's stream; the verifier frees the session as the stream ends."""

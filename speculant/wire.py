@@ -27,10 +27,13 @@ from speculant.types import (
     DraftParams,
     DraftProposal,
     LiveStats,
+    ModelInfo,
     NextRoundDraft,
     SparseDistribution,
+    VerifierStats,
+    VerifyResult,
 )
-from speculant.v1 import common_pb2, draft_pb2
+from speculant.v1 import common_pb2, draft_pb2, verifier_pb2
 
 
 def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
@@ -222,4 +225,31 @@ def graph_info_to_pb(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
         built_at=meta.built_at,
         graph_path=str(graph.path.resolve()),
         graph_version=meta.version,
+    )
+
+
+def model_info_to_pb(info: ModelInfo) -> verifier_pb2.GetModelInfoResponse:
+    return verifier_pb2.GetModelInfoResponse(**asdict(info))
+
+
+def model_info_from_pb(message: verifier_pb2.GetModelInfoResponse) -> ModelInfo:
+    values = {f.name: getattr(message, f.name) for f in fields(ModelInfo)}
+    return ModelInfo(**{**values, "eos_token_ids": list(message.eos_token_ids)})
+
+
+def verifier_stats_to_pb(stats: VerifierStats) -> verifier_pb2.GetStatsResponse:
+    return verifier_pb2.GetStatsResponse(**asdict(stats))
+
+
+def verify_result_to_pb(result: VerifyResult) -> verifier_pb2.VerifyResponse:
+    return verifier_pb2.VerifyResponse(
+        accepted_count=result.accepted_count,
+        token_ids=result.token_ids,
+        accepted_draft_indices=result.accepted_nodes,
+    )
+
+
+def verify_result_from_pb(message: verifier_pb2.VerifyResponse) -> VerifyResult:
+    return VerifyResult(
+        message.accepted_count, list(message.token_ids), list(message.accepted_draft_indices)
     )

@@ -20,7 +20,12 @@ from speculant.grpc_server import (
 from speculant.metrics import Metrics
 from speculant.tls import ServerTls
 from speculant.v1 import verifier_pb2, verifier_pb2_grpc
-from speculant.wire import sparse_from_pb
+from speculant.wire import (
+    model_info_to_pb,
+    sparse_from_pb,
+    verifier_stats_to_pb,
+    verify_result_to_pb,
+)
 from verifier_service.metrics import VerifierCollector
 from verifier_service.verifier import LocalVerifier, new_session_id
 
@@ -92,11 +97,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
             request.draft_parents or None,
             unary=unary,
         )
-        return verifier_pb2.VerifyResponse(
-            accepted_count=result.accepted_count,
-            token_ids=result.token_ids,
-            accepted_draft_indices=result.accepted_nodes,
-        )
+        return verify_result_to_pb(result)
 
     @map_errors
     def Prefill(
@@ -168,32 +169,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
     def GetModelInfo(
         self, request: verifier_pb2.GetModelInfoRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.GetModelInfoResponse:
-        info = self.verifier.info
-        return verifier_pb2.GetModelInfoResponse(
-            model_name=info.model_name,
-            tokenizer_name=info.tokenizer_name,
-            tokenizer_fingerprint=info.tokenizer_fingerprint,
-            vocab_size=info.vocab_size,
-            eos_token_ids=info.eos_token_ids,
-            max_context_length=info.max_context_length,
-            device=info.device,
-            dtype=info.dtype,
-        )
+        return model_info_to_pb(self.verifier.info)
 
     @map_errors
     def GetStats(
         self, request: verifier_pb2.GetStatsRequest, context: grpc.ServicerContext
     ) -> verifier_pb2.GetStatsResponse:
-        s = self.verifier.stats()
-        return verifier_pb2.GetStatsResponse(
-            live_sessions=s.live_sessions,
-            sessions_created=s.sessions_created,
-            sessions_released=s.sessions_released,
-            sessions_expired=s.sessions_expired,
-            forward_passes=s.forward_passes,
-            draft_tokens=s.draft_tokens,
-            accepted_tokens=s.accepted_tokens,
-        )
+        return verifier_stats_to_pb(self.verifier.stats())
 
 
 def start_server(
