@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.machine import load_average
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_MODELS = ROOT.parent / "shared" / "models"
 DEFAULT_COST_MODELS = (SHARED_MODELS / "stories260K", SHARED_MODELS / "random-llama-58m")
@@ -116,12 +118,6 @@ def load_cost_model(path: str, device: Any, dtype: str, seed: int = 0) -> tuple[
         model = AutoModelForCausalLM.from_pretrained(path)
     model.to(device=device, dtype=_torch_dtype(dtype))
     return LoadedModel.from_model(model, tokenizer, name=str(path)), random_weights
-
-
-def _load_average() -> list[float] | None:
-    with contextlib.suppress(OSError):
-        return [round(x, 2) for x in os.getloadavg()]
-    return None
 
 
 def resolve_cost_device(device: str) -> Any:
@@ -251,7 +247,7 @@ def run_cost(
         raise ValueError("new-token counts and repeats must be at least 1")
     torch.set_num_threads(settings.torch_threads)
     device = resolve_cost_device(settings.device)
-    load_start = _load_average()
+    load_start = load_average()
     models = []
     for path in settings.models:
         progress(f"cost: {path} on {device}")
@@ -265,7 +261,7 @@ def run_cost(
         "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average_start": load_start,
-        "load_average_end": _load_average(),
+        "load_average_end": load_average(),
         "models": models,
     }
 

@@ -22,12 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.settings import DEMO_PROMPTS, SHARED_DEV_PROMPTS
 from distill.generation import Generation
 from distill.run import append_generations, continuations, prepare
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
-DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
 
 
 def eval_prompts(path: str | None, limit: int | None) -> tuple[Path, list[str]]:

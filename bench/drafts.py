@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.machine import free_port
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
@@ -121,15 +121,9 @@ def bench_in_process(
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_service(graph: str, workers: int) -> tuple[subprocess.Popen, str, float]:
     """Launch `speculant serve-draft`; (process, address, seconds until health SERVING)."""
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "speculant.cli", "serve-draft", "--graph", graph]
     cmd += ["--port", str(port), "--workers", str(workers)]

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.in_process import InProcessSystems
-from bench.machine import _load_average, _self_peak_rss_bytes, machine_info
+from bench.machine import load_average, machine_info, self_peak_rss_bytes
 from bench.service_stack import ServiceStack, service_stack
 from bench.settings import SYSTEMS, BenchSettings, RunRecord, Variant, load_prompts, variants_for
 from bench.summary import Runner, add_total_speedups, per_prompt_values, summarize_variant
@@ -120,7 +120,7 @@ def run_benchmark(
     split = split_cores(settings.torch_threads) if settings.pin_cpus else None
     if split is not None:  # hf and embedded run here: on the verifier's core, like it
         pin_process(0, split.model)
-    load_start = _load_average()
+    load_start = load_average()
     started = time.time()
     prompts = load_prompts(settings.prompts, settings.limit)
     variants = variants_for(settings)
@@ -245,14 +245,14 @@ def _result(
     machine = machine_info()
     machine.update(
         load_average_start=load_start,
-        load_average_end=_load_average(),
+        load_average_end=load_average(),
         bench_seconds=round(time.time() - started, 1),
     )
     return {
         "settings": {**asdict(settings), "ks": list(settings.ks), "mixes": list(settings.mixes)},
         "machine": machine,
         "memory": {
-            "bench_process_peak_rss_bytes": _self_peak_rss_bytes(),
+            "bench_process_peak_rss_bytes": self_peak_rss_bytes(),
             "services": service_processes,
         },
         "summary": summary,

@@ -6,22 +6,23 @@ import contextlib
 import os
 import platform
 import resource
+import socket
 import sys
 from typing import Any
 
 
-def _load_average() -> list[float] | None:
+def load_average() -> list[float] | None:
     with contextlib.suppress(OSError):
         return [round(x, 2) for x in os.getloadavg()]
     return None
 
 
-def _self_peak_rss_bytes() -> int:
+def self_peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports kB
 
 
-def _peak_rss_bytes(pid: int) -> int | None:
+def peak_rss_bytes(pid: int) -> int | None:
     """VmHWM (the peak resident set) of a process, where /proc has it."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/status", encoding="ascii") as f:
         for line in f:
@@ -49,3 +50,10 @@ def machine_info() -> dict[str, Any]:
 
 
 # --- systems -------------------------------------------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the child binds it right after)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

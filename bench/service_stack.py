@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,16 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.machine import _peak_rss_bytes
+from bench.machine import free_port, peak_rss_bytes
 from bench.settings import RPC_TIMEOUT_S, BenchSettings, RunRecord, Variant
 from speculant.affinity import pin_process, split_cores
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the child binds it right after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -310,7 +302,7 @@ class ServiceStack:
                 info["rss_bytes"] = proc.memory_info().rss
                 info["num_threads"] = proc.num_threads()
                 info["omp_num_threads"] = proc.environ().get("OMP_NUM_THREADS")
-            info["peak_rss_bytes"] = _peak_rss_bytes(child.process.pid)
+            info["peak_rss_bytes"] = peak_rss_bytes(child.process.pid)
             out[child.name] = info
         return out
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.machine import free_port
 from speculant.config import VerifierConfig
 from speculant.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.verifier import LocalVerifier
@@ -92,16 +92,10 @@ def bench_calls(
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def served_verifier(config: VerifierConfig, timeout_s: float = 120.0) -> Iterator[str]:
     """Run `speculant serve-verifier` in a child process (as deployed); yield its address."""
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable, "-m", "speculant.cli", "serve-verifier", "--model", config.model_name,
         "--device", config.device, "--dtype", config.dtype,

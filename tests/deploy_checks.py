@@ -40,7 +40,7 @@ KUSTOMIZATION = K8S / "kustomization.yaml"
 # where it is read (repository files, or modules of a dependency). A test asserts that each name
 # appears in each of them, so the list cannot name a variable nothing reads.
 EXTERNAL_ENV: dict[str, tuple[str, ...]] = {
-    "HF_TOKEN": ("speculant/tokenizer.py", "verifier_service/model.py"),
+    "HF_TOKEN": ("speculant/tokenizer.py", "verifier_service/model_loading.py"),
     "HF_HUB_OFFLINE": ("speculant/hub.py", "huggingface_hub.constants"),
     "HF_HOME": ("huggingface_hub.constants",),
 }

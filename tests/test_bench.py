@@ -25,9 +25,8 @@ from bench.cost import (
 )
 from bench.generate import rotated, run_benchmark
 from bench.generate_cli import settings_from_args
-from bench.mixing import format_table
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
-from bench.report import format_footer
+from bench.report import format_footer, format_table
 from bench.settings import BenchSettings, Variant, variants_for
 from speculant.cli import build_parser
 from tests.conftest import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import verifier_service.verifier as verifier_module
+import verifier_service.batching as batching_module
 from draft_service.drafting import Drafter
 from draft_service.tree import TREE_WIDTH
 from speculant.config import DraftConfig
@@ -356,7 +356,7 @@ def test_a_wrong_tree_rule_is_caught(embedded_decoder, monkeypatch):  # noqa: F8
             return RejectionOutput(1, [first, *out.token_ids[1:]], (0,))
         return out
 
-    monkeypatch.setattr(verifier_module, "tree_sample", wrong_tree_sample)
+    monkeypatch.setattr(batching_module, "tree_sample", wrong_tree_sample)
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
     joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
     counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "greedy", tree_nodes=8)

@@ -17,6 +17,7 @@ from conftest import STORIES_MODEL, load_dev_prompts
 
 from speculant.config import VerifierConfig
 from speculant.tokenizer import load_tokenizer
+from verifier_service.capabilities import lean_matches_reference
 from verifier_service.lean_llama import LeanLlama
 from verifier_service.model import LoadedModel
 
@@ -85,9 +86,9 @@ def test_the_load_time_check_refuses_a_lean_forward_that_is_slightly_off(
 ) -> None:
     twin = _twin(loaded, True)
     lean = LeanLlama.for_model(twin.model)
-    assert lean is not None and twin._lean_matches_reference(lean)
+    assert lean is not None and lean_matches_reference(twin, lean)
     lean.eps *= 1.0001  # a negative control: the smallest change must be caught
-    assert not twin._lean_matches_reference(lean)
+    assert not lean_matches_reference(twin, lean)
 
 
 def test_configurations_it_does_not_reproduce_keep_the_transformers_forward(
