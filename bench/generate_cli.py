@@ -14,14 +14,12 @@ from bench.cost import (
     DEFAULT_COST_MODELS,
     FORMULA,
     CostSettings,
-    add_cost_options,
-    cost_settings_from_args,
     format_cost_table,
     format_projection,
     project_all,
-    register_cost,
     run_cost,
 )
+from bench.cost_cli import add_cost_options, cost_settings_from_args, register_cost
 from bench.generate import run_benchmark
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table

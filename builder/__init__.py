@@ -1,8 +1,29 @@
 """The graph builder: corpus files -> exact n-gram counts -> an LMDB graph, published atomically.
 
-``from builder import GraphBuilder``; see :mod:`builder.graph_builder` for the document policy
-and the pipeline, :mod:`speculant.graph_format` for the on-disk layout. Names are imported
-lazily so that ``speculant`` (which imports :mod:`builder.cli`) starts without numpy or lmdb.
+``from builder import GraphBuilder``; see :mod:`builder.graph_builder` for the document policy,
+:mod:`speculant.graph_format` for the on-disk layout.
+
+One code path, several executors:
+
+1. plan: the corpus files are cut into partitions at document boundaries
+   (:mod:`builder.partition`); a Hugging Face dataset is split by its streaming shards
+   (:mod:`builder.dataset_source`);
+2. count: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
+   cluster) runs one task per partition (:mod:`builder.partial_counts`): documents are read as a
+   stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), counted
+   ``chunk_size`` window starts at a time (:mod:`builder.counting`) into sorted partial-count
+   runs spilled every ``spill_rows`` rows (:mod:`builder.runs`) into the task's directory under
+   the shared work directory;
+3. merge: this process merges every partition's runs ``merge_block_rows`` rows at a time
+   (:mod:`builder.merge`) and appends them to LMDB (:mod:`builder.lmdb_writer`) in a temporary
+   directory that is published atomically (:mod:`builder.publish`).
+
+Counts are sums, so the graph does not depend on the engine or the partitioning, and an append
+(``save(path, append=True)``, :mod:`builder.append`) merges the published graph's counts, exported
+as runs, with the new corpus's: the result equals a build of both corpora.
+
+Names are imported lazily so that ``speculant`` (which imports :mod:`builder.cli`) starts
+without numpy or lmdb.
 """
 
 from __future__ import annotations
@@ -12,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["BuildError", "BuildStats", "CorpusError", "GraphBuilder"]
 
 if TYPE_CHECKING:
+    from builder.build_stats import BuildStats
     from builder.errors import BuildError, CorpusError
-    from builder.graph_builder import BuildStats, GraphBuilder
+    from builder.graph_builder import GraphBuilder
 
 
 def __getattr__(name: str) -> Any:
@@ -21,8 +43,12 @@ def __getattr__(name: str) -> Any:
         from builder import errors
 
         return getattr(errors, name)
-    if name in ("BuildStats", "GraphBuilder"):
-        from builder import graph_builder
+    if name == "BuildStats":
+        from builder.build_stats import BuildStats
 
-        return getattr(graph_builder, name)
+        return BuildStats
+    if name == "GraphBuilder":
+        from builder.graph_builder import GraphBuilder
+
+        return GraphBuilder
     raise AttributeError(f"module 'builder' has no attribute {name!r}")

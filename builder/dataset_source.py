@@ -301,3 +301,21 @@ def _shard_texts(ds, ref: DatasetRef, shard: int | None, text_field: str) -> Ite
                 )
             if text.strip():
                 yield text
+
+
+def record_reads(
+    manifests: list[dict[str, Any]], taken: dict[int, int], exhausted: set[int]
+) -> int:
+    """Add what a round's tasks read to `taken` (documents per shard) and `exhausted` (shards
+    that ran out); return the round's shortfall: documents its quotas asked for and did not
+    get."""
+    shortfall = 0
+    for manifest in manifests:
+        for piece, got in zip(manifest["partition"]["pieces"], manifest["read"], strict=True):
+            shard = piece["shard"]
+            taken[shard] = taken.get(shard, 0) + got["documents"]
+            if got["exhausted"]:
+                exhausted.add(shard)
+            if piece["stop"] >= 0:
+                shortfall += piece["stop"] - piece["start"] - got["documents"]
+    return shortfall

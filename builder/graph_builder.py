@@ -7,24 +7,7 @@ as a prompt would be, with the tokenizer's default special tokens (a leading BOS
 1..max_order are counted exactly: an order-o context is o tokens and its n-grams are o + 1 tokens
 long.
 
-One code path, several executors:
-
-1. plan: the corpus files are cut into partitions at document boundaries
-   (:mod:`builder.partition`); a Hugging Face dataset is split by its streaming shards
-   (:mod:`builder.dataset_source`);
-2. count: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
-   cluster) runs one task per partition (:mod:`builder.partial_counts`): documents are read as a
-   stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), counted
-   ``chunk_size`` window starts at a time (:mod:`builder.counting`) into sorted partial-count
-   runs spilled every ``spill_rows`` rows (:mod:`builder.runs`) into the task's directory under
-   the shared work directory;
-3. merge: this process merges every partition's runs ``merge_block_rows`` rows at a time
-   (:mod:`builder.merge`) and appends them to LMDB (:mod:`builder.lmdb_writer`) in a temporary
-   directory that is published atomically (:mod:`builder.publish`).
-
-Counts are sums, so the graph does not depend on the engine or the partitioning, and an append
-(``save(path, append=True)``, :mod:`builder.append`) merges the published graph's counts, exported
-as runs, with the new corpus's: the result equals a build of both corpora.
+The pipeline (plan, count, merge) and its executors: see :mod:`builder`.
 """
 
 from __future__ import annotations
@@ -37,7 +20,7 @@ import sys
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +36,7 @@ from builder.append import (
     read_base_meta,
     source_record,
 )
+from builder.build_stats import BuildStats
 from builder.corpus import resolve_inputs
 from builder.engines import Engine, make_engine
 from builder.errors import BuildError
@@ -77,25 +61,6 @@ from speculant.graph_format import (
 )
 
 log = logging.getLogger("builder")
-
-
-@dataclass
-class BuildStats:
-    """Figures of a build: counts and the time spent in each phase (seconds).
-
-    read, tokenize and count seconds are summed over the tasks (worker time, which exceeds the
-    wall time when tasks run in parallel); ``count_wall_seconds`` is the wall time of step 2.
-    """
-
-    documents: int = 0
-    tokens: int = 0
-    read_seconds: float = 0.0  # reading and decoding corpus files
-    tokenize_seconds: float = 0.0
-    count_seconds: float = 0.0  # counting chunks and spilling runs
-    count_wall_seconds: float = 0.0  # wall time of the counting step (all tasks)
-    write_seconds: float = 0.0  # merging runs and writing LMDB
-    graph_bytes: int = 0
-    partitions: int = 0
 
 
 class GraphBuilder:
@@ -237,7 +202,7 @@ class GraphBuilder:
         the documents read, exactly (in several rounds where some shards run out early).
         May be combined with :meth:`build_from_files` and called again.
         """
-        from builder.dataset_source import first_quotas, next_quotas, open_dataset
+        from builder.dataset_source import first_quotas, next_quotas, open_dataset, record_reads
         from builder.dataset_source import plan_dataset_partitions as plan_rounds
 
         if max_docs is not None and max_docs < 1:
@@ -265,17 +230,7 @@ class GraphBuilder:
             specs = [self._spec(part.to_dict()) | {"dataset": ref.to_dict()} for part in plan]
             manifests = self._count(specs)
             rounds, tasks = rounds + 1, tasks + len(specs)
-            shortfall = 0
-            for manifest in manifests:
-                for piece, got in zip(
-                    manifest["partition"]["pieces"], manifest["read"], strict=True
-                ):
-                    shard = piece["shard"]
-                    taken[shard] = taken.get(shard, 0) + got["documents"]
-                    if got["exhausted"]:
-                        exhausted.add(shard)
-                    if piece["stop"] >= 0:
-                        shortfall += piece["stop"] - piece["start"] - got["documents"]
+            shortfall = record_reads(manifests, taken, exhausted)
             if max_docs is None:
                 break
             quotas = next_quotas(shortfall, [s for s in range(ref.n_shards) if s not in exhausted])

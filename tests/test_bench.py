@@ -15,14 +15,13 @@ import pytest
 from bench.cost import (
     CostSettings,
     cost_at,
-    cost_settings_from_args,
     format_cost_table,
     format_projection,
     load_cost_model,
-    parse_counts,
     project_all,
     run_cost,
 )
+from bench.cost_cli import cost_settings_from_args, parse_counts
 from bench.generate import rotated, run_benchmark
 from bench.generate_cli import settings_from_args
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
