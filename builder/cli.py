@@ -8,7 +8,6 @@
 - ``speculant graph-info GRAPH_DIR [--json]``
 - ``speculant graph-viz GRAPH_DIR --out PAGE.html [--max-nodes N] [--min-weight P]
   [--context TEXT] [--tokenizer NAME_OR_DIR]``
-- ``speculant bench build --corpus ... --tokenizer ... [--json OUT]``
 
 Handlers import the builder (numpy, lmdb, transformers) only when they run. Errors print one
 line to stderr (``speculant build: error: ...``) and exit with status 1, 2 for a wrong command

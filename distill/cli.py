@@ -1,10 +1,8 @@
-"""The ``speculant distill`` command (and ``speculant bench distill``).
+"""The ``speculant distill`` command (``speculant bench distill`` is in :mod:`bench.cli`).
 
 - ``speculant distill --graph G --model M [--corpus PATH... | --prompts FILE.jsonl]
   [--doc-separator S] [--text-field F] [--generations N] [--max-tokens T] [--temperature T]
   [--batch-size B] [--weight W] [--device cpu|cuda|auto] [--seed S] [--chat]``
-- ``speculant bench distill --graph G --model M [--budgets 0,512,...] [--eval-prompts FILE]
-  [--json OUT] [--plot OUT.png]``
 
 Errors print one line to stderr (``speculant distill: error: ...``, see speculant.cli_errors)
 and exit with status 1; nothing is published then, nor on Ctrl-C (exit 130).

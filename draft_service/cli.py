@@ -5,12 +5,9 @@
   (health NOT_SERVING until the graph is open; SIGINT/SIGTERM stop it; a graph newly published
   at GRAPH_DIR is loaded without a restart, checked every S seconds and on SIGHUP, see
   :mod:`draft_service.reload`).
-- ``speculant tune --graph GRAPH_DIR --model M --prompts FILE [--write]``: fit the graph's mixing
-  parameters by replayed greedy speculative decoding (:mod:`bench.tune`).
-- ``speculant bench draft --graph GRAPH_DIR [--requests N] [--k 8] [--concurrency 1,4]
-  [--json OUT]``: in-process and over-gRPC Propose latency, time to SERVING, server RSS.
-- ``speculant bench draft-tier --graph GRAPH_DIR [--processes 1,2] [--clients 4] [--json OUT]``:
-  Propose throughput as draft processes are added, and how much of the graph each one shares.
+
+``speculant tune`` and the draft benchmarks (``bench draft``, ``bench draft-tier``) drive the
+service from above: :mod:`bench.cli`.
 
 Handlers import grpc, numpy and lmdb only when they run.
 """

@@ -1,8 +1,7 @@
 """Command-line subcommands of the verifier_service package.
 
 - ``speculant serve-verifier --model NAME_OR_DIR [--metrics-port P] [--log-format text|json]
-  ...``: the gRPC verifier service.
-- ``speculant bench verifier --model NAME_OR_DIR [--json OUT]``: Prefill/Verify costs.
+  ...``: the gRPC verifier service (``speculant bench verifier``: :mod:`bench.cli`).
 """
 
 from __future__ import annotations
