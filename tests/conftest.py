@@ -18,6 +18,24 @@ from pathlib import Path
 
 import pytest
 
+# Helper modules of the tests (not test modules): pytest rewrites their asserts too, so that a
+# failing check shows its values.
+pytest.register_assert_rewrite(
+    "tests.exactness_checks",
+    "tests.graph_checks",
+    "tests.processes",
+    "tests.sampling_checks",
+    "tests.scripted_round",
+)
+
+# The shared fixtures (tests/fixtures/): any test module requests them by name.
+pytest_plugins = [
+    "tests.fixtures.e2e",
+    "tests.fixtures.graphs",
+    "tests.fixtures.models",
+    "tests.fixtures.tls",
+]
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SPECULANT_SHARED", ROOT.parent / "shared")).resolve()
 REQUIRE_SHARED_ENV = "SPECULANT_REQUIRE_SHARED"

@@ -10,8 +10,7 @@ from gateway.stats import GenerationStats
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
 from tests.conftest import load_dev_prompts
-from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
-from tests.test_exactness import (
+from tests.exactness_checks import (
     MAX_TOKENS,
     assert_drafts_served,
     generate_embedded,
@@ -73,22 +72,24 @@ def test_wasted_draft_tokens_are_drafted_minus_accepted() -> None:
 
 
 @pytest.fixture(scope="module")
-def prompts() -> list[str]:
+def prompts8() -> list[str]:
     return load_dev_prompts(PROMPTS)
 
 
 @pytest.fixture(scope="module")
-def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
-    return plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
+def references8(embedded_decoder, prompts8) -> list[list[int]]:
+    return plain_greedy_outputs(embedded_decoder, prompts8, MAX_TOKENS)
 
 
-def test_greedy_identical_with_adaptive_k_embedded(embedded_decoder, prompts, references):  # noqa: F811
+def test_greedy_identical_with_adaptive_k_embedded(embedded_decoder, prompts8, references8):
     # chains: a tree's depth adapts too, but its node budget stays (see gateway.adaptive_k)
     fixed = DraftConfig(k=K, tree_nodes=0)
     adaptive = DraftConfig(k=K, adaptive_k=True, tree_nodes=0)
-    mismatches, adaptive_stats = generate_embedded(embedded_decoder, prompts, references, adaptive)
+    mismatches, adaptive_stats = generate_embedded(
+        embedded_decoder, prompts8, references8, adaptive
+    )
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
-    _, fixed_stats = generate_embedded(embedded_decoder, prompts, references, fixed)
+    _, fixed_stats = generate_embedded(embedded_decoder, prompts8, references8, fixed)
     wasted = sum(s.wasted_draft_tokens for s in adaptive_stats)
     wasted_fixed = sum(s.wasted_draft_tokens for s in fixed_stats)
     assert wasted < wasted_fixed, "adaptive k should cut the rejected drafts"
@@ -102,14 +103,14 @@ def test_greedy_identical_with_adaptive_k_embedded(embedded_decoder, prompts, re
     assert drafted_last < drafted_first
 
 
-def test_greedy_identical_with_adaptive_k_over_services(services, prompts, references):  # noqa: F811
+def test_greedy_identical_with_adaptive_k_over_services(services, prompts8, references8):
     draft = common_pb2.DraftOptions(k=K, adaptive_k=True, tree_nodes=0)
-    mismatches, stats = generate_over_gateway(services.gateway, prompts, references, draft)
+    mismatches, stats = generate_over_gateway(services.gateway, prompts8, references8, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
     for s in stats:
         assert s.wasted_draft_tokens == s.draft_tokens - s.accepted_tokens
     _, fixed = generate_over_gateway(
-        services.gateway, prompts, references, common_pb2.DraftOptions(k=K, tree_nodes=0)
+        services.gateway, prompts8, references8, common_pb2.DraftOptions(k=K, tree_nodes=0)
     )
     assert sum(s.draft_tokens for s in stats) < sum(s.draft_tokens for s in fixed)

@@ -26,14 +26,13 @@ from speculant.v1 import (
     verifier_pb2,
     verifier_pb2_grpc,
 )
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 TOKEN = "s3cret-token"
 REQUEST = gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=8, temperature=0)
 
 
 @pytest.fixture(scope="module")
-def protected_gateway(services) -> Iterator[str]:  # noqa: F811
+def protected_gateway(services) -> Iterator[str]:
     """A gateway that requires TOKEN, on the shared draft and verifier services."""
     from gateway.server import start_gateway
 
@@ -100,7 +99,7 @@ def test_load_token(tmp_path):
         load_token(str(tmp_path / "missing"), env={})
 
 
-def _oversize_calls(services):  # noqa: F811
+def _oversize_calls(services):
     """(address, a call sending one message over MAX_MESSAGE_BYTES) per service."""
     too_many = MAX_MESSAGE_BYTES // 2 + 1_000  # id 300 takes 2 bytes (varint): over the limit
     return [
@@ -125,7 +124,7 @@ def _oversize_calls(services):  # noqa: F811
     ]
 
 
-def test_oversize_messages_are_resource_exhausted_and_services_stay_up(services):  # noqa: F811
+def test_oversize_messages_are_resource_exhausted_and_services_stay_up(services):
     for address, call in _oversize_calls(services):
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError) as caught:

@@ -19,8 +19,7 @@ from gateway.server import start_gateway
 from speculant.health import health_status
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL
-from tests.test_up import free_ports
-from tests.test_verifier_failure import start_verifier_process
+from tests.processes import free_ports, start_verifier_process
 
 # A frozen verifier fails the requests waiting on it within this bound (the keepalive of
 # speculant.grpc_server: a ping every 5 s, unanswered for 5 s), and a new request at once.

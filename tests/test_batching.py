@@ -29,6 +29,7 @@ from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
+from tests.fixtures.models import hf_greedy
 from verifier_service.batching import VerifyBatcher
 from verifier_service.model import LoadedModel
 from verifier_service.verifier import LocalVerifier
@@ -36,11 +37,6 @@ from verifier_service.verifier import LocalVerifier
 N_SESSIONS = 6
 N_TOKENS = 48
 HOLD_LIMIT_S = 60.0  # never wait longer than this for the other calls (a bound, not a check)
-
-
-@pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return LoadedModel.load(VerifierConfig(model_name=str(STORIES_MODEL), device="cpu"))
 
 
 def make_verifier(loaded: LoadedModel, max_batch: int) -> LocalVerifier:
@@ -61,15 +57,7 @@ def references(loaded: LoadedModel) -> list[tuple[list[int], list[int]]]:
     refs = []
     for text in load_dev_prompts(N_SESSIONS):
         ids = loaded.tokenizer(text).input_ids
-        with torch.inference_mode():
-            out = loaded.model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=N_TOKENS,
-                min_new_tokens=N_TOKENS,  # do not stop at EOS: compare a fixed length
-                do_sample=False,
-                pad_token_id=0,
-            )
-        refs.append((ids, out[0, len(ids) :].tolist()))
+        refs.append((ids, hf_greedy(loaded, ids, N_TOKENS)))
     return refs
 
 

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.server import start_gateway
 from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2
-from tests.e2e_fixtures import verifier_config
+from tests.fixtures.e2e import verifier_config
 
 ANSWER_WITHIN_S = 1.0
 CONTEXT = [1, 403, 407, 261, 378, 432]

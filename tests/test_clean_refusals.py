@@ -19,7 +19,7 @@ from speculant.errors import InvalidArgumentError
 from speculant.graph_format import META_DB, META_KEY, GraphFormatError, GraphMeta, write_manifest
 from tests.conftest import ROOT, STORIES_MODEL, TINYSTORIES_TRAIN
 from tests.graph_factory import write_graph
-from tests.test_up import free_ports
+from tests.processes import free_ports
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:

@@ -11,12 +11,11 @@ import pytest
 from speculant.client import AsyncSpeculantClient, SpeculantClient
 from speculant.errors import RemoteError
 from speculant.v1 import common_pb2, gateway_pb2
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 PARAMS = {"max_tokens": 24, "temperature": 0.0, "k": 8, "strategy": "greedy"}
 
 
-def test_sync_client_generates_streams_and_reports_health(services):  # noqa: F811
+def test_sync_client_generates_streams_and_reports_health(services):
     raw = services.gateway.Generate(
         gateway_pb2.GenerateRequest(
             prompt="Once upon a time",
@@ -39,7 +38,7 @@ def test_sync_client_generates_streams_and_reports_health(services):  # noqa: F8
     assert SpeculantClient("127.0.0.1:1").health() == "UNREACHABLE"
 
 
-def test_async_client_gives_the_same_answers(services):  # noqa: F811
+def test_async_client_gives_the_same_answers(services):
     async def run() -> tuple[str, str, str, list[int]]:
         async with AsyncSpeculantClient(services.gateway_address) as client:
             health = await client.health()

@@ -22,7 +22,7 @@ from speculant.graph_format import DATA_FILE, MANIFEST_FILE
 from speculant.health import health_status, wait_until_serving
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_TRAIN
-from tests.test_up import free_ports
+from tests.processes import free_ports
 
 CONTEXT = [1, 403, 407, 261, 378, 432]
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from conftest import STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
-from test_distributed_build import assert_same_graph
 
 from builder import CorpusError, GraphBuilder
 from builder.dataset_source import (
@@ -25,6 +24,7 @@ from builder.dataset_source import (
 )
 from speculant.cli import main
 from speculant.graph_format import open_graph_env, read_meta
+from tests.graph_checks import assert_same_graph
 
 pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")

@@ -27,7 +27,7 @@ from gateway import GenerationConfig, SpeculativeDecoder
 from gateway.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta, verify_manifest
 from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR
-from tests.e2e_fixtures import verifier_config
+from tests.fixtures.e2e import verifier_config
 
 DEMO_CORPUS = ROOT / "demo" / "tinystories-slice.txt"
 PROMPTS = ["Once upon a time, there was a little dog", "Tom and Sue went to the park. They"]
@@ -53,14 +53,6 @@ def meta_of(graph: Path):
         env.close()
 
 
-@pytest.fixture
-def graph(tinystories_graph: Path, tmp_path: Path) -> Path:
-    """A private copy of the session's tinystories graph (distill rewrites it)."""
-    copy = tmp_path / "graph"
-    shutil.copytree(tinystories_graph, copy)
-    return copy
-
-
 def small_options(graph: Path, **changes) -> DistillOptions:
     options = {
         "graph": str(graph),
@@ -76,10 +68,10 @@ def small_options(graph: Path, **changes) -> DistillOptions:
     return DistillOptions(**(options | changes))
 
 
-def test_distill_appends_exactly_the_continuations(graph: Path) -> None:
-    before = meta_of(graph)
-    result = distill_graph(small_options(graph, weight=3))
-    after = meta_of(graph)
+def test_distill_appends_exactly_the_continuations(graph_copy: Path) -> None:
+    before = meta_of(graph_copy)
+    result = distill_graph(small_options(graph_copy, weight=3))
+    after = meta_of(graph_copy)
     assert after.version == before.version + 1 and result.generations == 24
     assert 0 < result.tokens <= 24 * 16
     # every continuation token is the successor of exactly one context of each order (prompts
@@ -92,25 +84,25 @@ def test_distill_appends_exactly_the_continuations(graph: Path) -> None:
     assert (record["generations"], record["tokens"], record["weight"]) == (24, result.tokens, 3)
     assert record["temperature"] == 0.0 and record["max_tokens"] == 16
     assert record["prompt_source"]["corpus"] == [str(DEMO_CORPUS.resolve())]
-    assert verify_manifest(graph)
-    shown = cli("graph-info", str(graph))
+    assert verify_manifest(graph_copy)
+    shown = cli("graph-info", str(graph_copy))
     assert shown.returncode == 0, shown.stderr
     assert "distilled: 24 continuations of up to 16 tokens" in shown.stdout
 
 
-def test_sampled_distill_is_reproducible_and_recorded(graph: Path, tmp_path: Path) -> None:
+def test_sampled_distill_is_reproducible_and_recorded(graph_copy: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
-    shutil.copytree(graph, other)
-    first = distill_graph(small_options(graph, temperature=0.9, seed=5))
+    shutil.copytree(graph_copy, other)
+    first = distill_graph(small_options(graph_copy, temperature=0.9, seed=5))
     second = distill_graph(small_options(other, temperature=0.9, seed=5))
-    assert meta_of(graph).orders == meta_of(other).orders  # same seed: the same counts
+    assert meta_of(graph_copy).orders == meta_of(other).orders  # same seed: the same counts
     assert first.tokens == second.tokens
-    assert meta_of(graph).sources[-1]["distilled"][0]["temperature"] == 0.9
+    assert meta_of(graph_copy).sources[-1]["distilled"][0]["temperature"] == 0.9
 
 
-def test_greedy_output_with_a_distilled_graph_is_plain_greedy(graph: Path) -> None:
-    distill_graph(small_options(graph, generations=64, max_tokens=48))
-    decoder = SpeculativeDecoder(graph, verifier_config())
+def test_greedy_output_with_a_distilled_graph_is_plain_greedy(graph_copy: Path) -> None:
+    distill_graph(small_options(graph_copy, generations=64, max_tokens=48))
+    decoder = SpeculativeDecoder(graph_copy, verifier_config())
     plain = PlainDecoder.load(str(STORIES_MODEL), decoder.verifier.info.eos_token_ids)
     config = GenerationConfig(max_tokens=64, temperature=0)
     for prompt in PROMPTS:
@@ -133,8 +125,8 @@ def test_a_model_with_another_tokenizer_is_refused_in_one_line(tmp_path: Path) -
     assert meta_of(graph).version == 1
 
 
-def test_a_hub_name_offline_fails_clearly(graph: Path) -> None:
-    done = cli("distill", "--graph", str(graph), "--model", "no-such-org/no-such-model")
+def test_a_hub_name_offline_fails_clearly(graph_copy: Path) -> None:
+    done = cli("distill", "--graph", str(graph_copy), "--model", "no-such-org/no-such-model")
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("speculant distill: error: ") and "no-such-org/no-such-model" in last
@@ -142,9 +134,9 @@ def test_a_hub_name_offline_fails_clearly(graph: Path) -> None:
 
 
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
-def test_an_interrupted_distill_publishes_nothing(graph: Path, how: signal.Signals) -> None:
-    data = (graph / "data.mdb").read_bytes()
-    command = [sys.executable, "-m", "speculant.cli", "distill", "--graph", str(graph)]
+def test_an_interrupted_distill_publishes_nothing(graph_copy: Path, how: signal.Signals) -> None:
+    data = (graph_copy / "data.mdb").read_bytes()
+    command = [sys.executable, "-m", "speculant.cli", "distill", "--graph", str(graph_copy)]
     command += ["--model", str(STORIES_MODEL), "--generations", "100000", "--batch-size", "8"]
     command += ["--corpus", str(DEMO_CORPUS), "--doc-separator", "\\n\\n\\n", "--device", "cpu"]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -160,17 +152,17 @@ def test_an_interrupted_distill_publishes_nothing(graph: Path, how: signal.Signa
     finally:
         process.kill()
     assert code == (-signal.SIGKILL if how == signal.SIGKILL else 130)
-    assert meta_of(graph).version == 1
-    assert (graph / "data.mdb").read_bytes() == data
-    assert verify_manifest(graph)
-    leftovers = [p.name for p in graph.parent.iterdir() if p.name.startswith(".graph.tmp-")]
+    assert meta_of(graph_copy).version == 1
+    assert (graph_copy / "data.mdb").read_bytes() == data
+    assert verify_manifest(graph_copy)
+    leftovers = [p.name for p in graph_copy.parent.iterdir() if p.name.startswith(".graph.tmp-")]
     assert leftovers == []  # nothing was being published yet
 
 
-def test_bench_distill_reports_tau_against_the_budget(graph: Path, tmp_path: Path) -> None:
+def test_bench_distill_reports_tau_against_the_budget(graph_copy: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     done = cli(
-        "bench", "distill", "--graph", str(graph), "--model", str(STORIES_MODEL),
+        "bench", "distill", "--graph", str(graph_copy), "--model", str(STORIES_MODEL),
         "--corpus", str(DEMO_CORPUS), "--doc-separator", "\\n\\n\\n", "--device", "cpu",
         "--budgets", "0,16", "--max-tokens", "16", "--batch-size", "8",
         "--eval-prompts", str(ROOT / "demo" / "prompts.jsonl"), "--limit", "3",
@@ -181,4 +173,4 @@ def test_bench_distill_reports_tau_against_the_budget(graph: Path, tmp_path: Pat
     assert [row["generations"] for row in result["rows"]] == [0, 16]
     assert all(row["tau_median"] >= 1.0 for row in result["rows"])
     assert "tau median" in done.stdout
-    assert meta_of(graph).version == 1  # the bench works on copies
+    assert meta_of(graph_copy).version == 1  # the bench works on copies

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from graph_factory import write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_draft_core import CHAINS, VOCAB
 
 from bench.drafts import FAST_RECONNECT
 from speculant.types import DraftParams
+from tests.fixtures.graphs import CORE_CHAINS
 
 SPECULANT = [sys.executable, "-m", "speculant.cli"]
 
@@ -28,11 +28,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_graph(tmp_path_factory.mktemp("cli") / "graph", CHAINS, vocab_size=VOCAB)
 
 
 def run_serve(graph: Path) -> subprocess.CompletedProcess:
@@ -45,8 +40,8 @@ def run_serve(graph: Path) -> subprocess.CompletedProcess:
     [
         (lambda tmp: tmp / "missing", "graph not found"),
         (lambda tmp: tmp, "has no data.mdb"),
-        (lambda tmp: write_graph(tmp / "g", CHAINS, write_meta=False), "unfinished graph"),
-        (lambda tmp: write_graph(tmp / "g", CHAINS, format_version=7), "format version 7"),
+        (lambda tmp: write_graph(tmp / "g", CORE_CHAINS, write_meta=False), "unfinished graph"),
+        (lambda tmp: write_graph(tmp / "g", CORE_CHAINS, format_version=7), "format version 7"),
     ],
 )
 def test_serve_draft_refuses_a_bad_graph(tmp_path: Path, make, message) -> None:
@@ -59,10 +54,10 @@ def test_serve_draft_refuses_a_bad_graph(tmp_path: Path, make, message) -> None:
     assert message in lines[0]
 
 
-def test_serve_draft_serves_then_stops_on_sigterm(graph_dir: Path) -> None:
+def test_serve_draft_serves_then_stops_on_sigterm(core_graph_dir: Path) -> None:
     port = free_port()
     address = f"127.0.0.1:{port}"
-    cmd = [*SPECULANT, "serve-draft", "--graph", str(graph_dir), "--port", str(port)]
+    cmd = [*SPECULANT, "serve-draft", "--graph", str(core_graph_dir), "--port", str(port)]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -91,9 +86,9 @@ def test_serve_draft_serves_then_stops_on_sigterm(graph_dir: Path) -> None:
     assert "Traceback" not in stderr
 
 
-def test_bench_draft_writes_its_figures(graph_dir: Path, tmp_path: Path) -> None:
+def test_bench_draft_writes_its_figures(core_graph_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    cmd = [*SPECULANT, "bench", "draft", "--graph", str(graph_dir), "--requests", "100"]
+    cmd = [*SPECULANT, "bench", "draft", "--graph", str(core_graph_dir), "--requests", "100"]
     cmd += ["--k", "4", "--concurrency", "1,2", "--json", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
@@ -120,9 +115,9 @@ def test_bench_draft_refuses_a_bad_graph(tmp_path: Path) -> None:
     assert "graph not found" in result.stderr
 
 
-def test_bench_draft_tier_runs_each_process_count(graph_dir: Path, tmp_path: Path) -> None:
+def test_bench_draft_tier_runs_each_process_count(core_graph_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "tier.json"
-    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(graph_dir), "--processes", "1,2"]
+    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(core_graph_dir), "--processes", "1,2"]
     cmd += ["--clients", "2", "--seconds", "0.5", "--k", "4", "--json", str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stderr
@@ -155,9 +150,9 @@ def test_graph_mapping_dirty_bytes_counts_only_the_named_file(tmp_path: Path) ->
     [("--processes", "0,2", "--processes must be"), ("--seconds", "0", "--seconds must be")],
 )
 def test_bench_draft_tier_refuses_bad_numbers(
-    graph_dir: Path, flag: str, value: str, message: str
+    core_graph_dir: Path, flag: str, value: str, message: str
 ) -> None:
-    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(graph_dir), flag, value]
+    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(core_graph_dir), flag, value]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr

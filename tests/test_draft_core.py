@@ -19,49 +19,20 @@ from speculant.errors import InvalidArgumentError
 from speculant.graph_format import META_DB, META_KEY, GraphFormatError, write_manifest
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
-
-VOCAB = 100
-
-# Order 3 disagrees with the lower orders after (1, 2, 3); token 9 leads nowhere (dead end).
-CHAINS = {
-    1: {
-        (1,): {2: 3, 3: 1},
-        (2,): {3: 2, 4: 2},
-        (3,): {4: 5},
-        (4,): {5: 1},
-        (10,): {11: 2, 12: 1},
-        (20,): {21: 5, 22: 3, 23: 1, 24: 1},
-    },
-    2: {
-        (1, 2): {3: 2},
-        (2, 3): {4: 1},
-        (10, 10): {12: 2, 11: 1},
-        (20, 20): {22: 4, 25: 2, 21: 1},
-    },
-    3: {
-        (1, 2, 3): {9: 1},
-    },
-}
+from tests.fixtures.graphs import CORE_CHAINS, CORE_VOCAB
 
 # These tests pin the seed's attentive formula ("seed" mixing), which the DESIGN's formula and
 # parameters describe; the default mixing is Witten-Bell (tests/test_mixing.py).
 SeedParams = partial(DraftParams, mixing="seed", tree_nodes=0)  # chains, unless a test says
 
 
-@pytest.fixture(scope="module")
-def graph(tmp_path_factory: pytest.TempPathFactory):
-    path = write_graph(tmp_path_factory.mktemp("g") / "graph", CHAINS, vocab_size=VOCAB)
-    with NGramGraph.open(path) as g:
-        yield g
-
-
 @pytest.fixture
-def drafter(graph: NGramGraph) -> Drafter:
-    return Drafter(graph)
+def drafter(core_graph: NGramGraph) -> Drafter:
+    return Drafter(core_graph)
 
 
 def hand_q(
-    context: list[int], params: DraftParams, chains: dict = CHAINS
+    context: list[int], params: DraftParams, chains: dict = CORE_CHAINS
 ) -> tuple[dict[int, float], int]:
     """Reference q (dict id -> prob) and matched order, straight from the formula."""
     params = params.with_defaults()  # unset mixing parameters: the built-in defaults
@@ -270,9 +241,9 @@ def test_sampling_draws_only_tokens_with_positive_q(drafter: Drafter) -> None:
 # -- the greedy cache ----------------------------------------------------------------------
 
 
-def test_greedy_cache_is_transparent_and_bounded(graph: NGramGraph) -> None:
-    cached = Drafter(graph, cache_size=3)
-    uncached = Drafter(graph, cache_size=0)
+def test_greedy_cache_is_transparent_and_bounded(core_graph: NGramGraph) -> None:
+    cached = Drafter(core_graph, cache_size=3)
+    uncached = Drafter(core_graph, cache_size=0)
     rng = np.random.default_rng(0)
     pool = [1, 2, 3, 4, 10, 20, 9]
     for _ in range(300):
@@ -311,7 +282,7 @@ def test_bad_params_name_the_field(drafter: Drafter, kwargs, field) -> None:
     assert field in str(info.value)
 
 
-@pytest.mark.parametrize("context", [[1, VOCAB], [-1, 2], [1, 2, 10**9], np.array([1, 100])])
+@pytest.mark.parametrize("context", [[1, CORE_VOCAB], [-1, 2], [1, 2, 10**9], np.array([1, 100])])
 def test_token_ids_outside_the_vocabulary_are_rejected(drafter: Drafter, context) -> None:
     with pytest.raises(InvalidArgumentError) as info:
         drafter.propose(context, SeedParams())
@@ -327,16 +298,16 @@ def test_numpy_contexts_work(drafter: Drafter) -> None:
 # -- the graph ---------------------------------------------------------------------------------
 
 
-def test_successors_lookup(graph: NGramGraph) -> None:
-    ids, counts = graph.successors([20])
+def test_successors_lookup(core_graph: NGramGraph) -> None:
+    ids, counts = core_graph.successors([20])
     assert ids.tolist() == [21, 22, 23, 24]
     assert counts.tolist() == [5, 3, 1, 1]
-    assert graph.successors([1, 2, 3])[0].tolist() == [9]
-    assert graph.successors([5]) is None
-    assert graph.successors([]) is None
-    assert graph.successors([1, 2, 3, 4]) is None  # beyond max order
-    assert graph.meta.max_order == 3
-    assert graph.vocab_size == VOCAB
+    assert core_graph.successors([1, 2, 3])[0].tolist() == [9]
+    assert core_graph.successors([5]) is None
+    assert core_graph.successors([]) is None
+    assert core_graph.successors([1, 2, 3, 4]) is None  # beyond max order
+    assert core_graph.meta.max_order == 3
+    assert core_graph.vocab_size == CORE_VOCAB
 
 
 def test_missing_graph_is_refused(tmp_path: Path) -> None:
@@ -347,19 +318,19 @@ def test_missing_graph_is_refused(tmp_path: Path) -> None:
 
 
 def test_unfinished_graph_is_refused(tmp_path: Path) -> None:
-    path = write_graph(tmp_path / "g", CHAINS, write_meta=False)
+    path = write_graph(tmp_path / "g", CORE_CHAINS, write_meta=False)
     with pytest.raises(GraphFormatError, match="unfinished"):
         NGramGraph.open(path)
 
 
 def test_unknown_version_is_refused(tmp_path: Path) -> None:
-    path = write_graph(tmp_path / "g", CHAINS, format_version=99)
+    path = write_graph(tmp_path / "g", CORE_CHAINS, format_version=99)
     with pytest.raises(GraphFormatError, match="format version 99"):
         NGramGraph.open(path)
 
 
 def test_corrupt_meta_is_refused(tmp_path: Path) -> None:
-    path = write_graph(tmp_path / "g", CHAINS)
+    path = write_graph(tmp_path / "g", CORE_CHAINS)
     env = lmdb.open(str(path), max_dbs=4)
     with env.begin(write=True, db=env.open_db(META_DB)) as txn:
         txn.put(META_KEY, b"{not json")
@@ -389,7 +360,7 @@ def test_missing_order_is_refused(tmp_path: Path) -> None:
 
 
 def test_closed_graph_refuses_lookups(tmp_path: Path) -> None:
-    graph = NGramGraph.open(write_graph(tmp_path / "g", CHAINS))
+    graph = NGramGraph.open(write_graph(tmp_path / "g", CORE_CHAINS))
     graph.close()
     graph.close()  # idempotent
     with pytest.raises(GraphFormatError, match="closed"):
@@ -440,10 +411,10 @@ def test_random_graph_matches_reference(tmp_path: Path) -> None:
         assert checked > 100
 
 
-def test_release_pages_keeps_lookups_working(graph: NGramGraph, drafter: Drafter) -> None:
+def test_release_pages_keeps_lookups_working(core_graph: NGramGraph, drafter: Drafter) -> None:
     params = SeedParams(k=8, attentive_mix=False)
     before = drafter.propose([7, 1], params).token_ids
-    released = graph.release_pages()
+    released = core_graph.release_pages()
     if sys.platform.startswith("linux"):
         assert released > 0  # the data.mdb mapping was found and advised
     assert drafter.propose([7, 1], params).token_ids == before == [2, 3, 9]
@@ -481,4 +452,4 @@ def test_mixing_weights_at_their_bounds_still_draft(drafter, strategy, tree_node
             )
             for context in ([1, 2, 3], [1, 2, 3, 1, 2, 3], [10]):
                 proposal = drafter.propose(context, params, seed=1)
-                assert proposal.token_ids and all(0 <= t < VOCAB for t in proposal.token_ids)
+                assert proposal.token_ids and all(0 <= t < CORE_VOCAB for t in proposal.token_ids)

@@ -13,7 +13,6 @@ from speculant.cli import build_parser
 from speculant.draft_flags import draft_default_argv, draft_defaults_from_args
 from speculant.errors import InvalidArgumentError
 from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 
 def parse(*argv: str):
@@ -47,7 +46,7 @@ def test_a_bad_default_is_one_usage_line(tinystories_graph):
     )
 
 
-def test_the_servers_defaults_fill_unset_request_fields(services, tinystories_graph):  # noqa: F811
+def test_the_servers_defaults_fill_unset_request_fields(services, tinystories_graph):
     from draft_service.server import start_server as start_draft
     from gateway.server import start_gateway
     from speculant.types import DraftParams

@@ -22,8 +22,7 @@ from speculant.health import wait_until_serving
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import load_dev_prompts
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
-from tests.test_up import free_ports
+from tests.processes import free_ports
 
 REPLICAS = 3
 CONTEXT = [1, 403, 407, 261, 378, 432]
@@ -84,7 +83,7 @@ def replica_processes(tinystories_graph) -> Iterator[list[tuple[str, subprocess.
 
 
 def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
-    services,  # noqa: F811
+    services,
     replica_processes,
 ):
     from gateway.server import start_gateway
@@ -139,7 +138,7 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
         server.stop(0)
 
 
-def test_a_dns_name_becomes_one_replica_per_address(services):  # noqa: F811
+def test_a_dns_name_becomes_one_replica_per_address(services):
     port = services.draft_address.rsplit(":", 1)[1]
     expanded = expand_addresses([f"dns:localhost:{port}", "10.0.0.9:1"])
     assert f"127.0.0.1:{port}" in expanded and expanded[-1] == "10.0.0.9:1"

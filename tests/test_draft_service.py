@@ -12,11 +12,11 @@ import grpc
 import pytest
 from graph_factory import write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_draft_core import CHAINS, VOCAB
 
 from draft_service.server import SERVICE_NAME, DraftServer, start_server
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from tests.fixtures.graphs import CORE_CHAINS, CORE_VOCAB
 
 GREEDY = common_pb2.DRAFT_STRATEGY_GREEDY
 SAMPLING = common_pb2.DRAFT_STRATEGY_SAMPLING
@@ -26,8 +26,8 @@ SAMPLING = common_pb2.DRAFT_STRATEGY_SAMPLING
 def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_graph(
         tmp_path_factory.mktemp("svc") / "graph",
-        CHAINS,
-        vocab_size=VOCAB,
+        CORE_CHAINS,
+        vocab_size=CORE_VOCAB,
         tokenizer_name="hand-made",
         fingerprint="sha256:abc",
     )
@@ -137,12 +137,12 @@ def test_propose_dead_end_is_an_empty_draft(stub) -> None:
 def test_get_graph_info(stub, graph_dir: Path) -> None:
     info = stub.GetGraphInfo(draft_pb2.GetGraphInfoRequest(), timeout=5)
     assert info.max_order == 3
-    assert info.vocab_size == VOCAB
+    assert info.vocab_size == CORE_VOCAB
     assert info.tokenizer_name == "hand-made"
     assert info.tokenizer_fingerprint == "sha256:abc"
     assert info.format_version == 1
     assert [o.order for o in info.orders] == [1, 2, 3]
-    assert info.orders[0].contexts == len(CHAINS[1])
+    assert info.orders[0].contexts == len(CORE_CHAINS[1])
     assert json.loads(info.build_params_json) == {"source": "tests/graph_factory.py"}
     assert Path(info.graph_path) == graph_dir.resolve()
 
@@ -151,7 +151,7 @@ BAD_REQUESTS = [
     ({"k": 0}, "k"),
     ({"k": 65}, "k"),
     ({"k": -3}, "k"),
-    ({"context_token_ids": [1, VOCAB]}, "context_token_ids"),
+    ({"context_token_ids": [1, CORE_VOCAB]}, "context_token_ids"),
     ({"context_token_ids": [1, -1]}, "context_token_ids"),
     ({"mix_temperature": 0.0}, "mix_temperature"),
     ({"mix_temperature": -1.0}, "mix_temperature"),

@@ -15,16 +15,12 @@ import torch
 from scipy.stats import chisquare
 
 import verifier_service.batching as batching_module
-from draft_service.drafting import Drafter
 from draft_service.tree import TREE_WIDTH
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
-from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams, DraftProposal
 from speculant.v1 import common_pb2, gateway_pb2
-from tests.conftest import dev_prompt_sets, load_dev_prompts
-from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
-from tests.test_exactness import (
+from tests.exactness_checks import (
     assert_drafts_served,
     assert_parallel,
     generate_embedded,
@@ -32,7 +28,7 @@ from tests.test_exactness import (
     plain_greedy_outputs,
     totals,
 )
-from tests.test_sampling_distribution import (
+from tests.sampling_checks import (
     PROMPT,
     chi_square_p_value,
     exact_joint,
@@ -41,15 +37,8 @@ from tests.test_sampling_distribution import (
 from verifier_service.rejection import RejectionOutput, tree_sample
 
 CONTEXT = [1, 403, 407, 261, 378, 432]  # BOS "Once upon a time," (stories260K tokenizer)
-PROMPTS = 16
-MAX_TOKENS = 128
 K = 8
 TREE = 24
-
-
-@pytest.fixture(scope="module")
-def drafter(tinystories_graph) -> Drafter:
-    return Drafter(NGramGraph.open(tinystories_graph))
 
 
 def _child(proposal: DraftProposal, parent: int, token: int) -> int | None:
@@ -59,9 +48,9 @@ def _child(proposal: DraftProposal, parent: int, token: int) -> int | None:
     return None
 
 
-def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(drafter):
-    chain = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=0))
-    tree = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
+def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(tinystories_drafter):
+    chain = tinystories_drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=0))
+    tree = tinystories_drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
     assert len(tree.token_ids) == TREE == len(tree.parents) == len(tree.distributions)
     assert all(-1 <= p < i for i, p in enumerate(tree.parents))
     assert max(tree.depths()) == K - 1
@@ -77,13 +66,13 @@ def test_a_tree_holds_the_greedy_chain_and_its_likeliest_alternatives(drafter):
     assert all(d.probs.tolist() == [1.0] for d in tree.distributions)
 
 
-def test_a_tree_with_the_overlay_holds_the_overlay_chain(drafter):
+def test_a_tree_with_the_overlay_holds_the_overlay_chain(tinystories_drafter):
     """With the overlay, a tree's nodes come from the combined counts: its greedy first branch
     is the overlay chain, and tokens only the context knows are marked as the overlay's."""
     context = [*CONTEXT, 500, 501, 502, 503, 504, 505, *CONTEXT, 500]  # an unusual phrase
     params = DraftParams(k=K, tree_nodes=TREE, overlay_weight=4)
-    tree = drafter.propose(context, params)
-    chain = drafter.propose(context, DraftParams(k=K, overlay_weight=4, tree_nodes=0))
+    tree = tinystories_drafter.propose(context, params)
+    chain = tinystories_drafter.propose(context, DraftParams(k=K, overlay_weight=4, tree_nodes=0))
     assert chain.token_ids[:5] == [501, 502, 503, 504, 505]  # what only the context has
     assert tree.parents and len(tree.token_ids) == TREE
     node = -1
@@ -91,16 +80,17 @@ def test_a_tree_with_the_overlay_holds_the_overlay_chain(drafter):
         node = _child(tree, node, token)
         assert node is not None
     assert {tree.sources[_child(tree, -1, 501)]} <= {"overlay", "both"}
-    without = drafter.propose(context, DraftParams(k=K, tree_nodes=TREE))
+    without = tinystories_drafter.propose(context, DraftParams(k=K, tree_nodes=TREE))
     assert _child(without, -1, 501) is None  # the graph alone never drafts it
     with pytest.raises(InvalidArgumentError, match="tree_nodes"):
         DraftParams(tree_nodes=65).validate()
 
 
-def test_a_sampled_tree_draws_siblings_without_replacement(drafter):
+def test_a_sampled_tree_draws_siblings_without_replacement(tinystories_drafter):
     params = DraftParams(k=K, strategy="sampling", tree_nodes=TREE)
-    tree = drafter.propose(CONTEXT, params, seed=3)
-    assert tree.token_ids == drafter.propose(CONTEXT, params, seed=3).token_ids  # seeded
+    tree = tinystories_drafter.propose(CONTEXT, params, seed=3)
+    again = tinystories_drafter.propose(CONTEXT, params, seed=3)
+    assert tree.token_ids == again.token_ids  # seeded
     assert 0 < len(tree.token_ids) <= TREE == params.tree_nodes
     assert all(-1 <= p < i for i, p in enumerate(tree.parents))
     assert max(tree.depths()) <= K - 1
@@ -127,8 +117,8 @@ def test_a_sampled_tree_draws_siblings_without_replacement(drafter):
             assert np.allclose(ratio, ratio[0])
 
 
-def test_truncating_a_tree_keeps_its_top_levels(drafter):
-    tree = drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
+def test_truncating_a_tree_keeps_its_top_levels(tinystories_drafter):
+    tree = tinystories_drafter.propose(CONTEXT, DraftParams(k=K, tree_nodes=TREE))
     top = tree.truncated(2)
     assert max(top.depths()) == 1
     kept = [i for i, d in enumerate(tree.depths()) if d < 2]
@@ -169,7 +159,7 @@ def test_tree_walk_is_seeded():
     assert draws[0] == draws[1]
 
 
-def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_decoder):  # noqa: F811
+def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_decoder):
     """After a tree verification the session continues as if the accepted tokens had been fed
     one by one: its next logits equal a fresh forward over the whole sequence."""
     verifier = embedded_decoder.verifier
@@ -193,7 +183,7 @@ def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_deco
     verifier.release("tree-cache")
 
 
-def test_bad_trees_are_invalid_argument(embedded_decoder):  # noqa: F811
+def test_bad_trees_are_invalid_argument(embedded_decoder):
     verifier = embedded_decoder.verifier
     verifier.prefill("bad-tree", [1, 403, 407], temperature=0.0)
     with pytest.raises(InvalidArgumentError, match=r"draft_parents\[1\]"):
@@ -203,42 +193,32 @@ def test_bad_trees_are_invalid_argument(embedded_decoder):  # noqa: F811
     verifier.release("bad-tree")
 
 
-@pytest.fixture(scope="module", params=dev_prompt_sets(PROMPTS))
-def prompts(request: pytest.FixtureRequest) -> list[str]:
-    return load_dev_prompts(*request.param)
-
-
-@pytest.fixture(scope="module")
-def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
-    return plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
-
-
 @pytest.mark.parametrize("overlay_weight", [0.0, 4.0])
 def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
-    embedded_decoder,  # noqa: F811
-    prompts,
-    references,
+    embedded_decoder,
+    prompts16,
+    references16,
     overlay_weight,
 ):
     draft = DraftConfig(k=K, tree_nodes=TREE, overlay_weight=overlay_weight)
-    mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
+    mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     rounds, tokens = totals(stats)
     assert_parallel(rounds, tokens, "greedy")
     # a chain of k (tree_nodes=0: DraftConfig's default draft is itself a tree, of 12)
     chain_draft = DraftConfig(k=K, tree_nodes=0, overlay_weight=overlay_weight)
-    chain = generate_embedded(embedded_decoder, prompts, references, chain_draft)[1]
+    chain = generate_embedded(embedded_decoder, prompts16, references16, chain_draft)[1]
     assert rounds < 0.9 * totals(chain)[0], "trees should need fewer verifier forwards"
 
 
 def test_sampled_tree_output_at_temperature_0_is_plain_greedy_decoding(
-    embedded_decoder,  # noqa: F811
-    prompts,
-    references,
+    embedded_decoder,
+    prompts16,
+    references16,
 ):
     draft = DraftConfig(k=K, tree_nodes=TREE, strategy="sampling")
-    subset = prompts[:8]
-    mismatches, stats = generate_embedded(embedded_decoder, subset, references[:8], draft)
+    subset = prompts16[:8]
+    mismatches, stats = generate_embedded(embedded_decoder, subset, references16[:8], draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(*totals(stats), "sampling")
 
@@ -247,19 +227,21 @@ def test_sampled_tree_output_at_temperature_0_is_plain_greedy_decoding(
     "strategy", [common_pb2.DRAFT_STRATEGY_GREEDY, common_pb2.DRAFT_STRATEGY_SAMPLING]
 )
 def test_tree_output_is_plain_greedy_decoding_over_services(
-    services,  # noqa: F811
-    prompts,
-    references,
+    services,
+    prompts16,
+    references16,
     strategy,
 ):
     draft = common_pb2.DraftOptions(k=K, strategy=strategy, tree_nodes=TREE)
-    mismatches, stats = generate_over_gateway(services.gateway, prompts[:8], references[:8], draft)
+    mismatches, stats = generate_over_gateway(
+        services.gateway, prompts16[:8], references16[:8], draft
+    )
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
     assert_parallel(*totals(stats), "greedy")
 
 
-def test_tree_size_is_validated_by_the_gateway(services):  # noqa: F811
+def test_tree_size_is_validated_by_the_gateway(services):
     request = gateway_pb2.GenerateRequest(
         prompt="Once", max_tokens=4, draft=common_pb2.DraftOptions(tree_nodes=65)
     )
@@ -269,7 +251,7 @@ def test_tree_size_is_validated_by_the_gateway(services):  # noqa: F811
     assert "tree_nodes" in caught.value.details()
 
 
-def test_sampling_through_a_tree_follows_the_model(embedded_decoder):  # noqa: F811
+def test_sampling_through_a_tree_follows_the_model(embedded_decoder):
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
     joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
     counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "greedy", tree_nodes=8)
@@ -284,7 +266,7 @@ OVERLAY_PROMPT = "Tom had a red ball. Tom had a"
 
 @pytest.mark.parametrize(("prompt", "overlay_weight"), [(PROMPT, 0.0), (OVERLAY_PROMPT, 1000.0)])
 def test_sampling_through_a_sampled_tree_follows_the_model(
-    embedded_decoder,  # noqa: F811
+    embedded_decoder,
     prompt,
     overlay_weight,
 ):
@@ -346,7 +328,7 @@ def test_the_recursive_rule_without_residual_updates_is_caught():
     assert chisquare(counts, P_TOY.numpy() * runs).pvalue < 1e-6
 
 
-def test_a_wrong_tree_rule_is_caught(embedded_decoder, monkeypatch):  # noqa: F811
+def test_a_wrong_tree_rule_is_caught(embedded_decoder, monkeypatch):
     """Negative control: when the sampled token is any child, take the first child instead."""
 
     def wrong_tree_sample(logits, drafts, parents, temperature, generator=None, q=None):
@@ -370,7 +352,7 @@ def test_depths_of_a_chain_and_a_tree():
     assert np.array_equal(DraftProposal().depths(), [])
 
 
-def test_a_model_without_tree_support_checks_the_first_branch(embedded_decoder, monkeypatch):  # noqa: F811
+def test_a_model_without_tree_support_checks_the_first_branch(embedded_decoder, monkeypatch):
     verifier = embedded_decoder.verifier
     assert verifier.model.supports_trees  # stories260K with sdpa: trees match chain forwards
     prompt_text = "Once upon a time, there was"

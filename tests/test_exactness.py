@@ -12,19 +12,20 @@ import grpc
 import pytest
 
 from gateway import SpeculativeDecoder
-from gateway.baseline import PlainDecoder
-from speculant.config import DraftConfig, GenerationConfig
-from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2
-from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
-from tests.e2e_fixtures import (  # noqa: F401  (fixtures)
-    embedded_decoder,
-    learning_decoder,
-    learning_services,
-    services,
-    verifier_config,
+from speculant.config import DraftConfig
+from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from tests.conftest import dev_prompt_sets, load_dev_prompts
+from tests.exactness_checks import (
+    MAX_TOKENS,
+    assert_drafts_served,
+    assert_parallel,
+    generate_embedded,
+    generate_over_gateway,
+    plain_greedy_outputs,
+    totals,
 )
+from tests.fixtures.e2e import verifier_config
 
-MAX_TOKENS = 128
 K = 8
 # (strategy, attentive mixing, draft tree size): greedy drafts are chains by default and trees
 # on request (sampled drafts are always chains).
@@ -43,74 +44,15 @@ def dev_prompts(request: pytest.FixtureRequest) -> list[str]:
     return load_dev_prompts(*request.param)
 
 
-def plain_greedy_outputs(decoder, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    """Plain greedy decoding with Hugging Face generate of the decoder's model, per prompt."""
-    plain = PlainDecoder.load(str(STORIES_MODEL), decoder.verifier.info.eos_token_ids)
-    return [plain.generate(decoder.tokenizer(p).input_ids, max_tokens).token_ids for p in prompts]
-
-
 @pytest.fixture(scope="module")
-def reference_outputs(embedded_decoder, dev_prompts) -> list[list[int]]:  # noqa: F811
+def reference_outputs(embedded_decoder, dev_prompts) -> list[list[int]]:
     """Plain greedy decoding with Hugging Face generate, per dev prompt."""
     return plain_greedy_outputs(embedded_decoder, dev_prompts, MAX_TOKENS)
 
 
-# Verification is parallel: clearly fewer verifier forwards than generated tokens. Sampled drafts
-# are accepted less often by a greedy (temperature 0) target than argmax drafts, hence two bounds.
-MAX_ROUNDS_PER_TOKEN = {"greedy": 0.6, "sampling": 0.9}
-
-
-def assert_drafts_served(stats: list) -> None:
-    """Drafting worked over the services: at most 1% of rounds went on without a draft. (A round
-    whose draft call passes the gateway's 0.25 s timeout goes on with an empty draft, with the
-    same output; on a loaded CI machine a rare stall of the in-process servers can cause one.)"""
-    failures = sum(s.draft_failures for s in stats)
-    rounds = sum(s.rounds for s in stats)
-    assert failures <= max(1, rounds // 100), f"{failures} draft failures in {rounds} rounds"
-
-
-def assert_parallel(rounds: int, tokens: int, strategy: str) -> None:
-    bound = MAX_ROUNDS_PER_TOKEN[strategy]
-    assert rounds < bound * tokens, f"{rounds} verifier forwards for {tokens} tokens"
-
-
-def generate_embedded(decoder, prompts, references, draft: DraftConfig) -> tuple[list[int], list]:
-    """Greedy (temperature 0) generation of every prompt in process: (indices of the prompts whose
-    tokens differ from their reference, the stats of each generation)."""
-    generation = GenerationConfig(max_tokens=MAX_TOKENS, temperature=0.0, seed=0)
-    mismatches, stats = [], []
-    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
-        result = decoder.generate(prompt=prompt, generation_config=generation, draft_config=draft)
-        if result.token_ids != expected:
-            mismatches.append(i)
-        stats.append(result.stats)
-    return mismatches, stats
-
-
-def generate_over_gateway(
-    stub, prompts, references, draft: common_pb2.DraftOptions
-) -> tuple[list[int], list]:
-    """The same through a gateway's Generate: (mismatching prompt indices, stats messages)."""
-    mismatches, stats = [], []
-    for i, (prompt, expected) in enumerate(zip(prompts, references, strict=True)):
-        request = gateway_pb2.GenerateRequest(
-            prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, seed=0, draft=draft
-        )
-        response = stub.Generate(request, timeout=60)
-        if list(response.token_ids) != expected:
-            mismatches.append(i)
-        stats.append(response.stats)
-    return mismatches, stats
-
-
-def totals(stats: list) -> tuple[int, int]:
-    """(verifier forwards, generated tokens) over all generations."""
-    return sum(s.rounds for s in stats), sum(s.generated_tokens for s in stats)
-
-
 @pytest.mark.parametrize(("strategy", "attentive_mix", "tree_nodes"), CONFIGS)
 def test_greedy_identical_embedded(
-    embedded_decoder,  # noqa: F811
+    embedded_decoder,
     dev_prompts,
     reference_outputs,
     strategy,
@@ -125,7 +67,7 @@ def test_greedy_identical_embedded(
 
 @pytest.mark.parametrize(("strategy", "attentive_mix", "tree_nodes"), CONFIGS)
 def test_greedy_identical_over_services(
-    services,  # noqa: F811
+    services,
     dev_prompts,
     reference_outputs,
     strategy,
@@ -149,7 +91,7 @@ def test_greedy_identical_over_services(
 
 @pytest.mark.parametrize("strategy", ["greedy", "sampling"])
 def test_greedy_identical_embedded_while_learning(
-    learning_decoder,  # noqa: F811
+    learning_decoder,
     dev_prompts,
     reference_outputs,
     strategy,
@@ -165,7 +107,7 @@ def test_greedy_identical_embedded_while_learning(
 
 
 def test_greedy_identical_over_services_while_learning(
-    learning_services,  # noqa: F811
+    learning_services,
     dev_prompts,
     reference_outputs,
 ):

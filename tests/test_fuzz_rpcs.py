@@ -38,7 +38,6 @@ from hypothesis import strategies as st
 
 from speculant.health import health_status
 from speculant.v1 import common_pb2, draft_pb2, gateway_pb2, verifier_pb2
-from tests.e2e_fixtures import services  # noqa: F401
 from tests.proto_strategies import doubles, malformed_payloads, messages, scalar
 
 log = logging.getLogger(__name__)
@@ -429,7 +428,7 @@ def assert_serving(address: str) -> None:
     assert health_status(address, timeout_s=5.0) == "SERVING"
 
 
-def open_live_sessions(services) -> None:  # noqa: F811
+def open_live_sessions(services) -> None:
     for i, session_id in enumerate(LIVE_SESSIONS):
         services.verifier.Prefill(
             verifier_pb2.PrefillRequest(
@@ -439,13 +438,13 @@ def open_live_sessions(services) -> None:  # noqa: F811
         )
 
 
-def release_live_sessions_and_check_no_leak(services) -> None:  # noqa: F811
+def release_live_sessions_and_check_no_leak(services) -> None:
     for session_id in LIVE_SESSIONS:
         services.verifier.Release(verifier_pb2.ReleaseRequest(session_id=session_id), timeout=5)
     check_no_leak(services)
 
 
-def check_no_leak(services) -> None:  # noqa: F811
+def check_no_leak(services) -> None:
     """No verifier session is left live (the gateway's included) once the calls are over."""
     deadline = time.monotonic() + 3.0  # Session streams release as their handler finishes
     while True:
@@ -456,7 +455,7 @@ def check_no_leak(services) -> None:  # noqa: F811
     assert live == 0, f"{live} verifier sessions left live after the fuzzing"
 
 
-def fuzz_all(services, n: int) -> dict[str, Tally]:  # noqa: F811
+def fuzz_all(services, n: int) -> dict[str, Tally]:
     tallies: dict[str, Tally] = {}
     for name, address, calls, allowed in (
         ("draft", services.draft_address, draft_calls(), ALLOWED),
@@ -489,16 +488,16 @@ def fuzz_all(services, n: int) -> dict[str, Tally]:  # noqa: F811
     return tallies
 
 
-def test_fuzz_every_rpc(services):  # noqa: F811
+def test_fuzz_every_rpc(services):
     fuzz_all(services, DEFAULT_PER_SERVICE)
 
 
 @pytest.mark.slow
-def test_fuzz_every_rpc_10k(services):  # noqa: F811
+def test_fuzz_every_rpc_10k(services):
     fuzz_all(services, SLOW_PER_SERVICE)
 
 
-def test_undecodable_request_is_invalid_argument(services):  # noqa: F811
+def test_undecodable_request_is_invalid_argument(services):
     """A payload that is not a valid message gets INVALID_ARGUMENT (not gRPC's INTERNAL), on
     unary and streaming methods alike, and the stream-level cases keep the service healthy."""
     garbage = b"\x0a\xff\xff\xff\xff\x0f"  # field 1, length-delimited, length past the end
@@ -518,7 +517,7 @@ def test_undecodable_request_is_invalid_argument(services):  # noqa: F811
         assert_serving(address)
 
 
-def test_tiny_temperature_is_greedy_not_nan(services):  # noqa: F811
+def test_tiny_temperature_is_greedy_not_nan(services):
     """A positive temperature too small for float32 (logits / T overflows, or T rounds to 0)
     samples the argmax, as its limit does, instead of a NaN distribution's last token."""
     prompt = [1, 403, 407]

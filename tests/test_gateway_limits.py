@@ -9,16 +9,15 @@ import pytest
 
 from gateway.server import start_gateway
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 LONG = gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=480, temperature=0.0)
 
 
-def verifier_stats(services) -> verifier_pb2.GetStatsResponse:  # noqa: F811
+def verifier_stats(services) -> verifier_pb2.GetStatsResponse:
     return services.verifier.GetStats(verifier_pb2.GetStatsRequest(), timeout=10)
 
 
-def wait_for_no_sessions(services, within_s: float) -> float:  # noqa: F811
+def wait_for_no_sessions(services, within_s: float) -> float:
     """Seconds until the verifier has no live session (fails after within_s)."""
     started = time.monotonic()
     while verifier_stats(services).live_sessions:
@@ -27,7 +26,7 @@ def wait_for_no_sessions(services, within_s: float) -> float:  # noqa: F811
     return time.monotonic() - started
 
 
-def test_cancelled_stream_stops_rounds_and_releases_the_session(services):  # noqa: F811
+def test_cancelled_stream_stops_rounds_and_releases_the_session(services):
     stream = services.gateway.GenerateStream(LONG, timeout=60)
     next(stream)
     assert verifier_stats(services).live_sessions == 1
@@ -38,14 +37,14 @@ def test_cancelled_stream_stops_rounds_and_releases_the_session(services):  # no
     assert verifier_stats(services).forward_passes == forwards  # no more rounds
 
 
-def test_deadline_is_propagated_and_the_session_released(services):  # noqa: F811
+def test_deadline_is_propagated_and_the_session_released(services):
     with pytest.raises(grpc.RpcError) as info:
         services.gateway.Generate(LONG, timeout=0.05)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_for_no_sessions(services, within_s=1.0)
 
 
-def test_over_the_limit_is_resource_exhausted_while_admitted_requests_finish(services):  # noqa: F811
+def test_over_the_limit_is_resource_exhausted_while_admitted_requests_finish(services):
     gateway, _ = start_gateway(
         [services.draft_address], services.verifier_address, port=0, max_concurrent=1
     )

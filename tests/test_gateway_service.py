@@ -24,7 +24,7 @@ from speculant.v1 import (
     verifier_pb2,
 )
 from tests.conftest import STORIES_MODEL
-from tests.e2e_fixtures import embedded_decoder, services, verifier_config  # noqa: F401
+from tests.fixtures.e2e import verifier_config
 
 PROMPT = "Once upon a time, there was a little dog named"
 
@@ -35,12 +35,12 @@ def generate_request(**kwargs) -> gateway_pb2.GenerateRequest:
     return gateway_pb2.GenerateRequest(**kwargs)
 
 
-def test_health_and_reflection_on_every_service(services):  # noqa: F811
+def test_health_and_reflection_on_every_service(services):
     for address in (services.draft_address, services.verifier_address, services.gateway_address):
         assert health_status(address) == "SERVING"
 
 
-def test_stream_text_equals_unary_text(services):  # noqa: F811
+def test_stream_text_equals_unary_text(services):
     request = generate_request(temperature=0.8, seed=11, max_tokens=80)
     unary = services.gateway.Generate(request, timeout=60)
     messages = list(services.gateway.GenerateStream(request, timeout=60))
@@ -52,7 +52,7 @@ def test_stream_text_equals_unary_text(services):  # noqa: F811
     assert len(messages) > 3  # tokens were streamed as they were accepted
 
 
-def test_seeded_requests_are_deterministic_embedded_and_over_grpc(services, embedded_decoder):  # noqa: F811
+def test_seeded_requests_are_deterministic_embedded_and_over_grpc(services, embedded_decoder):
     request = generate_request(
         temperature=0.9,
         seed=1234,
@@ -90,7 +90,7 @@ def test_seeded_requests_are_deterministic_embedded_and_over_grpc(services, embe
         ({"stop": [""]}, "stop"),
     ],
 )
-def test_bad_parameters_are_invalid_argument_naming_the_field(services, kwargs, field):  # noqa: F811
+def test_bad_parameters_are_invalid_argument_naming_the_field(services, kwargs, field):
     if "prompt" not in kwargs and "messages" in kwargs:
         kwargs["prompt"] = ""
     with pytest.raises(grpc.RpcError) as info:
@@ -99,13 +99,13 @@ def test_bad_parameters_are_invalid_argument_naming_the_field(services, kwargs, 
     assert field in info.value.details()
 
 
-def test_unknown_session_is_not_found(services):  # noqa: F811
+def test_unknown_session_is_not_found(services):
     with pytest.raises(grpc.RpcError) as info:
         services.verifier.Verify(verifier_pb2.VerifyRequest(session_id="nope"), timeout=10)
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_sessions_are_released_after_each_request(services):  # noqa: F811
+def test_sessions_are_released_after_each_request(services):
     services.gateway.Generate(generate_request(temperature=0.0), timeout=60)
     # The gateway ends the session stream as the request ends; the verifier frees the session
     # when the end of the stream reaches it, a moment later.
@@ -119,7 +119,7 @@ def test_sessions_are_released_after_each_request(services):  # noqa: F811
     assert stats.sessions_released >= 1
 
 
-def test_draft_service_down_gives_identical_greedy_output(services, tinystories_graph):  # noqa: F811
+def test_draft_service_down_gives_identical_greedy_output(services, tinystories_graph):
     from draft_service.server import start_server as start_draft
 
     request = generate_request(temperature=0.0, max_tokens=64)
@@ -153,7 +153,7 @@ def other_graph(tmp_path_factory, other_tokenizer):
     return out
 
 
-def test_tokenizer_mismatch_is_failed_precondition(services, other_graph):  # noqa: F811
+def test_tokenizer_mismatch_is_failed_precondition(services, other_graph):
     from draft_service.server import start_server as start_draft
 
     draft = start_draft(other_graph, port=0)
@@ -242,7 +242,7 @@ def test_generate_cli_embedded_json(tinystories_graph):
     assert output["stats"]["rounds"] < 20
 
 
-def test_generate_cli_via_gateway(services):  # noqa: F811
+def test_generate_cli_via_gateway(services):
     import json
 
     completed = subprocess.run(
@@ -284,7 +284,7 @@ def generate_when_back(stub, request, within_s: float = 10.0):
             time.sleep(0.1)
 
 
-def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinystories_graph):  # noqa: F811
+def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinystories_graph):
     from draft_service.server import start_server as start_draft
     from verifier_service.server import start_server as start_verifier
 
@@ -324,7 +324,7 @@ class HangingDraftService(draft_pb2_grpc.DraftServiceServicer):
         return self.info
 
 
-def test_draft_timeout_never_fails_the_request(services):  # noqa: F811
+def test_draft_timeout_never_fails_the_request(services):
     from concurrent import futures
 
     with grpc.insecure_channel(services.draft_address) as channel:

@@ -13,11 +13,10 @@ import grpc
 
 from speculant.health import health_status, wait_until_serving
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
-from tests.test_up import free_ports
+from tests.processes import free_ports
 
 
-def test_sigterm_finishes_in_flight_generations_then_exits(services):  # noqa: F811
+def test_sigterm_finishes_in_flight_generations_then_exits(services):
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
     command = [sys.executable, "-m", "speculant.cli", "serve-gateway", "--port", str(port)]

@@ -40,8 +40,8 @@ from speculant.errors import (
 )
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.conftest import STORIES_MODEL
-from tests.e2e_fixtures import verifier_config
-from tests.test_tls import _server_tls, certs  # noqa: F401  (a fixture and a helper)
+from tests.fixtures.e2e import verifier_config
+from tests.fixtures.tls import server_tls
 
 TOKEN = "s3cret-token"
 MODEL = "stories260K"
@@ -374,13 +374,13 @@ def test_error_classes_map_to_http_statuses(error, status):
         assert answer.body()["error"]["message"] == "internal error"  # nothing of the bug
 
 
-def test_https_with_the_gateways_certificate(certs):  # noqa: F811
+def test_https_with_the_gateways_certificate(certs):
     """An HTTP API on a TLS gateway serves HTTPS with the same certificate and client CA."""
     from gateway.draft_client import GrpcDraftClient
     from gateway.verifier_client import GrpcVerifierClient
 
     servicer = GatewayServicer(GrpcDraftClient(["127.0.0.1:1"]), GrpcVerifierClient("127.0.0.1:1"))
-    api = HttpApiServer(servicer, tls=_server_tls(certs, mutual=True), model_name=MODEL).start()
+    api = HttpApiServer(servicer, tls=server_tls(certs, mutual=True), model_name=MODEL).start()
     try:
         trusted = ssl.create_default_context(cafile=str(certs / "ca.pem"))
         trusted.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))

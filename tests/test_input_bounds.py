@@ -18,7 +18,6 @@ from speculant.v1 import (
     gateway_pb2,
     verifier_pb2,
 )
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 # Refusals come back well within this (the work they skip took seconds to minutes).
 REFUSED_WITHIN_S = 2.0
@@ -33,12 +32,12 @@ def refused(call) -> grpc.RpcError:
     return info.value
 
 
-def forward_passes(services) -> int:  # noqa: F811
+def forward_passes(services) -> int:
     stats = services.verifier.GetStats(verifier_pb2.GetStatsRequest(), timeout=10)
     return stats.forward_passes
 
 
-def test_a_draft_tree_wider_than_the_verifier_takes_is_refused_before_a_forward(services):  # noqa: F811
+def test_a_draft_tree_wider_than_the_verifier_takes_is_refused_before_a_forward(services):
     session = services.verifier.Prefill(
         verifier_pb2.PrefillRequest(prompt_token_ids=[1, 403, 407], temperature=0.0), timeout=10
     ).session_id
@@ -70,7 +69,7 @@ def test_a_draft_tree_wider_than_the_verifier_takes_is_refused_before_a_forward(
         services.verifier.Release(verifier_pb2.ReleaseRequest(session_id=session), timeout=10)
 
 
-def test_a_propose_context_longer_than_the_draft_service_takes_is_refused_unkept(services):  # noqa: F811
+def test_a_propose_context_longer_than_the_draft_service_takes_is_refused_unkept(services):
     overlays = services.draft_server.servicer.drafter._overlays
     with grpc.insecure_channel(services.draft_address) as channel:
         stub = draft_pb2_grpc.DraftServiceStub(channel)
@@ -95,7 +94,7 @@ def test_a_propose_context_longer_than_the_draft_service_takes_is_refused_unkept
         assert overlays.tokens <= MAX_CACHED_TOKENS
 
 
-def test_a_prompt_longer_than_the_context_can_hold_is_refused_untokenized(services):  # noqa: F811
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_untokenized(services):
     huge = "Once upon a time " * 900_000  # 15 MB
     error = refused(
         lambda: services.gateway.Generate(
@@ -120,7 +119,7 @@ def test_a_prompt_longer_than_the_context_can_hold_is_refused_untokenized(servic
     assert "tokens" in error.details()
 
 
-def test_a_stop_string_longer_than_the_bound_is_refused(services):  # noqa: F811
+def test_a_stop_string_longer_than_the_bound_is_refused(services):
     request = gateway_pb2.GenerateRequest(prompt="Once", max_tokens=4, stop=["x" * 1001])
     error = refused(lambda: services.gateway.Generate(request, timeout=30))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -11,20 +11,13 @@ from __future__ import annotations
 import copy
 import random
 
-import pytest
 import torch
 from conftest import STORIES_MODEL, load_dev_prompts
 
-from speculant.config import VerifierConfig
 from speculant.tokenizer import load_tokenizer
 from verifier_service.capabilities import lean_matches_reference
 from verifier_service.lean_llama import LeanLlama
 from verifier_service.model import LoadedModel
-
-
-@pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return LoadedModel.load(VerifierConfig(model_name=str(STORIES_MODEL), device="cpu"))
 
 
 def _twin(loaded: LoadedModel, use_lean: bool) -> LoadedModel:

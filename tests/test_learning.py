@@ -28,7 +28,7 @@ from gateway import GenerationConfig, SpeculativeDecoder
 from gateway.server import start_gateway
 from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import ROOT
-from tests.e2e_fixtures import DRAFT_TIMEOUT_S, services, verifier_config  # noqa: F401
+from tests.fixtures.e2e import DRAFT_TIMEOUT_S, verifier_config
 
 PROMPT = "Once upon a time, there was a little girl named"
 
@@ -98,7 +98,7 @@ def test_a_service_that_does_not_learn_says_so(tinystories_graph) -> None:
         server.stop(0)
 
 
-def test_every_replica_learns_and_one_persists(services, replicas, learn_log, tinystories_graph):  # noqa: F811
+def test_every_replica_learns_and_one_persists(services, replicas, learn_log, tinystories_graph):
     """Two generations through a gateway with two replicas: both replicas learn both, the log
     has each once; a third replica started afterwards replays them."""
     gateway, servicer = start_gateway(
@@ -135,7 +135,7 @@ def test_every_replica_learns_and_one_persists(services, replicas, learn_log, ti
         later.stop(0)
 
 
-def test_a_prompt_generated_again_drafts_what_was_learned(services, replicas):  # noqa: F811
+def test_a_prompt_generated_again_drafts_what_was_learned(services, replicas):
     gateway, servicer = start_gateway(
         [replicas[0].address], services.verifier_address, port=0, draft_timeout_s=DRAFT_TIMEOUT_S
     )

@@ -7,11 +7,10 @@ import os
 
 from bench.load import is_loopback, percentile
 from speculant.cli import main
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
-from tests.test_up import free_ports
+from tests.processes import free_ports
 
 
-def test_load_reports_latencies_throughput_errors_and_memory(services, tmp_path, capsys):  # noqa: F811
+def test_load_reports_latencies_throughput_errors_and_memory(services, tmp_path, capsys):
     out = tmp_path / "load.json"
     args = ["load", "--gateway", services.gateway_address, "--concurrency", "2"]
     args += ["--duration", "2", "--max-tokens", "16", "--pids", str(os.getpid())]
@@ -26,7 +25,7 @@ def test_load_reports_latencies_throughput_errors_and_memory(services, tmp_path,
     assert "time to first token p50" in capsys.readouterr().out
 
 
-def test_a_mixed_load_reports_outcomes_health_and_sessions(services, tmp_path):  # noqa: F811
+def test_a_mixed_load_reports_outcomes_health_and_sessions(services, tmp_path):
     out = tmp_path / "load.json"
     addresses = [services.gateway_address, services.draft_address, services.verifier_address]
     args = ["load", "--gateway", services.gateway_address, "--concurrency", "4"]

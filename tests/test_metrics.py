@@ -30,7 +30,7 @@ from speculant.metrics import Metrics
 from speculant.request_context import REQUEST_ID_HEADER, log_handler
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.conftest import ROOT
-from tests.e2e_fixtures import verifier_config
+from tests.fixtures.e2e import verifier_config
 
 GATEWAY = "speculant.v1.GatewayService"
 VERIFIER = "speculant.v1.VerifierService"

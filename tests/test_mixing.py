@@ -13,7 +13,6 @@ import grpc
 import numpy as np
 import pytest
 from graph_factory import write_graph
-from test_draft_core import CHAINS as CORE_CHAINS
 
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
@@ -25,6 +24,7 @@ from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from speculant.wire import draft_options_from_pb, draft_params_from_pb
+from tests.fixtures.graphs import CORE_CHAINS
 
 VOCAB = 100
 
@@ -59,13 +59,6 @@ def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def graph(graph_dir: Path):
     with NGramGraph.open(graph_dir) as g:
-        yield g
-
-
-@pytest.fixture(scope="module")
-def core_graph(tmp_path_factory: pytest.TempPathFactory):
-    path = write_graph(tmp_path_factory.mktemp("core") / "graph", CORE_CHAINS, vocab_size=VOCAB)
-    with NGramGraph.open(path) as g:
         yield g
 
 

@@ -9,19 +9,14 @@ import pytest
 
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
-from tests.conftest import dev_prompt_sets, load_dev_prompts
-from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
-from tests.test_exactness import (
+from tests.exactness_checks import (
     assert_drafts_served,
     assert_parallel,
     generate_embedded,
     generate_over_gateway,
-    plain_greedy_outputs,
     totals,
 )
 
-PROMPTS = 16
-MAX_TOKENS = 128
 K = 8
 CONFIGS = [
     pytest.param("greedy", "witten-bell", 1.0, 0.0, id="greedy-wb"),
@@ -33,21 +28,11 @@ CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="module", params=dev_prompt_sets(PROMPTS))
-def prompts(request: pytest.FixtureRequest) -> list[str]:
-    return load_dev_prompts(*request.param)
-
-
-@pytest.fixture(scope="module")
-def references(embedded_decoder, prompts) -> list[list[int]]:  # noqa: F811
-    return plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
-
-
 @pytest.mark.parametrize(("strategy", "mixing", "escape_weight", "min_draft_prob"), CONFIGS)
 def test_greedy_identical_embedded(
-    embedded_decoder,  # noqa: F811
-    prompts,
-    references,
+    embedded_decoder,
+    prompts16,
+    references16,
     strategy,
     mixing,
     escape_weight,
@@ -60,24 +45,24 @@ def test_greedy_identical_embedded(
         escape_weight=escape_weight,
         min_draft_prob=min_draft_prob,
     )
-    mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
+    mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(*totals(stats), strategy)
 
 
 def test_greedy_identical_over_services_with_witten_bell_and_threshold(
-    services,  # noqa: F811
-    prompts,
-    references,
+    services,
+    prompts16,
+    references16,
 ):
     draft = common_pb2.DraftOptions(
         k=K, mixing="witten-bell", escape_weight=8.0, min_draft_prob=0.2
     )
-    mismatches, stats = generate_over_gateway(services.gateway, prompts, references, draft)
+    mismatches, stats = generate_over_gateway(services.gateway, prompts16, references16, draft)
     assert_drafts_served(stats)
     rounds, tokens = totals(stats)
     drafted = sum(s.draft_tokens for s in stats)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(rounds, tokens, "greedy")
     # the threshold reached the draft service: drafts are well under k tokens per round
-    assert drafted < 0.75 * K * (rounds - len(prompts))
+    assert drafted < 0.75 * K * (rounds - len(prompts16))

@@ -13,16 +13,14 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from draft_service.drafting import Drafter
 from gateway.baseline import PlainDecoder
 from gateway.draft_client import GrpcDraftClient
 from speculant.errors import RemoteError, UnavailableError
-from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
-from tests.e2e_fixtures import DRAFT_TIMEOUT_S, embedded_decoder, services  # noqa: F401
-from tests.test_exactness import assert_drafts_served
+from tests.exactness_checks import assert_drafts_served
+from tests.fixtures.e2e import DRAFT_TIMEOUT_S
 
 PROMPTS = 12
 MAX_TOKENS = 96
@@ -31,17 +29,16 @@ PREPARED = 12
 CONTEXT = [1, 403, 407, 261, 378, 432]  # BOS "Once upon a time," (stories260K tokenizer)
 
 
-@pytest.fixture(scope="module")
-def drafter(tinystories_graph) -> Drafter:
-    return Drafter(NGramGraph.open(tinystories_graph))
-
-
 @pytest.mark.parametrize("strategy", ["greedy", "sampling"])
-def test_each_prepared_draft_is_what_the_drafter_proposes_for_its_outcome(drafter, strategy):
+def test_each_prepared_draft_is_what_the_drafter_proposes_for_its_outcome(
+    tinystories_drafter, strategy
+):
     params = DraftParams(k=K, strategy=strategy, tree_nodes=0)
-    draft = drafter.propose(CONTEXT, params, seed=3).token_ids
+    draft = tinystories_drafter.propose(CONTEXT, params, seed=3).token_ids
     assert len(draft) == K
-    prepared = drafter.next_round_drafts(CONTEXT, draft, params, seed=11, limit=PREPARED)
+    prepared = tinystories_drafter.next_round_drafts(
+        CONTEXT, draft, params, seed=11, limit=PREPARED
+    )
     assert len(prepared) == PREPARED
     outcomes = [(d.accepted_count, d.next_token) for d in prepared]
     assert len(set(outcomes)) == len(outcomes)
@@ -50,7 +47,9 @@ def test_each_prepared_draft_is_what_the_drafter_proposes_for_its_outcome(drafte
         assert 0 <= j <= len(draft)
         if j < len(draft):
             assert d.next_token != draft[j], "accepting d_{j+1} is not an outcome ending at j"
-        expected = drafter.propose(CONTEXT + draft[:j] + [d.next_token], params, seed=11)
+        expected = tinystories_drafter.propose(
+            CONTEXT + draft[:j] + [d.next_token], params, seed=11
+        )
         assert d.proposal.token_ids == expected.token_ids
         assert d.proposal.matched_orders == expected.matched_orders
         if strategy == "sampling":
@@ -59,12 +58,12 @@ def test_each_prepared_draft_is_what_the_drafter_proposes_for_its_outcome(drafte
                 assert got.probs.tolist() == want.probs.tolist()
 
 
-def test_prepared_drafts_come_likeliest_first_and_respect_the_limit(drafter):
+def test_prepared_drafts_come_likeliest_first_and_respect_the_limit(tinystories_drafter):
     params = DraftParams(k=K, tree_nodes=0)
-    draft = drafter.propose(CONTEXT, params).token_ids
-    assert drafter.next_round_drafts(CONTEXT, draft, params, None, limit=0) == []
-    few = drafter.next_round_drafts(CONTEXT, draft, params, None, limit=3)
-    many = drafter.next_round_drafts(CONTEXT, draft, params, None, limit=PREPARED)
+    draft = tinystories_drafter.propose(CONTEXT, params).token_ids
+    assert tinystories_drafter.next_round_drafts(CONTEXT, draft, params, None, limit=0) == []
+    few = tinystories_drafter.next_round_drafts(CONTEXT, draft, params, None, limit=3)
+    many = tinystories_drafter.next_round_drafts(CONTEXT, draft, params, None, limit=PREPARED)
     # the 3 likeliest are the first 3 of the 12 likeliest
     assert [(d.accepted_count, d.next_token) for d in few] == [
         (d.accepted_count, d.next_token) for d in many[:3]
@@ -72,7 +71,7 @@ def test_prepared_drafts_come_likeliest_first_and_respect_the_limit(drafter):
 
 
 @pytest.fixture(scope="module")
-def draft_stub(services) -> Iterator[draft_pb2_grpc.DraftServiceStub]:  # noqa: F811
+def draft_stub(services) -> Iterator[draft_pb2_grpc.DraftServiceStub]:
     with grpc.insecure_channel(services.draft_address) as channel:
         yield draft_pb2_grpc.DraftServiceStub(channel)
 
@@ -124,7 +123,7 @@ def test_a_dead_draft_service_gives_no_draft_and_no_prepared_drafts():
 
 
 @pytest.fixture(scope="module")
-def preparing_gateway(services) -> Iterator[gateway_pb2_grpc.GatewayServiceStub]:  # noqa: F811
+def preparing_gateway(services) -> Iterator[gateway_pb2_grpc.GatewayServiceStub]:
     """A second gateway on the same draft and verifier services, preparing drafts."""
     from gateway.server import start_gateway
 
@@ -143,7 +142,7 @@ def preparing_gateway(services) -> Iterator[gateway_pb2_grpc.GatewayServiceStub]
 
 
 @pytest.fixture(scope="module", params=dev_prompt_sets(PROMPTS))
-def prompts(request: pytest.FixtureRequest) -> list[str]:
+def prompts12(request: pytest.FixtureRequest) -> list[str]:
     return load_dev_prompts(*request.param)
 
 
@@ -160,14 +159,14 @@ def _generate(stub, prompt: str, strategy: int, temperature: float, seed: int):
 
 def test_greedy_output_is_plain_greedy_decoding(
     preparing_gateway,
-    embedded_decoder,  # noqa: F811
-    prompts,
+    embedded_decoder,
+    prompts12,
 ):
     plain = PlainDecoder.load(str(STORIES_MODEL), embedded_decoder.verifier.info.eos_token_ids)
     tokenizer = embedded_decoder.tokenizer
     used = rounds = 0
     stats = []
-    for prompt in prompts:
+    for prompt in prompts12:
         expected = plain.generate(tokenizer(prompt).input_ids, MAX_TOKENS).token_ids
         response = _generate(preparing_gateway, prompt, common_pb2.DRAFT_STRATEGY_GREEDY, 0.0, 0)
         assert list(response.token_ids) == expected, prompt
@@ -183,13 +182,13 @@ def test_greedy_output_is_plain_greedy_decoding(
     "strategy", [common_pb2.DRAFT_STRATEGY_GREEDY, common_pb2.DRAFT_STRATEGY_SAMPLING]
 )
 def test_seeded_sampling_gives_the_same_tokens_with_or_without_prepared_drafts(
-    services,  # noqa: F811
+    services,
     preparing_gateway,
-    prompts,
+    prompts12,
     strategy,
 ):
     used = 0
-    for seed, prompt in enumerate(prompts[:6]):
+    for seed, prompt in enumerate(prompts12[:6]):
         plain = _generate(services.gateway, prompt, strategy, 0.8, seed)
         preparing = _generate(preparing_gateway, prompt, strategy, 0.8, seed)
         assert list(preparing.token_ids) == list(plain.token_ids), prompt

@@ -26,15 +26,16 @@ from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2
 from speculant.wire import draft_options_from_pb, draft_params_from_pb
-from tests.e2e_fixtures import embedded_decoder, services  # noqa: F401  (fixtures)
-from tests.test_coordinator import run, setup, tokenizer  # noqa: F401  (fixture)
-from tests.test_exactness import (
+from tests.exactness_checks import (
     assert_parallel,
     generate_embedded,
     generate_over_gateway,
     totals,
 )
-from tests.test_mixing_exactness import MAX_TOKENS, PROMPTS, K, prompts, references  # noqa: F401
+from tests.fixtures.e2e import PROMPTS16
+from tests.scripted_round import run, setup
+
+K = 8
 
 # Order 1: after 8 the corpus saw 9 twice and 2 once; after 1: 2 (x3), 3 (x1).
 # Order 2: (5, 1) -> 2 once. The context (4, 8) never occurs in the corpus.
@@ -253,7 +254,7 @@ def test_overlay_weight_travels_and_defaults_off() -> None:
     assert unset.overlay_weight == 1.0
 
 
-def test_coordinator_sends_the_whole_context_only_with_the_overlay(tokenizer) -> None:  # noqa: F811
+def test_coordinator_sends_the_whole_context_only_with_the_overlay(tokenizer) -> None:
     for weight, window in ((0.0, 5), (1.0, None)):
         coordinator, _, drafter, prompt, _ = setup(tokenizer, wrong_at=1)
         run(coordinator, prompt, max_tokens=40, draft=DraftParams(k=4, overlay_weight=weight))
@@ -274,15 +275,15 @@ OVERLAY_CONFIGS = [
 
 @pytest.mark.parametrize(("strategy", "mixing", "overlay_weight"), OVERLAY_CONFIGS)
 def test_greedy_identical_embedded_with_overlay(
-    embedded_decoder,  # noqa: F811
-    prompts,  # noqa: F811
-    references,  # noqa: F811
+    embedded_decoder,
+    prompts16,
+    references16,
     strategy,
     mixing,
     overlay_weight,
 ):
     draft = DraftConfig(k=K, strategy=strategy, mixing=mixing, overlay_weight=overlay_weight)
-    mismatches, stats = generate_embedded(embedded_decoder, prompts, references, draft)
+    mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     for s in stats:
         assert s.accepted_from_graph + s.accepted_from_overlay + s.accepted_from_both == (
             s.accepted_tokens
@@ -295,14 +296,14 @@ def test_greedy_identical_embedded_with_overlay(
 
 
 def test_greedy_identical_over_services_with_overlay(
-    services,  # noqa: F811
-    prompts,  # noqa: F811
-    references,  # noqa: F811
+    services,
+    prompts16,
+    references16,
 ):
     draft = common_pb2.DraftOptions(
         k=K, mixing="witten-bell", escape_weight=8.0, overlay_weight=4.0
     )
-    mismatches, stats = generate_over_gateway(services.gateway, prompts, references, draft)
+    mismatches, stats = generate_over_gateway(services.gateway, prompts16, references16, draft)
     for s in stats:
         assert s.draft_failures == 0
         assert s.accepted_from_graph + s.accepted_from_overlay + s.accepted_from_both == (
@@ -313,4 +314,4 @@ def test_greedy_identical_over_services_with_overlay(
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(rounds, tokens, "greedy")
     assert from_overlay > 0  # the weight and the sources crossed both services
-    assert len(prompts) in (8, PROMPTS - 8)  # one of test_mixing_exactness's prompt sets
+    assert len(prompts16) in (8, PROMPTS16 - 8)  # one of the two prompt sets

@@ -20,74 +20,20 @@ from scipy.stats import chisquare
 import verifier_service.rejection as rejection
 from gateway.coordinator import GenerationRequest
 from speculant.types import DraftParams
-from tests.e2e_fixtures import (  # noqa: F401  (fixtures)
-    embedded_decoder,
-    learning_decoder,
-    verifier_config,
+from tests.fixtures.e2e import verifier_config
+from tests.sampling_checks import (
+    MIN_EXPECTED,
+    PROMPT,
+    chi_square_p_value,
+    exact_joint,
+    sample_pairs,
 )
-
-PROMPT = "One day,"
-RUNS = 5000
-MIN_EXPECTED = 5.0  # chi-square cells with fewer expected samples are pooled
-
-
-def exact_joint(decoder, prompt_ids: list[int], temperature: float) -> np.ndarray:
-    """P[t1, t2] [V, V] of the first two tokens sampled from the model at this temperature."""
-    model = decoder.verifier.model.model
-    vocab = decoder.verifier.info.vocab_size
-    with torch.inference_mode():
-        first = model(torch.tensor([prompt_ids])).logits[0, -1].double()  # [V]
-        p1 = torch.softmax(first / temperature, -1)  # [V]
-        batch = torch.tensor([[*prompt_ids, t] for t in range(vocab)])  # [V, len+1]
-        second = model(batch).logits[:, -1].double()  # [V, V]
-        p2 = torch.softmax(second / temperature, -1)  # [V(t1), V(t2)]
-    return (p1[:, None] * p2).numpy()
-
-
-def sample_pairs(
-    decoder,
-    prompt_ids,
-    temperature: float,
-    strategy: str,
-    tree_nodes: int = 0,
-    overlay_weight: float = 0.0,
-    runs: int = RUNS,
-) -> Counter:
-    """(first, second) generated token counts over RUNS seeds; tree_nodes > 0: the second
-    token comes from verifying a draft tree (one level: up to 3 sibling drafts);
-    overlay_weight > 0: drafts mix in the request's own context."""
-    counts: Counter = Counter()
-    for seed in range(runs):
-        request = GenerationRequest(
-            prompt_ids=prompt_ids,
-            max_tokens=3,
-            temperature=temperature,
-            seed=seed,
-            draft=DraftParams(
-                k=4, strategy=strategy, tree_nodes=tree_nodes, overlay_weight=overlay_weight
-            ),
-        )
-        result = decoder.coordinator.generate(request)
-        counts[tuple(result.token_ids[:2])] += 1
-    return counts
-
-
-def chi_square_p_value(joint: np.ndarray, counts: Counter) -> float:
-    runs = sum(counts.values())
-    expected = joint * runs
-    cells = np.argwhere(expected >= MIN_EXPECTED)
-    observed = [counts.get((int(a), int(b)), 0) for a, b in cells]
-    expected_cells = [expected[a, b] for a, b in cells]
-    observed.append(runs - sum(observed))  # every other pair, pooled
-    expected_cells.append(runs - sum(expected_cells))
-    assert len(cells) >= 10, "the prompt should spread its mass over enough pairs"
-    return float(chisquare(observed, expected_cells).pvalue)
 
 
 @pytest.mark.parametrize(
     ("temperature", "strategy"), [(1.0, "sampling"), (0.7, "greedy"), (0.7, "sampling")]
 )
-def test_first_two_tokens_follow_the_model(embedded_decoder, temperature, strategy):  # noqa: F811
+def test_first_two_tokens_follow_the_model(embedded_decoder, temperature, strategy):
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
     joint = exact_joint(embedded_decoder, prompt_ids, temperature)
     counts = sample_pairs(embedded_decoder, prompt_ids, temperature, strategy)
@@ -95,7 +41,7 @@ def test_first_two_tokens_follow_the_model(embedded_decoder, temperature, strate
     assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
 
 
-def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):  # noqa: F811
+def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):
     """Negative control: draw the corrected token from p instead of the residual max(0, p - q)."""
 
     def wrong_residual(p, q, draft_id):
@@ -110,7 +56,7 @@ def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):  # noq
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "sampling"])
-def test_first_two_tokens_follow_the_model_while_learning(learning_decoder, strategy):  # noqa: F811
+def test_first_two_tokens_follow_the_model_while_learning(learning_decoder, strategy):
     """Learning on: the decoder learns from each of the 3,000 runs, so the drafts (and, for
     sampled drafts, the q they report) change from run to run; the law of the output does not."""
     prompt_ids = learning_decoder.tokenizer(PROMPT).input_ids
@@ -149,7 +95,7 @@ def exact_triples(
     return pairs, joint[pairs[:, 0], pairs[:, 1]], p3
 
 
-def test_adaptive_length_keeps_sampled_drafts_exact(embedded_decoder):  # noqa: F811
+def test_adaptive_length_keeps_sampled_drafts_exact(embedded_decoder):
     """min_draft_prob > 0 with sampled drafts: the first three tokens follow the model.
 
     With max_tokens=4 the second round verifies a chain of up to 2 sampled drafts, cut by

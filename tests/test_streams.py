@@ -11,23 +11,22 @@ import grpc
 import pytest
 
 from speculant.v1 import draft_pb2, draft_pb2_grpc, verifier_pb2
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 PROMPT_IDS = [1, 403, 407, 261, 378]
 
 
-def live_sessions(services) -> int:  # noqa: F811
+def live_sessions(services) -> int:
     return services.verifier.GetStats(verifier_pb2.GetStatsRequest(), timeout=10).live_sessions
 
 
-def wait_for_sessions(services, expected: int, within_s: float = 2.0) -> int:  # noqa: F811
+def wait_for_sessions(services, expected: int, within_s: float = 2.0) -> int:
     deadline = time.monotonic() + within_s
     while (n := live_sessions(services)) != expected and time.monotonic() < deadline:
         time.sleep(0.02)
     return n
 
 
-def open_session(services):  # noqa: F811
+def open_session(services):
     requests: queue.SimpleQueue = queue.SimpleQueue()
     end = object()
     responses = services.verifier.Session(iter(requests.get, end), timeout=30)
@@ -40,7 +39,7 @@ def prefill_message() -> verifier_pb2.SessionRequest:
     )
 
 
-def test_session_stream_prefill_verify_then_release_on_end(services):  # noqa: F811
+def test_session_stream_prefill_verify_then_release_on_end(services):
     requests, end, responses = open_session(services)
     requests.put(prefill_message())
     first = next(responses).prefill
@@ -56,7 +55,7 @@ def test_session_stream_prefill_verify_then_release_on_end(services):  # noqa: F
     assert wait_for_sessions(services, 0) == 0
 
 
-def test_cancelled_session_stream_releases_the_session(services, caplog):  # noqa: F811
+def test_cancelled_session_stream_releases_the_session(services, caplog):
     requests, _, responses = open_session(services)
     requests.put(prefill_message())
     next(responses)
@@ -76,7 +75,7 @@ def test_cancelled_session_stream_releases_the_session(services, caplog):  # noq
         (verifier_pb2.SessionRequest(), "step"),
     ],
 )
-def test_bad_session_streams_are_invalid_argument(services, message, field):  # noqa: F811
+def test_bad_session_streams_are_invalid_argument(services, message, field):
     requests, end, responses = open_session(services)
     requests.put(message)
     requests.put(end)
@@ -86,7 +85,7 @@ def test_bad_session_streams_are_invalid_argument(services, message, field):  # 
     assert field in info.value.details()
 
 
-def test_propose_stream_answers_each_request_like_propose(services):  # noqa: F811
+def test_propose_stream_answers_each_request_like_propose(services):
     with grpc.insecure_channel(services.draft_address) as channel:
         stub = draft_pb2_grpc.DraftServiceStub(channel)
         contexts = [PROMPT_IDS, PROMPT_IDS[:3], [1]]
@@ -99,7 +98,7 @@ def test_propose_stream_answers_each_request_like_propose(services):  # noqa: F8
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_a_session_stream_cannot_take_over_another_session(services):  # noqa: F811
+def test_a_session_stream_cannot_take_over_another_session(services):
     services.verifier.Prefill(
         verifier_pb2.PrefillRequest(session_id="theirs", prompt_token_ids=PROMPT_IDS), timeout=10
     )

@@ -5,7 +5,6 @@ win, and bad input is a one-line error."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,20 +21,12 @@ from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
 from speculant.wire import draft_params_from_pb
 from tests.conftest import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts
-from tests.e2e_fixtures import embedded_decoder  # noqa: F401  (fixture)
-from tests.test_exactness import plain_greedy_outputs
+from tests.exactness_checks import plain_greedy_outputs
 
 MAX_TOKENS = 48
 
 
-@pytest.fixture
-def graph_copy(tinystories_graph: Path, tmp_path: Path) -> Path:
-    out = tmp_path / "graph"
-    shutil.copytree(tinystories_graph, out)
-    return out
-
-
-def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):  # noqa: F811
+def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):
     """simulate() against HF's greedy continuation == the coordinator's own counts, for chains
     and trees."""
     prompts = load_dev_prompts(6)

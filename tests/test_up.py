@@ -17,18 +17,9 @@ import pytest
 
 from speculant.affinity import split_cores
 from tests.conftest import STORIES_MODEL
+from tests.processes import free_ports
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def grpcurl(*args: str) -> str:

@@ -24,6 +24,7 @@ from speculant.errors import (
 )
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import SparseDistribution
+from tests.fixtures.models import hf_greedy
 from verifier_service.model import LoadedModel
 from verifier_service.model_loading import ModelLoadError
 from verifier_service.verifier import LocalVerifier
@@ -32,28 +33,11 @@ N_PROMPTS = 4
 N_TOKENS = 64
 
 
-@pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return LoadedModel.load(VerifierConfig(model_name=str(STORIES_MODEL), device="cpu"))
-
-
 @pytest.fixture
 def verifier(loaded: LoadedModel):
     v = LocalVerifier(VerifierConfig(model_name=str(STORIES_MODEL)), model=loaded)
     yield v
     v.close()
-
-
-def hf_greedy(loaded: LoadedModel, prompt_ids: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        out = loaded.model.generate(
-            torch.tensor([prompt_ids]),
-            max_new_tokens=n,
-            min_new_tokens=n,  # do not stop at EOS: compare a fixed length
-            do_sample=False,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt_ids) :].tolist()
 
 
 @pytest.fixture(scope="module")

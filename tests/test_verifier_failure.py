@@ -3,48 +3,22 @@ verifier is back on its port the gateway serves again without a restart of its o
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import grpc
 import pytest
 
 from gateway.server import start_gateway
-from speculant.health import wait_until_serving
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.conftest import STORIES_MODEL
+from tests.processes import start_verifier_process
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def start_verifier_process(port: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "speculant.cli",
-            "serve-verifier",
-            "--model",
-            str(STORIES_MODEL),
-            "--port",
-            str(port),
-            "--torch-threads",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert wait_until_serving(f"127.0.0.1:{port}", timeout_s=120), "verifier did not start"
-    return process
 
 
 @pytest.fixture

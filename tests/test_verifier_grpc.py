@@ -11,7 +11,6 @@ import time
 
 import grpc
 import pytest
-import torch
 from conftest import STORIES_MODEL
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -19,25 +18,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from speculant.config import VerifierConfig
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from tests.fixtures.models import hf_greedy
 from verifier_service import server as server_module
 from verifier_service.model import LoadedModel
 from verifier_service.server import SERVICE_NAME, start_server
 from verifier_service.verifier import LocalVerifier
 
 PROMPT = [1, 403, 407, 261, 378]  # "Once upon a time"
-
-
-@pytest.fixture(scope="module")
-def loaded() -> LoadedModel:
-    return LoadedModel.load(VerifierConfig(model_name=str(STORIES_MODEL), device="cpu"))
-
-
-def hf_greedy(loaded: LoadedModel, prompt: list[int], n: int) -> list[int]:
-    with torch.inference_mode():
-        out = loaded.model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.fixture(scope="module")

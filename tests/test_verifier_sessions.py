@@ -10,12 +10,11 @@ import grpc
 import pytest
 
 from speculant.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
-from tests.e2e_fixtures import services  # noqa: F401  (fixture)
 
 PROMPT = [1, 403, 407, 261]
 
 
-def prefill(services, session_id: str = "") -> verifier_pb2.PrefillResponse:  # noqa: F811
+def prefill(services, session_id: str = "") -> verifier_pb2.PrefillResponse:
     return services.verifier.Prefill(
         verifier_pb2.PrefillRequest(
             session_id=session_id, prompt_token_ids=PROMPT, temperature=0.0
@@ -24,12 +23,12 @@ def prefill(services, session_id: str = "") -> verifier_pb2.PrefillResponse:  # 
     )
 
 
-def release(services, session_id: str) -> bool:  # noqa: F811
+def release(services, session_id: str) -> bool:
     request = verifier_pb2.ReleaseRequest(session_id=session_id)
     return services.verifier.Release(request, timeout=10).released
 
 
-def test_a_prefill_naming_a_live_session_never_replaces_it(services):  # noqa: F811
+def test_a_prefill_naming_a_live_session_never_replaces_it(services):
     first = prefill(services, "mine")
     try:
         with pytest.raises(grpc.RpcError) as info:
@@ -42,7 +41,7 @@ def test_a_prefill_naming_a_live_session_never_replaces_it(services):  # noqa: F
         release(services, "mine")
 
 
-def test_unary_calls_never_reach_a_session_streams_session(services):  # noqa: F811
+def test_unary_calls_never_reach_a_session_streams_session(services):
     requests: queue.SimpleQueue = queue.SimpleQueue()
     with grpc.insecure_channel(services.verifier_address) as channel:
         stream = verifier_pb2_grpc.VerifierServiceStub(channel).Session(
@@ -68,7 +67,7 @@ def test_unary_calls_never_reach_a_session_streams_session(services):  # noqa: F
         assert list(stream) == []
 
 
-def test_a_client_filling_the_unary_sessions_leaves_the_gateway_its_sessions(services):  # noqa: F811
+def test_a_client_filling_the_unary_sessions_leaves_the_gateway_its_sessions(services):
     held = []
     try:
         for _ in range(200):  # more than any cap: until the verifier refuses
