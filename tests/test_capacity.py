@@ -105,11 +105,13 @@ def burst(stub: gateway_pb2_grpc.GatewayServiceStub, count: int, max_tokens: int
     """`count` concurrent Generate calls; their status codes."""
     codes: Counter = Counter()
     lock = threading.Lock()
+    start = threading.Barrier(count)  # every call sent at once, however slowly threads start
 
     def one() -> None:
         request = gateway_pb2.GenerateRequest(
             prompt="Once upon a time", max_tokens=max_tokens, temperature=0.0
         )
+        start.wait()
         try:
             stub.Generate(request, timeout=120)
             code = "OK"

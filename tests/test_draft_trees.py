@@ -264,7 +264,10 @@ def test_sampling_through_a_tree_follows_the_model(embedded_decoder):
 OVERLAY_PROMPT = "Tom had a red ball. Tom had a"
 
 
-@pytest.mark.parametrize(("prompt", "overlay_weight"), [(PROMPT, 0.0), (OVERLAY_PROMPT, 1000.0)])
+@pytest.mark.parametrize(
+    ("prompt", "overlay_weight"),
+    [pytest.param(PROMPT, 0.0, marks=pytest.mark.slow), (OVERLAY_PROMPT, 1000.0)],
+)
 def test_sampling_through_a_sampled_tree_follows_the_model(
     embedded_decoder,
     prompt,

@@ -36,6 +36,13 @@ CONFIGS = [
     pytest.param("sampling", True, 0, id="sampling-mix"),
     pytest.param("sampling", False, 0, id="sampling-backoff"),
 ]
+# Over the services the default suite runs the default drafts and sampled ones; the same
+# configurations as embedded, all of them, with `-m slow`.
+SLOW_OVER_SERVICES = {"greedy-mix-chain", "greedy-backoff-chain", "sampling-backoff"}
+SERVICE_CONFIGS = [
+    pytest.param(*p.values, id=p.id, marks=[pytest.mark.slow] if p.id in SLOW_OVER_SERVICES else [])
+    for p in CONFIGS
+]
 
 
 @pytest.fixture(scope="module", params=dev_prompt_sets())
@@ -65,7 +72,7 @@ def test_greedy_identical_embedded(
     assert_parallel(*totals(stats), strategy)
 
 
-@pytest.mark.parametrize(("strategy", "attentive_mix", "tree_nodes"), CONFIGS)
+@pytest.mark.parametrize(("strategy", "attentive_mix", "tree_nodes"), SERVICE_CONFIGS)
 def test_greedy_identical_over_services(
     services,
     dev_prompts,

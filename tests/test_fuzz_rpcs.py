@@ -42,7 +42,7 @@ from tests.proto_strategies import doubles, malformed_payloads, messages, scalar
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PER_SERVICE = 1_000
+DEFAULT_PER_SERVICE = 300  # requests per service in the default suite (-m slow: 10,000)
 SLOW_PER_SERVICE = 10_000
 CALL_DEADLINE_S = 10.0  # a call that takes longer than this is a hang
 SHORT_DEADLINE_S = 0.2  # for huge generations: DEADLINE_EXCEEDED is then the expected outcome

@@ -283,7 +283,7 @@ def test_a_cancelled_stream_is_counted_cancelled(observed, json_logs):
         next(responses)
         # Let the server wait for the next message: there, a cancel makes its request stream
         # raise (the path that must not be logged as an error).
-        time.sleep(0.5)
+        time.sleep(1.0)
         responses.cancel()
 
     def settled() -> bool:

@@ -31,7 +31,8 @@ from tests.sampling_checks import (
 
 
 @pytest.mark.parametrize(
-    ("temperature", "strategy"), [(1.0, "sampling"), (0.7, "greedy"), (0.7, "sampling")]
+    ("temperature", "strategy"),
+    [(1.0, "sampling"), pytest.param(0.7, "greedy", marks=pytest.mark.slow), (0.7, "sampling")],
 )
 def test_first_two_tokens_follow_the_model(embedded_decoder, temperature, strategy):
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
@@ -55,7 +56,7 @@ def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):
     assert p_value < 1e-6, f"the test failed to catch a wrong rule (p = {p_value:.2e})"
 
 
-@pytest.mark.parametrize("strategy", ["greedy", "sampling"])
+@pytest.mark.parametrize("strategy", [pytest.param("greedy", marks=pytest.mark.slow), "sampling"])
 def test_first_two_tokens_follow_the_model_while_learning(learning_decoder, strategy):
     """Learning on: the decoder learns from each of the 3,000 runs, so the drafts (and, for
     sampled drafts, the q they report) change from run to run; the law of the output does not."""
