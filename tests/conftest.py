@@ -22,6 +22,7 @@ import pytest
 # failing check shows its values.
 pytest.register_assert_rewrite(
     "tests.exactness_checks",
+    "tests.fuzz_calls",
     "tests.graph_checks",
     "tests.processes",
     "tests.sampling_checks",

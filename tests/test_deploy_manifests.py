@@ -25,16 +25,15 @@ import pytest
 import yaml
 
 from speculant.grpc_server import ServiceServer
-from tests.deploy_checks import (
+from tests.deploy_checks import check_bundle, speculant_containers
+from tests.deploy_rules import (
     EXTERNAL_ENV,
     REPO,
     Bundle,
     Container,
-    check_bundle,
     env_problems,
     load_bundle,
     missing_ports,
-    speculant_containers,
 )
 
 
