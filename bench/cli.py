@@ -74,13 +74,7 @@ def register(
     )
     bench.add_argument("--graph", required=True, help="graph directory")
     bench.add_argument("--requests", type=int, default=2000, help="Propose calls per measurement")
-    bench.add_argument("--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per call")
-    bench.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=DEFAULT_TREE_NODES,
-        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
-    )
+    _add_draft_shape(bench)
     bench.add_argument(
         "--concurrency", default="1,4", help="comma-separated closed-loop client counts"
     )
@@ -100,7 +94,7 @@ def register(
     bench.add_argument(
         "--context-len", type=int, default=32, help="maximum context length in tokens"
     )
-    bench.add_argument("--workers", type=int, default=8, help="server worker threads")
+    _add_workers(bench)
     bench.add_argument("--seed", type=int, default=0, help="seed for the request contexts")
     bench.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
     bench.set_defaults(handler=bench_draft)
@@ -115,14 +109,8 @@ def register(
     )
     tier.add_argument("--clients", type=int, default=4, help="closed-loop client processes")
     tier.add_argument("--seconds", type=float, default=5.0, help="measured window per row")
-    tier.add_argument("--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per call")
-    tier.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=DEFAULT_TREE_NODES,
-        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
-    )
-    tier.add_argument("--workers", type=int, default=8, help="server worker threads")
+    _add_draft_shape(tier)
+    _add_workers(tier)
     tier.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
     tier.set_defaults(handler=bench_draft_tier)
 
@@ -233,6 +221,21 @@ def run_tune_command(args: argparse.Namespace) -> int:
     except (SpeculantError, OSError) as exc:
         return fail(str(exc))
     return 0
+
+
+def _add_draft_shape(p: argparse.ArgumentParser) -> None:
+    """--k and --tree-nodes of the draft benchmarks (DraftConfig's defaults)."""
+    p.add_argument("--k", type=int, default=DEFAULT_DRAFT_K, help="draft tokens per call")
+    p.add_argument(
+        "--tree-nodes",
+        type=int,
+        default=DEFAULT_TREE_NODES,
+        help=f"draft tree size (0 = chains of k; default {DEFAULT_TREE_NODES})",
+    )
+
+
+def _add_workers(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=8, help="server worker threads")
 
 
 def options_from_args(options: type[T], args: argparse.Namespace, **given: object) -> T:

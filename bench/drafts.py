@@ -34,10 +34,10 @@ from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.graph_reader import NGramGraph
-from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams
-from speculant.v1 import draft_pb2, draft_pb2_grpc
+from speculant.v1 import draft_pb2_grpc
+from speculant.wire import propose_request_to_pb
 
 # Poll a starting server every few ms instead of gRPC's default 1 s reconnect backoff.
 FAST_RECONNECT = [
@@ -165,19 +165,7 @@ def bench_grpc(
     rpc: "unary" (a Propose call each) or "stream" (requests on one open ProposeStream per
     client, as the gateway drafts).
     """
-    requests_pb = [
-        draft_pb2.ProposeRequest(
-            context_token_ids=c,
-            k=params.k,
-            strategy=STRATEGY_TO_PROTO[params.strategy],
-            attentive_mix=params.attentive_mix,
-            mixing=params.mixing,
-            min_draft_prob=params.min_draft_prob,
-            tree_nodes=params.tree_nodes,
-            seed=i,
-        )
-        for i, c in enumerate(contexts)
-    ]
+    requests_pb = [propose_request_to_pb(c, params, seed=i) for i, c in enumerate(contexts)]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
     channels = [grpc.insecure_channel(address) for _ in range(concurrency)]
     stubs = [draft_pb2_grpc.DraftServiceStub(ch) for ch in channels]

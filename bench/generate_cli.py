@@ -10,15 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.cost import (
-    DEFAULT_COST_MODELS,
-    FORMULA,
-    CostSettings,
-    format_cost_table,
-    format_projection,
-    project_all,
-    run_cost,
-)
+from bench import cost
 from bench.cost_cli import add_cost_options, cost_settings_from_args, register_cost
 from bench.generate import run_benchmark
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
@@ -219,20 +211,20 @@ def _raise_on_sigterm(_signum: int, _frame: object) -> None:
 def default_cost_models(run_model: str) -> tuple[str, ...]:
     """The run's model, then random-llama-58m from ../shared when it is there."""
     models = [run_model]
-    larger = DEFAULT_COST_MODELS[-1]
+    larger = cost.DEFAULT_COST_MODELS[-1]
     if larger.is_dir() and Path(run_model).resolve() != larger.resolve():
         models.append(str(larger))
     return tuple(models)
 
 
 def add_cost_section(
-    result: dict[str, Any], cost_settings: CostSettings, progress: Callable[[str], None]
+    result: dict[str, Any], cost_settings: cost.CostSettings, progress: Callable[[str], None]
 ) -> None:
     """Measure the forward costs and add them, with the projections, to a bench result."""
-    cost = run_cost(cost_settings, progress=progress)
-    result["cost"] = cost
-    result["projection_formula"] = FORMULA
-    result["projection"] = project_all(result["summary"], cost, result["settings"]["model"])
+    costs = cost.run_cost(cost_settings, progress=progress)
+    result["cost"] = costs
+    result["projection_formula"] = cost.FORMULA
+    result["projection"] = cost.project_all(result["summary"], costs, result["settings"]["model"])
 
 
 def _progress(msg: str) -> None:
@@ -262,9 +254,9 @@ def run_bench_generate(args: argparse.Namespace) -> int:
     print(format_footer(result))
     if args.cost:
         print()
-        print(format_cost_table(result["cost"]))
+        print(cost.format_cost_table(result["cost"]))
         print()
-        print(format_projection(result["projection"]))
+        print(cost.format_projection(result["projection"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(f"figures written to {args.json}", file=sys.stderr)

@@ -189,7 +189,9 @@ def client_main(argv: list[str]) -> int:
 
     from speculant.config import DraftConfig
     from speculant.stream_exchange import StreamExchange
-    from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+    from speculant.types import DraftParams
+    from speculant.v1 import draft_pb2_grpc
+    from speculant.wire import propose_request_to_pb
 
     parser = argparse.ArgumentParser(prog="bench.tier client")
     parser.add_argument("--address", required=True)
@@ -202,18 +204,13 @@ def client_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     contexts = json.loads(Path(args.contexts).read_text())
     defaults = DraftConfig()  # what the gateway asks for when a request sets nothing
-    requests = [
-        draft_pb2.ProposeRequest(
-            context_token_ids=c,
-            k=args.k,
-            tree_nodes=args.tree_nodes,
-            strategy=common_pb2.DRAFT_STRATEGY_GREEDY,
-            attentive_mix=defaults.attentive_mix,
-            mixing=defaults.mixing,
-            seed=i,
-        )
-        for i, c in enumerate(contexts)
-    ]
+    params = DraftParams(
+        k=args.k,
+        tree_nodes=args.tree_nodes,
+        attentive_mix=defaults.attentive_mix,
+        mixing=defaults.mixing,
+    )
+    requests = [propose_request_to_pb(c, params, seed=i) for i, c in enumerate(contexts)]
     channel = grpc.insecure_channel(args.address)
     exchange = StreamExchange(draft_pb2_grpc.DraftServiceStub(channel).ProposeStream, None)
     for request in requests[:20]:  # connect and warm up

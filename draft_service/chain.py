@@ -11,6 +11,7 @@ running probability q(d_1) * ... * q(d_{i-1}) * max q_i falls below min_draft_pr
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,14 +23,14 @@ from speculant.graph_reader import decode_values, match_orders
 from speculant.types import DraftParams, DraftProposal, SparseDistribution
 
 
+@dataclass(frozen=True)
 class ChainDrafter:
     """Chains of drafts from one graph's successors; greedy steps kept in a StepCache keyed by
     (tail, mix_key) or, with overlay or live counts, (tail, mix_key, overlay weight, overlay
     counts, live signature) -> (token, matched order, q(token) or NaN[, source])."""
 
-    def __init__(self, successors: Successors, cache: StepCache) -> None:
-        self.successors = successors
-        self.cache = cache
+    successors: Successors
+    cache: StepCache
 
     def propose(
         self,

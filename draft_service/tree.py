@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -29,13 +30,13 @@ TREE_WIDTH = 3  # successors a tree node offers (3 beat 2 on the tinystories dev
 TreeStep = tuple[int, list[tuple[int, float, str]]]
 
 
+@dataclass(frozen=True)
 class TreeDrafter:
     """Draft trees from one graph's successors; greedy tree steps kept in a StepCache keyed
     like the chain's."""
 
-    def __init__(self, successors: Successors, cache: StepCache) -> None:
-        self.successors = successors
-        self.cache = cache
+    successors: Successors
+    cache: StepCache
 
     def propose_greedy(
         self,

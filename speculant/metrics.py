@@ -70,31 +70,29 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "speculant_grpc_requests",
-            "Finished gRPC calls by method and status code",
-            ["service", "method", "code"],
-            registry=self.registry,
+        by_method = ["service", "method"]
+
+        def counter(name: str, doc: str, label: str) -> Counter:
+            return Counter(name, doc, [*by_method, label], registry=self.registry)
+
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(name, doc, by_method, buckets=LATENCY_BUCKETS, registry=self.registry)
+
+        self.requests = counter(
+            "speculant_grpc_requests", "Finished gRPC calls by method and status code", "code"
         )
-        self.latency = Histogram(
+        self.latency = latency(
             "speculant_grpc_request_duration_seconds",
             "gRPC call latency (a stream: its whole life)",
-            ["service", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.stream_messages = Counter(
+        self.stream_messages = counter(
             "speculant_grpc_stream_messages",
             "Messages received and sent on streaming gRPC calls",
-            ["service", "method", "direction"],
-            registry=self.registry,
+            "direction",
         )
-        self.message_latency = Histogram(
+        self.message_latency = latency(
             "speculant_grpc_stream_message_duration_seconds",
             "On bidirectional streams: time from a request message to the next response",
-            ["service", "method"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
         self._server: WSGIServer | None = None
         self.port: int | None = None
