@@ -17,7 +17,7 @@ import pytest
 from speculant.auth import TOKEN_ENV, load_token
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import META_DB, META_KEY, GraphFormatError, GraphMeta, write_manifest
-from tests.conftest import ROOT, STORIES_MODEL, TINYSTORIES_TRAIN
+from tests.conftest import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
 from tests.graph_factory import write_graph
 from tests.processes import free_ports
 
@@ -85,7 +85,7 @@ def limit_file_size() -> None:
 
 def test_a_build_out_of_disk_names_the_file_and_the_disk(tmp_path):
     corpus = tmp_path / "corpus.txt"
-    with TINYSTORIES_TRAIN.open(encoding="utf-8") as f:
+    with TINYSTORIES_CORPUS.open(encoding="utf-8") as f:
         corpus.write_text(f.read(1_000_000), encoding="utf-8")
     work = tmp_path / "work"
     result = run_cli(

@@ -21,7 +21,7 @@ from builder import GraphBuilder
 from speculant.graph_format import DATA_FILE, MANIFEST_FILE
 from speculant.health import health_status, wait_until_serving
 from speculant.v1 import draft_pb2, draft_pb2_grpc
-from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_TRAIN
+from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 from tests.processes import free_ports
 
 CONTEXT = [1, 403, 407, 261, 378, 432]
@@ -32,7 +32,7 @@ def good_graph(tmp_path_factory) -> Path:
     """A graph of a slice of the tinystories corpus (a few MB: many pages to truncate)."""
     root = tmp_path_factory.mktemp("damaged")
     corpus = root / "corpus.txt"
-    with TINYSTORIES_TRAIN.open(encoding="utf-8") as f:
+    with TINYSTORIES_CORPUS.open(encoding="utf-8") as f:  # the demo kit's 3 MB slice
         corpus.write_text(f.read(2_000_000), encoding="utf-8")
     builder = GraphBuilder(tokenizer_name=str(STORIES_MODEL), max_order=5, progress=False)
     builder.build_from_files([corpus], doc_separator=STORY_SEPARATOR)
