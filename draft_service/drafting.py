@@ -63,7 +63,7 @@ from draft_service.step_cache import DEFAULT_CACHE_SIZE, StepCache
 from draft_service.successors import Successors
 from draft_service.tree import TreeDrafter
 from speculant.errors import InvalidArgumentError
-from speculant.graph_format import KEY_DTYPE, tail_key
+from speculant.graph_format import encode_context, tail_key
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams, DraftProposal, NextRoundDraft, SparseDistribution
 
@@ -154,7 +154,7 @@ class Drafter:
         """propose() for a checked context and resolved params."""
         overlay = None  # the request's context index, held for this proposal
         if params.overlay_weight > 0 and len(context_ids) > 1:
-            overlay = self._overlays.checkout(np.asarray(context_ids, dtype=KEY_DTYPE).tobytes())
+            overlay = self._overlays.checkout(encode_context(context_ids))
         try:
             if params.drafts_tree and params.strategy == "sampling":
                 return self.tree.propose_sampled(context_ids, params, seed, overlay)

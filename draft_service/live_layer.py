@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from speculant.config import DEFAULT_LEARN_MEMORY_MB, DEFAULT_LEARN_WEIGHT
-from speculant.graph_format import KEY_DTYPE
+from speculant.graph_format import KEY_DTYPE, encode_context
 from speculant.types import LiveStats
 
 # Bytes of Python objects per context key (its bytes object, dict slots, the inner dict of
@@ -82,7 +82,7 @@ class LiveLayer:
         """Count one document's n-grams; forget the oldest documents while over the memory cap.
         Returns the tokens kept (a document that alone exceeds the cap keeps its last tokens;
         one shorter than two tokens has no n-gram and is not kept)."""
-        packed = np.asarray(token_ids, dtype=KEY_DTYPE).tobytes()
+        packed = encode_context(token_ids)
         fits = (self.max_bytes - DOCUMENT_BYTES) // (4 + self.max_order * (KEY_BYTES + PAIR_BYTES))
         packed = packed[-4 * max(0, fits) :] if len(packed) > 4 * fits else packed
         if len(packed) < 8:

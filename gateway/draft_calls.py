@@ -21,7 +21,7 @@ from speculant.wire import is_greedy_request, proposal_from_pb
 log = logging.getLogger(__name__)
 
 
-class DraftTier(Protocol):
+class ReplicaCalls(Protocol):
     """What a draft call needs of its client (gateway.draft_client.GrpcDraftClient): propose
     on any replica, and the replica streams it checks out, reads, returns and holds off."""
 
@@ -41,7 +41,7 @@ class UnaryDraftCall:
     asked for (any replica, failing over), no next-round drafts."""
 
     def __init__(
-        self, client: DraftTier, request: draft_pb2.ProposeRequest, draft_known: bool
+        self, client: ReplicaCalls, request: draft_pb2.ProposeRequest, draft_known: bool
     ) -> None:
         self._client = client
         self._request = request
@@ -66,7 +66,7 @@ class GrpcDraftCall:
 
     def __init__(
         self,
-        client: DraftTier,
+        client: ReplicaCalls,
         replica: Replica,
         exchange: StreamExchange,
         request: draft_pb2.ProposeRequest,

@@ -42,42 +42,33 @@ def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
     )
 
 
-_OPTIONAL_FLOATS = (
-    "order_bias",
-    "mix_temperature",
-    "reliability_weight",
-    "entropy_penalty",
-    "escape_weight",
-    "min_draft_prob",
-    "overlay_weight",
-)
+# The drafting fields DraftOptions and ProposeRequest carry under DraftParams' names (strategy,
+# an enum, apart); adaptive_k is the gateway's choice, not sent to the draft service.
+_OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
+_PROPOSE_FIELDS = tuple(name for name in _OPTION_FIELDS if name != "adaptive_k")
+
+
+# a request's strategy: unset (None: the receiver's default) or a name
+REQUESTED_STRATEGY = {common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None, **STRATEGY_FROM_PROTO}
+
+
+def _given(message: object, names: Sequence[str]) -> dict[str, object]:
+    """{name: value} of the optional fields among `names` that the message sets."""
+    return {name: getattr(message, name) for name in names if message.HasField(name)}
 
 
 def draft_params_from_pb(
     request: draft_pb2.ProposeRequest, defaults: DraftParams
 ) -> tuple[DraftParams, int | None]:
     """(validated DraftParams, seed or None) from a ProposeRequest; unset fields take defaults."""
-    changes: dict[str, object] = {}
-    if request.HasField("k"):
-        changes["k"] = request.k
-    if request.HasField("tree_nodes"):
-        changes["tree_nodes"] = request.tree_nodes
-    if request.strategy != common_pb2.DRAFT_STRATEGY_UNSPECIFIED:
-        if request.strategy not in STRATEGY_FROM_PROTO:
-            raise InvalidArgumentError(
-                "strategy", f"unknown DraftStrategy value {request.strategy}"
-            )
-        changes["strategy"] = STRATEGY_FROM_PROTO[request.strategy]
-    if request.HasField("attentive_mix"):
-        changes["attentive_mix"] = request.attentive_mix
-    if request.HasField("mixing"):  # validated (by name) in DraftParams.validate
-        changes["mixing"] = request.mixing
-    for name in _OPTIONAL_FLOATS:
-        if request.HasField(name):
-            value = getattr(request, name)
-            if math.isnan(value):
-                raise InvalidArgumentError(name, "must be a number, got NaN")
-            changes[name] = value
+    if request.strategy not in REQUESTED_STRATEGY:
+        raise InvalidArgumentError("strategy", f"unknown DraftStrategy value {request.strategy}")
+    changes = _given(request, _PROPOSE_FIELDS)  # mixing: validated by name in validate()
+    for name, value in changes.items():
+        if isinstance(value, float) and math.isnan(value):
+            raise InvalidArgumentError(name, "must be a number, got NaN")
+    if strategy := REQUESTED_STRATEGY[request.strategy]:
+        changes["strategy"] = strategy
     params = replace(defaults, **changes) if changes else defaults
     seed = request.seed if request.HasField("seed") else None
     return params.validate(), seed
@@ -151,22 +142,11 @@ def proposal_from_pb(
     masses at their tokens, which the verifier assumes anyway: not decoded (distributions=[])."""
     return DraftProposal(
         token_ids=list(message.draft_token_ids),
-        distributions=[]
-        if greedy
-        else [
-            SparseDistribution(np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.probs))
-            for d in message.distributions
-        ],
+        distributions=[] if greedy else [sparse_from_pb(d) for d in message.distributions],
         matched_orders=list(message.matched_orders),
         sources=list(message.draft_sources),
         parents=list(getattr(message, "draft_parents", ())),
     )
-
-
-# DraftOptions fields that override a DraftParams field of the same name (strategy: an enum)
-_OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
-# a request's strategy: unset (None: the gateway's default) or a name
-REQUESTED_STRATEGY = {common_pb2.DRAFT_STRATEGY_UNSPECIFIED: None, **STRATEGY_FROM_PROTO}
 
 
 def draft_options_from_pb(options: common_pb2.DraftOptions, defaults: DraftConfig) -> DraftParams:
@@ -177,10 +157,7 @@ def draft_options_from_pb(options: common_pb2.DraftOptions, defaults: DraftConfi
     """
     if options.strategy not in REQUESTED_STRATEGY:
         raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
-    values = asdict(DraftParams.from_config(defaults))
-    for name in _OPTION_FIELDS:
-        if options.HasField(name):
-            values[name] = getattr(options, name)
+    values = asdict(DraftParams.from_config(defaults)) | _given(options, _OPTION_FIELDS)
     values["strategy"] = REQUESTED_STRATEGY[options.strategy] or defaults.strategy
     return DraftParams(**values)
 

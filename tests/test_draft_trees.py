@@ -361,7 +361,7 @@ def test_a_model_without_tree_support_checks_the_first_branch(embedded_decoder, 
     prompt_text = "Once upon a time, there was"
     prompt = embedded_decoder.tokenizer(prompt_text).input_ids
     e = plain_greedy_outputs(embedded_decoder, [prompt_text], 4)[0]  # greedy e[0..3]
-    monkeypatch.setattr(verifier, "_supports_trees", False)  # as probed at start
+    monkeypatch.setattr(verifier.model, "_supports_trees", False)
     wrong = (e[1] + 1) % verifier.info.vocab_size
     # the model's choice sits in the second branch only: not checked, e[1] is the correction
     verifier.prefill("no-trees", prompt, temperature=0.0)

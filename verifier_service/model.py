@@ -69,10 +69,10 @@ class LoadedModel:
         # Position ids of chain forwards are a slice of this (a view: no allocation per call).
         self._positions = torch.arange(self.max_context, device=self.device).unsqueeze(0)
         self._crop_negative = _crop_uses_negative_count(DynamicCache(config=self.model.config))
-        self._supports_trees: bool | None = None  # checked on first use
+        self._supports_trees: bool | None = None  # probed once (LocalVerifier: at start)
         self._lean: LeanLlama | None = None
         self._lean_checked = False
-        self._supports_batching: bool | None = None  # checked on first use
+        self._supports_batching: bool | None = None  # probed once (LocalVerifier: at start)
 
     @property
     def supports_trees(self) -> bool:

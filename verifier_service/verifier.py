@@ -88,7 +88,7 @@ class LocalVerifier:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="model") if model_thread else None
         )
         # The capability probes run once, here, on the model (thread): forwards run nowhere else.
-        can_batch, self._supports_trees = self._on_model(
+        can_batch, _ = self._on_model(
             lambda: (self.model.supports_batching, self.model.supports_trees)
         )
         self._batcher = (
@@ -369,7 +369,7 @@ class LocalVerifier:
             room = self._room(session_id, session.length)  # tree depth that still fits
             tree = DraftProposal(drafts, parents=parents)
             kept = [i for i, depth in enumerate(tree.depths()) if depth < room]  # what fits
-            if not self._supports_trees:
+            if not self.model.supports_trees:  # probed above: a cached answer
                 kept = _first_branch(parents, kept)
             kept_tree = tree.select(kept)
             drafts, parents = kept_tree.token_ids, kept_tree.parents
