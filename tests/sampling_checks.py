@@ -309,3 +309,22 @@ def hf_generate(
         )
     tokens = output[0, len(prompt_ids) :].tolist()  # [generated]
     return next((tokens[:i] for i, t in enumerate(tokens) if t in eos_token_ids), tokens)
+
+
+def greedy_over_gateway(stub, prompts: list[str], max_tokens: int, draft, sampling) -> list:
+    """The GenerateResponse of a greedy (temperature 0) request of each prompt through a
+    gateway, with these DraftOptions and SamplingControls messages."""
+    from speculant.v1 import gateway_pb2
+
+    responses = []
+    for prompt in prompts:
+        request = gateway_pb2.GenerateRequest(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            seed=0,
+            draft=draft,
+            sampling=sampling,
+        )
+        responses.append(stub.Generate(request, timeout=60))
+    return responses

@@ -5,21 +5,16 @@ emit the same seeded tokens, with the same logprobs, as each session run on its 
 from __future__ import annotations
 
 import random
-import threading
-import time
-from collections.abc import Callable
 
 import numpy as np
-import pytest
 
 from speculant.config import VerifierConfig
 from speculant.types import SamplingControls, SparseDistribution
 from tests.conftest import STORIES_MODEL, load_dev_prompts
-from verifier_service.batching import VerifyBatcher
+from tests.test_batching import hold_first_batch, run_threads
 from verifier_service.verifier import LocalVerifier
 
 ROUNDS = 10
-HOLD_LIMIT_S = 60.0  # never wait longer than this for the other calls (a bound, not a check)
 # A batched forward rounds differently from a forward of its own: about 1e-5 in log p, the
 # float32 noise of the model (tests/test_logprobs.py); a wrong control is off by far more.
 LOGPROB_TOLERANCE = 5e-5
@@ -60,23 +55,6 @@ def run_session(verifier: LocalVerifier, tag: str, index: int, prompt: list[int]
     return out
 
 
-def hold_first_batch(batcher: VerifyBatcher, others: int) -> None:
-    """Make the batcher's first batch wait at the model until `others` more calls are queued
-    (at most HOLD_LIMIT_S), so that the next batch serves them together."""
-    run_alone = batcher.on_model
-    first = threading.Event()
-
-    def held(fn: Callable[[], None]) -> None:
-        if not first.is_set():
-            first.set()
-            deadline = time.monotonic() + HOLD_LIMIT_S
-            while batcher.queued < others and time.monotonic() < deadline:
-                time.sleep(0.001)
-        run_alone(fn)
-
-    batcher.on_model = held
-
-
 def test_controls_are_per_row_in_a_batch(loaded):
     prompts = [loaded.tokenizer(p).input_ids for p in load_dev_prompts(len(SESSIONS))]
     config = VerifierConfig(model_name=str(STORIES_MODEL), max_batch=1)
@@ -86,26 +64,15 @@ def test_controls_are_per_row_in_a_batch(loaded):
     finally:
         alone.close()
     batched = LocalVerifier(config.model_copy(update={"max_batch": 8}), model=loaded)
-    if batched.batcher is None:
-        batched.close()
-        pytest.skip("this model cannot batch verify calls")
+    assert batched.batcher is not None, "stories260K batches verify calls"
     hold_first_batch(batched.batcher, len(SESSIONS) - 1)
     outputs: dict[int, list] = {}
-    errors: list[BaseException] = []
 
     def session(i: int) -> None:
-        try:
-            outputs[i] = run_session(batched, "b", i, prompts[i])
-        except BaseException as exc:
-            errors.append(exc)
+        outputs[i] = run_session(batched, "b", i, prompts[i])
 
-    threads = [threading.Thread(target=session, args=(i,)) for i in range(len(SESSIONS))]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        assert not errors, errors[0]
+        run_threads(session, len(SESSIONS))
         assert batched.batcher.largest >= len(SESSIONS) - 1, "the sessions should share batches"
     finally:
         batched.close()

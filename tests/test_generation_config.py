@@ -20,10 +20,10 @@ from transformers import AutoModelForCausalLM
 
 from gateway import SpeculativeDecoder
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
-from speculant.v1 import common_pb2, gateway_pb2
+from speculant.v1 import common_pb2
 from tests.conftest import STORIES_MODEL, load_dev_prompts
 from tests.fixtures.e2e import running_services
-from tests.sampling_checks import hf_generate
+from tests.sampling_checks import greedy_over_gateway, hf_generate
 
 MAX_TOKENS = 64
 EOS = [2]  # stories260K's
@@ -101,16 +101,8 @@ def test_the_models_defaults_apply_over_services(
     cases.append((common_pb2.SamplingControls(repetition_penalty=1.0), "plain"))
     with running_services(tinystories_graph, learn=False, verifier=config) as services:
         for sampling, expected in cases:
-            for i, prompt in enumerate(prompts):
-                request = gateway_pb2.GenerateRequest(
-                    prompt=prompt,
-                    max_tokens=MAX_TOKENS,
-                    temperature=0.0,
-                    seed=0,
-                    draft=draft,
-                    sampling=sampling,
-                )
-                response = services.gateway.Generate(request, timeout=60)
+            responses = greedy_over_gateway(services.gateway, prompts, MAX_TOKENS, draft, sampling)
+            for i, response in enumerate(responses):
                 assert list(response.token_ids) == references[expected][i], (
                     f"{expected}: prompt {i} differs from generate"
                 )

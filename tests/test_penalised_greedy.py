@@ -17,10 +17,10 @@ from transformers import AutoModelForCausalLM
 
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.types import SamplingControls
-from speculant.v1 import common_pb2, gateway_pb2
+from speculant.v1 import common_pb2
 from tests.conftest import STORIES_MODEL, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served
-from tests.sampling_checks import hf_generate
+from tests.sampling_checks import greedy_over_gateway, hf_generate
 
 MAX_TOKENS = 96
 PENALTIES = {
@@ -122,18 +122,9 @@ def test_penalised_greedy_identical_over_services(
 ):
     draft = common_pb2.DraftOptions(k=4, strategy=strategy, tree_nodes=tree_nodes)
     sampling = common_pb2.SamplingControls(**PENALTIES[name])
-    stats = []
-    for i, prompt in enumerate(prompts):
-        request = gateway_pb2.GenerateRequest(
-            prompt=prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=0.0,
-            seed=0,
-            draft=draft,
-            sampling=sampling,
-        )
-        response = services.gateway.Generate(request, timeout=60)
+    responses = greedy_over_gateway(services.gateway, prompts, MAX_TOKENS, draft, sampling)
+    for i, response in enumerate(responses):
         assert list(response.token_ids) == references[name][i], f"prompt {i} differs"
-        stats.append(response.stats)
+    stats = [response.stats for response in responses]
     assert_drafts_served(stats)
     assert sum(s.accepted_tokens for s in stats) > MAX_TOKENS
