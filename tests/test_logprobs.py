@@ -17,6 +17,7 @@ either of them. Each test measures that noise on its own tokens.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -248,3 +249,15 @@ def test_too_many_alternatives_are_refused_over_services(services, prompt_ids):
         services.gateway.Generate(_pb_request(prompt_ids, "sampled", 21), timeout=60)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "top_logprobs" in caught.value.details()
+
+
+def test_a_stop_string_cuts_the_logprobs_with_the_tokens(embedded_decoder, prompt_ids):
+    full = embedded_decoder.coordinator.generate(_request(prompt_ids, "greedy"))
+    stop = embedded_decoder.tokenizer.decode(full.token_ids[10:12])  # text the output reaches
+    assert stop.strip(), "the stop string should be visible text"
+    cut = embedded_decoder.coordinator.generate(
+        replace(_request(prompt_ids, "greedy"), stop=(stop,))
+    )
+    assert len(cut.token_ids) < len(full.token_ids)
+    assert len(cut.logprobs) == len(cut.token_ids)
+    assert cut.logprobs == full.logprobs[: len(cut.token_ids)]

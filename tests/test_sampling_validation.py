@@ -41,6 +41,7 @@ BAD = [
 GOOD = [
     ("top_k", 0),
     ("top_k", 1),
+    ("top_k", 100_000),  # more than the vocabulary: every token kept, as in Hugging Face
     ("top_p", 1.0),
     ("top_p", 1e-9),
     ("min_p", 0.0),
