@@ -22,7 +22,7 @@ from tests.conftest import STORIES_MODEL, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served
 from tests.sampling_checks import greedy_over_gateway, hf_generate
 
-MAX_TOKENS = 96
+MAX_TOKENS = 64
 PENALTIES = {
     "repetition": {"repetition_penalty": 1.3},
     "presence-frequency": {"presence_penalty": 0.5, "frequency_penalty": 0.5},
@@ -112,7 +112,13 @@ SERVICE_CONFIGS = [
     pytest.param(
         "presence-frequency", common_pb2.DRAFT_STRATEGY_SAMPLING, 0, id="pf-sampling-chain"
     ),
-    pytest.param("all-and-warpers", common_pb2.DRAFT_STRATEGY_GREEDY, 0, id="all-greedy-chain"),
+    pytest.param(
+        "all-and-warpers",
+        common_pb2.DRAFT_STRATEGY_GREEDY,
+        0,
+        id="all-greedy-chain",
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
