@@ -30,6 +30,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="sampling seed (default: a random one)"
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_sampling_arguments(parser)
     parser.add_argument(
         "--k",
         type=int,
@@ -91,6 +92,45 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         help="adapt each round's draft length (1..k) to the request's acceptance history; "
         "the output is the same",
     )
+
+
+# The sampling-control flags: (name, type, help); default None = the model's
+# generation_config value where it sets one, else off (see speculant.types.SamplingControls).
+_SAMPLING_FLAGS = (
+    ("top_k", int, "keep the k most likely tokens (0 = off)"),
+    ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),
+    ("min_p", float, "drop tokens below min_p times the top probability (0 = off)"),
+    ("repetition_penalty", float, "Hugging Face's repetition penalty (> 0, 1 = off)"),
+    ("presence_penalty", float, "OpenAI's presence penalty, in [-2, 2] (0 = off)"),
+    ("frequency_penalty", float, "OpenAI's frequency penalty, in [-2, 2] (0 = off)"),
+)
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """--top-k, --top-p, --min-p, the penalties and --logprobs (all exact: the output follows
+    the processed distribution)."""
+    for name, kind, text in _SAMPLING_FLAGS:
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"{text}; default: the model's generation_config value, else off",
+        )
+    parser.add_argument(
+        "--logprobs",
+        dest="top_logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="report each token's log-probability and its N most likely alternatives (0..20; "
+        "default: none)",
+    )
+
+
+def _sampling_options(args: argparse.Namespace) -> dict[str, object]:
+    """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
+    names = [name for name, _, _ in _SAMPLING_FLAGS] + ["top_logprobs"]
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -359,6 +399,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
+            **_sampling_options(args),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -372,7 +413,18 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     from gateway.openai_format import generate_response
 
     result = decoder.generate(prompt=args.prompt, generation_config=generation)
-    return generate_response(result)
+    output = generate_response(result)
+    if result.logprobs:  # as the gateway's GenerateResponse has them
+        output["logprobs"] = [
+            {
+                "token_id": lp.token_id,
+                "logprob": lp.logprob,
+                "top_token_ids": list(lp.top_token_ids),
+                "top_logprobs": list(lp.top_logprobs),
+            }
+            for lp in result.logprobs
+        ]
+    return output
 
 
 def _generate_via_gateway(args: argparse.Namespace) -> dict:
@@ -391,6 +443,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
+            sampling=_sampling_options(args),
             **_draft_options(args),
         )
     result = json_format.MessageToDict(
