@@ -106,9 +106,9 @@ _SAMPLING_FLAGS = (
 )
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    """--top-k, --top-p, --min-p, the penalties and --logprobs (all exact: the output follows
-    the processed distribution)."""
+def add_sampling_arguments(parser: argparse.ArgumentParser, logprobs: bool = True) -> None:
+    """--top-k, --top-p, --min-p, the penalties and (logprobs) --logprobs (all exact: the
+    output follows the processed distribution)."""
     for name, kind, text in _SAMPLING_FLAGS:
         parser.add_argument(
             "--" + name.replace("_", "-"),
@@ -116,6 +116,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             help=f"{text}; default: the model's generation_config value, else off",
         )
+    if not logprobs:
+        return
     parser.add_argument(
         "--logprobs",
         dest="top_logprobs",
@@ -127,7 +129,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _sampling_options(args: argparse.Namespace) -> dict[str, object]:
+def sampling_options(args: argparse.Namespace) -> dict[str, object]:
     """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
     names = [name for name, _, _ in _SAMPLING_FLAGS] + ["top_logprobs"]
     return {name: value for name in names if (value := getattr(args, name, None)) is not None}
@@ -399,7 +401,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
-            **_sampling_options(args),
+            **sampling_options(args),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -443,7 +445,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
-            sampling=_sampling_options(args),
+            sampling=sampling_options(args),
             **_draft_options(args),
         )
     result = json_format.MessageToDict(
