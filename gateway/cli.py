@@ -100,7 +100,7 @@ _SAMPLING_FLAGS = (
     ("top_k", int, "keep the k most likely tokens (0 = off)"),
     ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),
     ("min_p", float, "drop tokens below min_p times the top probability (0 = off)"),
-    ("repetition_penalty", float, "Hugging Face's repetition penalty (> 0, 1 = off)"),
+    ("repetition_penalty", float, "Hugging Face's repetition penalty (0.01..100, 1 = off)"),
     ("presence_penalty", float, "OpenAI's presence penalty, in [-2, 2] (0 = off)"),
     ("frequency_penalty", float, "OpenAI's frequency penalty, in [-2, 2] (0 = off)"),
 )
