@@ -37,7 +37,15 @@ from gateway.interfaces import (
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason, find_stop_string, safe_text_length
 from speculant.errors import InvalidArgumentError, OutOfRangeError
-from speculant.types import DraftParams, DraftProposal, NextRoundDraft, VerifyResult
+from speculant.types import (
+    DraftParams,
+    DraftProposal,
+    NextRoundDraft,
+    SamplingControls,
+    TokenLogprobs,
+    VerifyResult,
+    check_top_logprobs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,9 @@ class GenerationRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     draft: DraftParams = field(default_factory=DraftParams)
+    # top_k, top_p, min_p and the penalties (see SamplingControls; unset: the model's defaults)
+    sampling: SamplingControls = field(default_factory=SamplingControls)
+    top_logprobs: int | None = None  # report logprobs with this many alternatives; None: none
 
     def validate(self) -> GenerationRequest:
         """Raise InvalidArgumentError naming the first bad field."""
@@ -76,10 +87,12 @@ class GenerationRequest:
                 f"at most {MAX_STOP_STRINGS} stop strings, none of them empty or longer than "
                 f"{MAX_STOP_CHARS} characters",
             )
+        self.sampling.validate()
+        check_top_logprobs(self.top_logprobs)
         try:
             self.draft.validate()
         except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"draft.{exc.field}", str(exc).split(": ", 1)[1]) from exc
+            raise InvalidArgumentError(f"draft.{exc.field}", exc.problem) from exc
         return self
 
 
@@ -89,6 +102,7 @@ class StreamChunk:
 
     token_ids: list[int]
     text_delta: str
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked
 
 
 @dataclass
@@ -99,6 +113,7 @@ class GenerationResult:
     token_ids: list[int]  # generated tokens only: no prompt, no final EOS
     finish_reason: FinishReason
     stats: GenerationStats
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked
 
     @property
     def acceptance_rate(self) -> float:
@@ -134,6 +149,7 @@ class _OutputBuffer:
         self._max_total = max_context_length
         self._detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids)
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprobs] = []  # [i]: token i's, when the request asks
         self._text_end: list[int] = []  # [i] = length of the text once token i is decoded
         self.text = ""
         self.finish_reason: FinishReason | None = None
@@ -148,10 +164,11 @@ class _OutputBuffer:
         by_context = self._max_total - len(self._request.prompt_ids) - len(self.token_ids)
         return max(0, min(self._request.max_tokens - len(self.token_ids), by_context))
 
-    def add(self, new_tokens: list[int]) -> None:
-        """Take the verifier's tokens in order, stopping at the first stop condition."""
+    def add(self, new_tokens: list[int], logprobs: list[TokenLogprobs] | None = None) -> None:
+        """Take the verifier's tokens in order (and their logprobs, one per token, when the
+        request asks for them), stopping at the first stop condition."""
         stops = list(self._request.stop)
-        for token in new_tokens:
+        for index, token in enumerate(new_tokens):
             if self.finish_reason is not None:
                 return
             if token in self._eos:
@@ -159,6 +176,8 @@ class _OutputBuffer:
                 return
             previous_length = len(self.text)
             self.token_ids.append(token)
+            if logprobs:
+                self.logprobs.append(logprobs[index])
             self._detokenizer.add([token])
             self.text = self._detokenizer.text
             self._text_end.append(len(self.text))
@@ -175,6 +194,7 @@ class _OutputBuffer:
         """Drop the stop string and everything after it (tokens that reach into it too)."""
         keep = sum(1 for end in self._text_end if end <= position)
         del self.token_ids[keep:]
+        del self.logprobs[keep:]
         del self._text_end[keep:]
         self.text = self.text[:position]
 
@@ -193,6 +213,7 @@ class _OutputBuffer:
         chunk = StreamChunk(
             self.token_ids[self._tokens_streamed : tokens_end],
             self.text[self._text_streamed : safe],
+            self.logprobs[self._tokens_streamed : tokens_end],
         )
         self._tokens_streamed = max(self._tokens_streamed, tokens_end)
         self._text_streamed = max(self._text_streamed, safe)
@@ -253,6 +274,7 @@ class Coordinator:
         info = verifier.info
         self.eos_token_ids = set(info.eos_token_ids)
         self.max_context_length = info.max_context_length
+        self.vocab_size = info.vocab_size
 
     def generate(self, request: GenerationRequest, **kwargs: object) -> GenerationResult:
         """Run the request to completion and return the result."""
@@ -286,13 +308,18 @@ class Coordinator:
         try:
             if output.finish_reason is None:
                 t0 = time.perf_counter()
-                first = self.verifier.prefill(
-                    session_id, request.prompt_ids, request.temperature, request.seed
+                first = self.verifier.start(
+                    session_id,
+                    request.prompt_ids,
+                    temperature=request.temperature,
+                    controls=request.sampling,
+                    seed=request.seed,
+                    top_logprobs=request.top_logprobs,
                 )
                 prefilled = True
                 stats.verify_seconds += time.perf_counter() - t0
                 stats.rounds += 1
-                output.add([first])
+                output.add(first.token_ids, first.logprobs)
                 yield output.take_chunk()
             context = list(request.prompt_ids) + output.token_ids
             prepared: dict[tuple[int, int], DraftProposal] = {}  # by (accepted, next token)
@@ -344,7 +371,7 @@ class Coordinator:
                         k, positions, result.accepted_count, request.draft.k
                     )
                 before = len(output.token_ids)
-                output.add(result.token_ids)
+                output.add(result.token_ids, result.logprobs)
                 context.extend(output.token_ids[before:])
                 yield output.take_chunk()
             output.finish()
@@ -357,7 +384,9 @@ class Coordinator:
             if final_chunk.token_ids or final_chunk.text_delta:
                 yield final_chunk
             self._learn(request.prompt_ids, output.token_ids)
-            yield GenerationResult(output.text, output.token_ids, output.finish_reason, stats)
+            yield GenerationResult(
+                output.text, output.token_ids, output.finish_reason, stats, output.logprobs
+            )
         finally:
             if prefilled:
                 self._release(session_id)

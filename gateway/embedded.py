@@ -31,7 +31,7 @@ from gateway.coordinator import (
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
 from speculant.graph_reader import NGramGraph
 from speculant.prompting import encode_prompt
-from speculant.types import DraftParams
+from speculant.types import DraftParams, SamplingControls
 from verifier_service.verifier import LocalVerifier
 
 
@@ -87,6 +87,8 @@ class SpeculativeDecoder:
             seed=generation.seed,
             stop=tuple(generation.stop),
             draft=DraftParams.from_config(draft),
+            sampling=SamplingControls.from_config(generation),
+            top_logprobs=generation.top_logprobs,
         )
 
     def generate(

@@ -15,6 +15,7 @@ from speculant.types import (
     DraftProposal,
     ModelInfo,
     NextRoundDraft,
+    SamplingControls,
     SparseDistribution,
     VerifyResult,
 )
@@ -71,14 +72,18 @@ class TargetVerifier(Protocol):
     @property
     def info(self) -> ModelInfo: ...
 
-    def prefill(
+    def start(
         self,
         session_id: str,
         prompt_ids: Sequence[int],
+        *,
         temperature: float = 1.0,
+        controls: SamplingControls | None = None,
         seed: int | None = None,
-    ) -> int:
-        """Build the session's KV cache from the prompt; return the first generated token."""
+        top_logprobs: int | None = None,
+    ) -> VerifyResult:
+        """Build the session's KV cache from the prompt; return the first generated token (and
+        its logprobs with top_logprobs). controls and top_logprobs hold for the whole session."""
         ...
 
     def verify(

@@ -54,12 +54,17 @@ from speculant.errors import (
 )
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
-from speculant.prompting import encode_prompt
+from speculant.prompting import encode_prompt, token_id_prompt
 from speculant.tls import ClientTls, ServerTls
 from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
-from speculant.types import DraftParams, DraftProposal
+from speculant.types import DraftParams, DraftProposal, SamplingControls
 from speculant.v1 import draft_pb2, gateway_pb2, gateway_pb2_grpc
-from speculant.wire import draft_options_from_pb
+from speculant.wire import (
+    draft_options_from_pb,
+    logprobs_to_pb,
+    optional_top_logprobs,
+    sampling_controls_from_pb,
+)
 
 log = logging.getLogger(__name__)
 
@@ -260,11 +265,18 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         if max_tokens > MAX_TOKENS_LIMIT:
             raise InvalidArgumentError("max_tokens", f"must be <= {MAX_TOKENS_LIMIT}")
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        check_prompt_chars(
-            request.prompt, messages, self._prompt_chars_limit, coordinator.max_context_length
-        )
+        if request.prompt_token_ids:
+            prompt_ids = token_id_prompt(
+                request.prompt_token_ids, request.prompt, messages, coordinator.vocab_size
+            )
+        else:
+            check_prompt_chars(
+                request.prompt, messages, self._prompt_chars_limit, coordinator.max_context_length
+            )
+            prompt_ids = encode_prompt(coordinator.tokenizer, request.prompt, messages or None)
+        sampling = sampling_controls_from_pb(request.sampling)
         return GenerationRequest(
-            prompt_ids=encode_prompt(coordinator.tokenizer, request.prompt, messages or None),
+            prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             temperature=(
                 request.temperature if request.HasField("temperature") else defaults.temperature
@@ -272,6 +284,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             seed=request.seed if request.HasField("seed") else defaults.seed,
             stop=tuple(request.stop) or tuple(defaults.stop),
             draft=draft_options_from_pb(request.draft, self.draft_defaults),
+            sampling=sampling if sampling.set_fields() else SamplingControls.from_config(defaults),
+            top_logprobs=(
+                optional_top_logprobs(request)
+                if request.HasField("top_logprobs")
+                else defaults.top_logprobs
+            ),
         ).validate()
 
     def _stream(
@@ -355,6 +373,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                     token_ids=item.token_ids,
                     finish_reason=FINISH_REASON_TO_PROTO[item.finish_reason],
                     stats=stats_to_proto(item.stats),
+                    logprobs=logprobs_to_pb(item.logprobs),
                 )
         context.abort(grpc.StatusCode.CANCELLED, "generation cancelled")
 
@@ -370,7 +389,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
                 )
             elif item.token_ids or item.text_delta:
                 yield gateway_pb2.GenerateStreamResponse(
-                    text_delta=item.text_delta, token_ids=item.token_ids
+                    text_delta=item.text_delta,
+                    token_ids=item.token_ids,
+                    logprobs=logprobs_to_pb(item.logprobs),
                 )
 
 

@@ -19,6 +19,7 @@ from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
 from speculant.types import (
     ModelInfo,
+    SamplingControls,
     SparseDistribution,
     VerifyResult,
 )
@@ -26,7 +27,13 @@ from speculant.v1 import (
     verifier_pb2,
     verifier_pb2_grpc,
 )
-from speculant.wire import model_info_from_pb, sparse_to_pb, verify_result_from_pb
+from speculant.wire import (
+    logprobs_from_pb,
+    model_info_from_pb,
+    sampling_controls_to_pb,
+    sparse_to_pb,
+    verify_result_from_pb,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +114,16 @@ class GrpcVerifierClient:
         """Drop the cached model info (asked again on next use, e.g. after a restart)."""
         self._info = None
 
-    def prefill(
+    def start(
         self,
         session_id: str,
         prompt_ids: Sequence[int],
+        *,
         temperature: float = 1.0,
+        controls: SamplingControls | None = None,
         seed: int | None = None,
-    ) -> int:
+        top_logprobs: int | None = None,
+    ) -> VerifyResult:
         stream = StreamExchange(
             self._stub.Session,
             timeout_s=remaining_time(self.session_timeout_s),
@@ -127,10 +137,15 @@ class GrpcVerifierClient:
                 prompt_token_ids=prompt_ids,
                 temperature=temperature,
                 seed=seed,
+                sampling=sampling_controls_to_pb(controls or SamplingControls()),
+                top_logprobs=top_logprobs,
             )
         )
         try:
-            return self._step(stream, request, "verifier Prefill").prefill.token_id
+            response = self._step(stream, request, "verifier Prefill").prefill
+            return VerifyResult(
+                0, [response.token_id], logprobs=logprobs_from_pb(response.logprobs)
+            )
         except Exception:
             self.release(session_id)
             raise

@@ -150,6 +150,15 @@ class GenerationConfig(BaseSettings):
     temperature: float = Field(1.0, ge=0.0)
     seed: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list)
+    # Sampling controls (speculant.types.SamplingControls; validated there, by name). None: the
+    # model's generation_config value where it sets one, else off.
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20)
 
 
 class SpeculantSettings(BaseSettings):

@@ -24,6 +24,7 @@ class InvalidArgumentError(SpeculantError, ValueError):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
+        self.problem = problem
 
 
 class FailedPreconditionError(SpeculantError):

@@ -8,6 +8,8 @@ generation prompt, then tokenized without adding special tokens again.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from transformers import PreTrainedTokenizerBase
 
 from speculant.errors import InvalidArgumentError
@@ -39,3 +41,21 @@ def encode_prompt(
     if not prompt:
         raise InvalidArgumentError("prompt", "must not be empty")
     return list(tokenizer(prompt).input_ids)
+
+
+def token_id_prompt(
+    token_ids: Sequence[int], prompt: str, messages: Sequence[object], vocab_size: int
+) -> list[int]:
+    """A tokenized prompt, checked: given alone (not with a text prompt or messages), and every
+    id in the vocabulary [0, vocab_size)."""
+    if prompt or messages:
+        raise InvalidArgumentError(
+            "prompt_token_ids", "give one of prompt, messages and prompt_token_ids"
+        )
+    for i, token in enumerate(token_ids):
+        if not 0 <= token < vocab_size:
+            raise InvalidArgumentError(
+                f"prompt_token_ids[{i}]",
+                f"token id {token} is outside the vocabulary [0, {vocab_size})",
+            )
+    return list(token_ids)

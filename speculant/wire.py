@@ -29,9 +29,12 @@ from speculant.types import (
     LiveStats,
     ModelInfo,
     NextRoundDraft,
+    SamplingControls,
     SparseDistribution,
+    TokenLogprobs,
     VerifierStats,
     VerifyResult,
+    check_top_logprobs,
 )
 from speculant.v1 import common_pb2, draft_pb2, verifier_pb2
 
@@ -223,10 +226,57 @@ def verify_result_to_pb(result: VerifyResult) -> verifier_pb2.VerifyResponse:
         accepted_count=result.accepted_count,
         token_ids=result.token_ids,
         accepted_draft_indices=result.accepted_nodes,
+        logprobs=logprobs_to_pb(result.logprobs),
     )
 
 
 def verify_result_from_pb(message: verifier_pb2.VerifyResponse) -> VerifyResult:
     return VerifyResult(
-        message.accepted_count, list(message.token_ids), list(message.accepted_draft_indices)
+        message.accepted_count,
+        list(message.token_ids),
+        list(message.accepted_draft_indices),
+        logprobs_from_pb(message.logprobs),
     )
+
+
+_CONTROL_FIELDS = tuple(f.name for f in fields(SamplingControls))
+
+
+def sampling_controls_to_pb(controls: SamplingControls) -> common_pb2.SamplingControls:
+    """The controls that are set (unset ones stay unset: the receiver's model defaults)."""
+    return common_pb2.SamplingControls(**controls.set_fields())
+
+
+def sampling_controls_from_pb(message: common_pb2.SamplingControls) -> SamplingControls:
+    """The validated controls a message sets (INVALID_ARGUMENT naming a bad field)."""
+    values = _given(message, _CONTROL_FIELDS)
+    try:
+        return SamplingControls(**values).validate()  # type: ignore[arg-type]
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"sampling.{exc.field}", exc.problem) from exc
+
+
+def optional_top_logprobs(message: object) -> int | None:
+    """A request's top_logprobs (None when unset: no logprobs), validated."""
+    value = message.top_logprobs if message.HasField("top_logprobs") else None  # type: ignore[attr-defined]
+    check_top_logprobs(value)
+    return value
+
+
+def logprobs_to_pb(logprobs: Sequence[TokenLogprobs]) -> list[common_pb2.TokenLogprob]:
+    return [
+        common_pb2.TokenLogprob(
+            token_id=lp.token_id,
+            logprob=lp.logprob,
+            top_token_ids=lp.top_token_ids,
+            top_logprobs=lp.top_logprobs,
+        )
+        for lp in logprobs
+    ]
+
+
+def logprobs_from_pb(messages: Sequence[common_pb2.TokenLogprob]) -> list[TokenLogprobs]:
+    return [
+        TokenLogprobs(m.token_id, m.logprob, tuple(m.top_token_ids), tuple(m.top_logprobs))
+        for m in messages
+    ]

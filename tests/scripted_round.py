@@ -23,9 +23,9 @@ class ScriptedVerifier:
         self.verify_calls: list[int] = []  # draft length of each Verify
         self.info = ModelInfo("scripted", "t", "fp", 512, [EOS], max_context_length, "cpu", "f32")
 
-    def prefill(self, session_id, prompt_ids, temperature=1.0, seed=None) -> int:
+    def start(self, session_id, prompt_ids, **sampling) -> VerifyResult:
         self.position = 1
-        return self.script[0]
+        return VerifyResult(0, [self.script[0]])
 
     def verify(
         self, session_id, draft_ids, draft_distributions=None, draft_parents=None

@@ -4,7 +4,8 @@ Terms:
 
 - *job*: one session's Verify step: its KV cache (``start`` cached positions), the new tokens
   ``[pending, d_1..d_n]``, the q of each draft (None = point-mass drafts), the session's
-  temperature and generator, and for a draft tree the parent of each draft (None: a chain).
+  target processor (temperature and sampling controls, :mod:`verifier_service.processing`),
+  token counts and generator, and for a draft tree the parent of each draft (None: a chain).
 - *run alone* (:func:`run_job`): one forward over the job's tokens, then rejection sampling
   (:func:`~verifier_service.rejection.rejection_sample` for a chain, ``tree_sample`` for a
   tree) and the cache surgery that keeps the pending token and the accepted drafts.
@@ -32,7 +33,9 @@ from typing import Any
 
 import torch
 
+from speculant.types import TokenLogprobs
 from verifier_service.model import LoadedModel
+from verifier_service.processing import TargetProcessor, history_counts, token_logprobs
 from verifier_service.rejection import RejectionOutput, rejection_sample, tree_sample
 
 
@@ -44,22 +47,46 @@ class VerifyJob:
     start: int
     input_ids: list[int]  # [pending, d_1..d_n]
     q: torch.Tensor | None  # [n, V] dense draft distributions, None = point-mass drafts
-    temperature: float
+    processor: TargetProcessor
     generator: torch.Generator
     parents: list[int] | None = None  # [n]: a draft tree (see DraftProposal.parents); None: chain
+    counts: torch.Tensor | None = None  # [V] counts of the cached tokens (with a penalty)
+    top_logprobs: int | None = None  # report logprobs with this many alternatives (None: none)
     output: RejectionOutput | None = None
+    logprobs: list[TokenLogprobs] | None = None  # one per emitted token, with top_logprobs
     error: BaseException | None = None
     done: bool = False
 
 
-def _finish(
-    model: LoadedModel, job: VerifyJob, logits: torch.Tensor, drafts: torch.Tensor
-) -> RejectionOutput:
-    """Rejection sampling of one job's drafts [k] from its logits [k+1, V]; crop its cache so
-    that it keeps the pending token and the accepted drafts (the last emitted token is
-    pending)."""
-    out = rejection_sample(logits, drafts, job.q, job.temperature, job.generator)
-    if out.accepted_count < len(drafts):
+def decide(job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
+    """The job's outcome from its logits [n+1, V]: the processed scores, rejection sampling of
+    its chain or tree on them, and (with top_logprobs) the emitted tokens' logprobs."""
+    input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=logits.device)  # [n+1]
+    processor = job.processor
+    counts = None
+    if processor.penalises:
+        assert job.counts is not None
+        counts = history_counts(job.counts, input_ids, job.parents)  # [n+1, V]
+    scores = processor.scores(logits, counts)  # [n+1, V]
+    temperature = processor.sampling_temperature
+    if job.parents is not None:
+        drafts = job.input_ids[1:]
+        out = tree_sample(scores, drafts, job.parents, temperature, job.generator, job.q)
+        rows = [0, *(node + 1 for node in out.accepted_nodes)]  # the emitted tokens' rows
+    else:
+        out = rejection_sample(scores, input_ids[1:], job.q, temperature, job.generator)
+        rows = list(range(out.accepted_count + 1))
+    if job.top_logprobs is not None:
+        log_p = processor.log_probs(scores[rows])  # [emitted, V]
+        job.logprobs = token_logprobs(log_p, out.token_ids, job.top_logprobs)
+    return out
+
+
+def _finish(model: LoadedModel, job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
+    """The job's outcome from its chain logits [k+1, V]; crop its cache so that it keeps the
+    pending token and the accepted drafts (the last emitted token is pending)."""
+    out = decide(job, logits)
+    if out.accepted_count < len(job.input_ids) - 1:
         model.crop(job.cache, job.start + 1 + out.accepted_count)
     return out
 
@@ -70,12 +97,11 @@ def run_job(model: LoadedModel, job: VerifyJob) -> RejectionOutput:
     input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [n+1]
     if job.parents is not None:
         logits = model.forward_tree(job.cache, input_ids, job.start, job.parents)  # [n+1, V]
-        drafts = job.input_ids[1:]
-        out = tree_sample(logits, drafts, job.parents, job.temperature, job.generator, job.q)
+        out = decide(job, logits)
         model.keep_path(job.cache, job.start, out.accepted_nodes)
         return out
     logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(job.input_ids))
-    return _finish(model, job, logits, input_ids[1:])  # logits [n+1, V], drafts [n]
+    return _finish(model, job, logits)  # logits [n+1, V]
 
 
 def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
@@ -97,8 +123,7 @@ def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
         return
     for job, rows in zip(jobs, logits, strict=True):
         try:
-            drafts = torch.tensor(job.input_ids[1:], dtype=torch.long, device=model.device)
-            job.output = _finish(model, job, rows, drafts)
+            job.output = _finish(model, job, rows)
         except Exception as exc:
             job.error = exc
 

@@ -38,6 +38,7 @@ from verifier_service.model_loading import (
     hub_hint,
     max_context_of,
     resolve_device,
+    sampling_defaults_of,
     source_and_kwargs,
 )
 
@@ -66,6 +67,14 @@ class LoadedModel:
 
     def __post_init__(self) -> None:
         self.model.eval()
+        # What generate would apply by default (its generation_config): requests' defaults.
+        self.sampling_defaults = sampling_defaults_of(self.model)
+        if self.sampling_defaults:
+            log.info(
+                "%s: its generation_config sets %s, applied to requests that leave them unset",
+                self.name,
+                ", ".join(f"{k}={v}" for k, v in self.sampling_defaults.items()),
+            )
         # Position ids of chain forwards are a slice of this (a view: no allocation per call).
         self._positions = torch.arange(self.max_context, device=self.device).unsqueeze(0)
         self._crop_negative = _crop_uses_negative_count(DynamicCache(config=self.model.config))

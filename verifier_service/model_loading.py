@@ -104,3 +104,19 @@ def eos_ids_of(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> li
             if int(value) not in ids:
                 ids.append(int(value))
     return ids
+
+
+# The sampling controls a model's generation_config.json may set, as Hugging Face names them.
+GENERATION_CONFIG_CONTROLS = ("repetition_penalty", "top_k", "top_p", "min_p")
+
+
+def sampling_defaults_of(model: PreTrainedModel) -> dict[str, float]:
+    """The sampling controls the model's generation_config sets (e.g. a repetition_penalty),
+    which ``generate`` would apply: requests that leave a control unset get these."""
+    generation_config = getattr(model, "generation_config", None)
+    defaults: dict[str, float] = {}
+    for name in GENERATION_CONFIG_CONTROLS:
+        value = getattr(generation_config, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            defaults[name] = value
+    return defaults

@@ -2,7 +2,10 @@
 
 A *session* is one generation in progress: its KV cache (``length`` positions, the prompt and
 the tokens emitted so far except the last), the *pending* token (the last emitted token, not yet
-in the cache: the next Verify's forward starts with it), its temperature and its RNG.
+in the cache: the next Verify's forward starts with it), how its target distribution is made
+(temperature and sampling controls: a :class:`~verifier_service.processing.TargetProcessor`,
+with the cached tokens' counts when a penalty needs them), its RNG, and whether it reports
+logprobs.
 
 Calls on one session are serialised by the session's lock (use :meth:`SessionStore.use`); idle
 sessions are expired by a background sweeper thread (and lazily on every call), so a vanished
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 
 from speculant.errors import AlreadyExistsError, NotFoundError, ResourceExhaustedError
+from verifier_service.processing import TargetProcessor
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +45,10 @@ class Session:
     cache: Any  # transformers DynamicCache
     length: int  # cached positions
     pending_token: int
-    temperature: float
+    processor: TargetProcessor
     generator: torch.Generator
+    counts: torch.Tensor | None = None  # [V] occurrences of each token in the cache (penalties)
+    top_logprobs: int | None = None  # report logprobs with this many alternatives; None: none
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False  # released or expired: later calls get NOT_FOUND

@@ -34,12 +34,16 @@ from speculant.tokenizer import tokenizer_fingerprint
 from speculant.types import (
     DraftProposal,
     ModelInfo,
+    SamplingControls,
     SparseDistribution,
+    TokenLogprobs,
     VerifierStats,
     VerifyResult,
+    check_top_logprobs,
 )
 from verifier_service.batching import VerifyBatcher, VerifyJob, run_job
 from verifier_service.model import LoadedModel
+from verifier_service.processing import TargetProcessor, count_tokens, token_logprobs
 from verifier_service.rejection import RejectionOutput, sample_token
 from verifier_service.sessions import Session, SessionStore
 
@@ -215,19 +219,25 @@ class LocalVerifier:
 
     # -- API ---------------------------------------------------------------------------------
 
-    def prefill(
+    def start(
         self,
         session_id: str,
         prompt_ids: Sequence[int],
+        *,
         temperature: float = 1.0,
+        controls: SamplingControls | None = None,
         seed: int | None = None,
+        top_logprobs: int | None = None,
         unary: bool = False,
-    ) -> int:
-        """Create the session from the prompt; return the first generated token (ALREADY_EXISTS
+    ) -> VerifyResult:
+        """Create the session from the prompt; return its first generated token (ALREADY_EXISTS
         when session_id is live; unary: a unary-Prefill session, see SessionStore).
 
         The first token is sampled from p after the prompt with the session's generator (seeded
-        with ``seed``; random when None), or is the argmax at temperature 0.
+        with ``seed``; random when None), or is the argmax at temperature 0. p: the logits
+        processed by ``controls`` (unset fields: the model's generation_config, else off; see
+        SamplingControls), for every token of the session. top_logprobs: every result of the
+        session reports its tokens' logprobs with this many alternatives (None: none).
         """
         if not session_id:
             raise InvalidArgumentError("session_id", "must not be empty")
@@ -246,6 +256,11 @@ class LocalVerifier:
             raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
         if seed is not None and not 0 <= seed < 2**64:
             raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
+        check_top_logprobs(top_logprobs)
+        resolved = (
+            (controls or SamplingControls()).validate().resolved(self.model.sampling_defaults)
+        )
+        processor = TargetProcessor(resolved, float(temperature))
         self.sessions.check_capacity(session_id, unary)
 
         device = self.model.device
@@ -255,13 +270,21 @@ class LocalVerifier:
         else:
             generator.manual_seed(seed)
         cache = self.model.new_cache()
+        counts = None
+        if processor.penalises:  # [V] occurrences of each token in the cache
+            counts = torch.zeros(self.model.vocab_size, dtype=torch.float32, device=device)
+            count_tokens(counts, prompt)
 
-        def run() -> int:
+        def run() -> tuple[int, list[TokenLogprobs]]:
             input_ids = torch.tensor(prompt, dtype=torch.long, device=device)  # [n]
             logits = self.model.forward(cache, input_ids, 0, logits_to_keep=1)  # [1, V]
-            return sample_token(logits[0], temperature, generator)
+            scores = processor.scores(logits, None if counts is None else counts[None])  # [1, V]
+            token = sample_token(scores[0], processor.sampling_temperature, generator)
+            if top_logprobs is None:
+                return token, []
+            return token, token_logprobs(processor.log_probs(scores), [token], top_logprobs)
 
-        token = self._on_model(run)
+        token, logprobs = self._on_model(run)
         self._count(forward=1)
         self.sessions.add(
             Session(
@@ -269,12 +292,26 @@ class LocalVerifier:
                 cache=cache,
                 length=len(prompt),
                 pending_token=token,
-                temperature=float(temperature),
+                processor=processor,
                 generator=generator,
+                counts=counts,
+                top_logprobs=top_logprobs,
                 unary=unary,
             )
         )
-        return token
+        return VerifyResult(accepted_count=0, token_ids=[token], logprobs=logprobs)
+
+    def prefill(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+        unary: bool = False,
+    ) -> int:
+        """:meth:`start` without sampling controls or logprobs: the first token only."""
+        result = self.start(session_id, prompt_ids, temperature=temperature, seed=seed, unary=unary)
+        return result.token_ids[0]
 
     def verify(
         self,
@@ -305,9 +342,9 @@ class LocalVerifier:
             if len(drafts) > room:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
-            out = self._run(session, drafts, q)
+            out, logprobs = self._run(session, drafts, q)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
-        return VerifyResult(accepted_count=out.accepted_count, token_ids=out.token_ids)
+        return VerifyResult(out.accepted_count, out.token_ids, logprobs=logprobs)
 
     def _run(
         self,
@@ -315,25 +352,30 @@ class LocalVerifier:
         drafts: list[int],
         q: torch.Tensor | None,
         parents: list[int] | None = None,
-    ) -> RejectionOutput:
+    ) -> tuple[RejectionOutput, list[TokenLogprobs]]:
         """The session's verify step (batching.VerifyJob): in a batch when the verifier
-        batches, else alone on the model; the session then moves past the accepted drafts."""
+        batches, else alone on the model; the session then moves past the accepted drafts.
+        Returns the outcome and, when the session reports them, the emitted tokens' logprobs."""
         job = VerifyJob(
             cache=session.cache,
             start=session.length,
             input_ids=[session.pending_token, *drafts],
             q=q,
-            temperature=session.temperature,
+            processor=session.processor,
             generator=session.generator,
             parents=parents,
+            counts=session.counts,
+            top_logprobs=session.top_logprobs,
         )
         if self._batcher is not None:
             out = self._batcher.run(job)
         else:
             out = self._on_model(lambda: run_job(self.model, job))
+        if session.counts is not None:  # the pending token and the accepted drafts are cached
+            count_tokens(session.counts, [session.pending_token, *out.token_ids[:-1]])
         session.length += 1 + out.accepted_count
         session.pending_token = out.token_ids[-1]
-        return out
+        return out, job.logprobs or []
 
     def _room(self, session_id: str, length: int) -> int:
         """Draft positions that still fit after a session of `length` cached tokens and its
@@ -375,10 +417,10 @@ class LocalVerifier:
             drafts, parents = kept_tree.token_ids, kept_tree.parents
             if q is not None:
                 q = q[torch.tensor(kept, dtype=torch.long, device=q.device)]  # [kept, V]
-            out = self._run(session, drafts, q, parents)
+            out, logprobs = self._run(session, drafts, q, parents)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
         accepted = [kept[i] for i in out.accepted_nodes]  # indices into the request's tree
-        return VerifyResult(out.accepted_count, out.token_ids, accepted)
+        return VerifyResult(out.accepted_count, out.token_ids, accepted, logprobs)
 
     def warm_up(self) -> None:
         """Run one short session through prefill and verify, so the first real request does not
