@@ -40,8 +40,7 @@ def generate_response(result: GenerationResult) -> dict[str, Any]:
         "finish_reason": result.finish_reason.value,
         "stats": result.stats.as_dict(),
     }
-    logprobs = getattr(result, "logprobs", None)
-    if logprobs:
+    if result.logprobs:
         answer["logprobs"] = [
             {
                 "token_id": lp.token_id,
@@ -49,7 +48,7 @@ def generate_response(result: GenerationResult) -> dict[str, Any]:
                 "top_token_ids": list(lp.top_token_ids),
                 "top_logprobs": list(lp.top_logprobs),
             }
-            for lp in logprobs
+            for lp in result.logprobs
         ]
     return answer
 

@@ -41,7 +41,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import anyio
 import grpc
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -184,12 +183,13 @@ async def _on_disconnect(receive: Receive, gone: Callable[[], None]) -> AsyncIte
             pass
         gone()
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(watch)
-        try:
-            yield
-        finally:
-            group.cancel_scope.cancel()
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
 
 
 class EventStream:

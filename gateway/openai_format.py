@@ -41,7 +41,6 @@ MAX_CHOICES = 64  # choices per request (prompts x n): each is a generation, a g
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's bound on a completion's `logprobs`
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on a chat completion's `top_logprobs`
 MAX_TOKEN_ID = 2**31 - 1  # an int32 on the wire
-OPENAI_PENALTY_RANGE = (-2.0, 2.0)  # presence_penalty and frequency_penalty
 
 # The sampling controls of SamplingControls, as OpenAI (and vLLM, for top_k, min_p and
 # repetition_penalty) name them in a request; top_k is an integer, the others numbers.
@@ -271,8 +270,8 @@ def _prompts(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _sampling(body: dict[str, Any]) -> dict[str, float | int]:
-    """The SamplingControls fields given (``top_k`` -1 or 0: off, as in vLLM). The ranges of
-    top_p, min_p and repetition_penalty are the gateway's to check (as for gRPC)."""
+    """The SamplingControls fields given (``top_k`` -1 or 0: off, as in vLLM). Their ranges
+    are checked by the gateway, as for gRPC (SamplingControls.validate)."""
     controls: dict[str, float | int] = {}
     for name in SAMPLING_FIELDS:
         if name == "top_k":
@@ -283,8 +282,6 @@ def _sampling(body: dict[str, Any]) -> dict[str, float | int]:
                 value = 0
         else:
             value = _check_type(body, name, (int, float), "a number")
-            if value is not None and name in ("presence_penalty", "frequency_penalty"):
-                _check_range(name, value, *OPENAI_PENALTY_RANGE)
         if value is not None:
             controls[name] = value
     return controls
@@ -379,4 +376,4 @@ def _seed_field(fields: dict[str, Any], index: int) -> dict[str, int]:
 
 def renamed(exc: InvalidArgumentError, field: str) -> InvalidArgumentError:
     """The same error, naming the field as the client did."""
-    return InvalidArgumentError(field, str(exc).split(": ", 1)[1] if ": " in str(exc) else str(exc))
+    return InvalidArgumentError(field, exc.problem)
