@@ -231,21 +231,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_up(subparsers)
 
 
-def add_http_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP API flags of serve-gateway (and up, which passes them on)."""
+DEFAULT_UP_HTTP_PORT = 8000  # `speculant up` serves the OpenAI-compatible API here (vLLM's port)
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None = None) -> None:
+    """The HTTP API flags of serve-gateway (default off) and up (default DEFAULT_UP_HTTP_PORT,
+    which it passes on)."""
+    default = "off" if default_port is None else f"{default_port}"
     parser.add_argument(
         "--http-port",
-        type=_non_negative_int,
-        default=None,
-        help="also serve the HTTP API (/health, /generate, OpenAI-compatible /v1/completions, "
-        "/v1/chat/completions, /v1/models) on this port, same host, token and TLS "
-        "(default: off; 0 = a free port, printed)",
+        type=_port,
+        default=default_port,
+        help="also serve the HTTP API (OpenAI-compatible /v1/completions, /v1/chat/completions, "
+        "/v1/models; /generate, /health, /metrics) on this port, same host, token and TLS "
+        f"(0 = off; default: {default})",
     )
     parser.add_argument(
         "--http-model-name",
         default=None,
         help="the model name the HTTP API reports (default: the verifier's model name)",
     )
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -275,7 +287,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from speculant.auth import load_token
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import SpeculantError
-    from speculant.metrics import metrics_from_args
+    from speculant.metrics import Metrics, metrics_from_args
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
@@ -287,6 +299,8 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     try:
         draft_defaults = draft_defaults_from_args(args)
         metrics = metrics_from_args(args)
+        if metrics is None and args.http_port:
+            metrics = Metrics()  # served at the HTTP API's /metrics only
         token = load_token(args.auth_token_file)
         tls = server_tls_from_args(args)
         backend_tls = client_tls_from_args(args, "--backend-tls")
@@ -309,7 +323,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             learn=not args.no_learn,
         )
         http = None
-        if args.http_port is not None:
+        if args.http_port:
             http = HttpApiServer(
                 servicer,
                 args.host,
@@ -317,8 +331,9 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
                 auth_token=token,
                 tls=tls,
                 model_name=args.http_model_name,
+                registry=metrics.registry,
             ).start()
-    except (SpeculantError, OSError) as exc:
+    except (SpeculantError, OSError, RuntimeError) as exc:
         if server is not None:
             server.stop(0)
         if metrics is not None:
@@ -412,7 +427,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         verifier_config=VerifierConfig(model_name=args.model),
         draft_config=draft,
     )
-    from gateway.openai_format import generate_response
+    from gateway.http_answers import generate_response
 
     result = decoder.generate(prompt=args.prompt, generation_config=generation)
     output = generate_response(result)
