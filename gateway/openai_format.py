@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -367,9 +368,13 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
 
 
 def _seed_field(fields: dict[str, Any], index: int) -> dict[str, int]:
-    """The seed of choice `index` of a prompt (none: each choice draws its own)."""
+    """The seed of choice `index` of a prompt. Unseeded, choice 0 takes the gateway's default
+    (random unless one is configured) and the others a random seed each, so that no gateway
+    default makes the choices identical."""
     seed = fields.get("seed")
-    if seed is None or index == 0 or not isinstance(seed, int) or seed < 0:
+    if seed is None:
+        return {"seed": secrets.randbits(64)} if index > 0 else {}
+    if index == 0 or not isinstance(seed, int) or seed < 0:
         return {}  # a bad seed is refused by the parser, naming the field
     return {"seed": choice_seed(seed, index)}
 
