@@ -23,6 +23,7 @@ from bench.settings import (
     BenchSettings,
     default_prompts_path,
 )
+from gateway.cli import add_sampling_arguments, sampling_options
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
 
 
@@ -59,6 +60,7 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model name or folder")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    add_sampling_arguments(p, logprobs=False)
     p.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
     p.add_argument("--k", dest="ks", type=_csv(int), default=(4, 8), help="e.g. 4,8")
     p.add_argument("--mix", dest="mixes", type=_csv(_on_off), default=(True, False), help="on,off")
@@ -180,6 +182,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         prompts=args.prompts,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
+        sampling=sampling_options(args),
         seed=args.seed,
         ks=tuple(args.ks),
         mixes=tuple(args.mixes),

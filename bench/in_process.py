@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.settings import BenchSettings, RunRecord, Variant
 from speculant.config import DraftConfig
+from speculant.types import SamplingControls
 
 
 class ForwardCounter:
@@ -115,6 +116,7 @@ class InProcessSystems:
                         prompt_ids=ids,
                         max_tokens=self.settings.max_tokens,
                         temperature=self.settings.temperature,
+                        sampling=SamplingControls(**self.settings.sampling),
                         seed=seed + i,
                     )
                 )
@@ -140,6 +142,7 @@ class InProcessSystems:
             temperature=self.settings.temperature,
             seed=seed,
             prompt_lookup_num_tokens=lookup,
+            controls=SamplingControls(**self.settings.sampling),
         )
         wall = time.perf_counter() - started
         return RunRecord(result.token_ids, wall, self.forwards.count - before)
@@ -162,6 +165,7 @@ class InProcessSystems:
             temperature=self.settings.temperature,
             seed=seed,
             draft=DraftParams.from_config(draft),
+            sampling=SamplingControls(**self.settings.sampling),
         )
         started = time.perf_counter()
         result = self.coordinator(variant).generate(request)

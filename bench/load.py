@@ -118,6 +118,14 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+def p50_p99_ms(values: list[float]) -> dict[str, float | None]:
+    """The p50 and p99 of values (seconds) in milliseconds (None without values)."""
+    return {
+        name: None if (v := percentile(values, q)) is None else v * 1e3
+        for name, q in (("p50", 50), ("p99", 99))
+    }
+
+
 def rss_bytes(pids: list[int]) -> dict[str, int | None]:
     import psutil
 
@@ -317,9 +325,6 @@ def run_load(
     def ms(value: float | None) -> float | None:
         return None if value is None else value * 1e3
 
-    def p50_p99(values: list[float]) -> dict[str, float | None]:
-        return {"p50": ms(percentile(values, 50)), "p99": ms(percentile(values, 99))}
-
     return {
         "gateway": gateway,
         "concurrency": concurrency,
@@ -328,8 +333,8 @@ def run_load(
         "errors": dict(results.errors),
         "tokens": results.tokens,
         "tokens_per_second": results.tokens / elapsed if elapsed > 0 else 0.0,
-        "ttft_ms": p50_p99(results.ttft),
-        "itl_ms": p50_p99(results.itl),
+        "ttft_ms": p50_p99_ms(results.ttft),
+        "itl_ms": p50_p99_ms(results.itl),
         "ttft_ms_mean": ms(statistics.mean(results.ttft)) if results.ttft else None,
         "mix": dict(Counter(schedule)),
         "outcomes": {k: dict(v) for k, v in results.outcomes.items() if v},
@@ -345,11 +350,32 @@ def register_load(subparsers: argparse._SubParsersAction) -> None:
     from speculant.tls import add_client_tls_arguments
 
     p = subparsers.add_parser(
-        "load", help="closed-loop load test of a running gateway on this machine (bounded)"
+        "load",
+        help="closed-loop load test of a running gateway on this machine (bounded)",
+        description="Load a gateway on this machine: its gRPC API (--gateway) or its "
+        "OpenAI-compatible HTTP API (--http, streamed completions or chat; concurrency "
+        "1..64, at most 60 s).",
     )
-    p.add_argument("--gateway", required=True, help="HOST:PORT of the gateway (loopback only)")
-    p.add_argument("--concurrency", type=int, default=4, help="streams in flight (1..256)")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds (at most 3600)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--gateway", help="HOST:PORT of the gateway's gRPC API (loopback only)")
+    target.add_argument(
+        "--http",
+        metavar="URL",
+        help="http://HOST:PORT of the gateway's HTTP API (loopback only): streamed OpenAI "
+        "requests (see --endpoint)",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="with --http: /v1/completions or /v1/chat/completions",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=4, help="streams in flight (1..256; --http: 1..64)"
+    )
+    p.add_argument(
+        "--duration", type=float, default=30.0, help="seconds (at most 3600; --http: 60)"
+    )
     p.add_argument("--prompts", default=None, help="JSON lines with `prompt` (default: demo)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -412,6 +438,41 @@ def _print_report(report: dict[str, Any]) -> None:
         )
 
 
+def run_http_load_command(args: argparse.Namespace) -> int:
+    """`speculant load --http URL`."""
+    from bench.load_http import check_http_target, print_http_report, run_http_load
+    from bench.settings import default_prompts_path, load_prompts
+    from speculant.auth import load_token
+    from speculant.cli_errors import fail, usage_error
+    from speculant.errors import SpeculantError
+
+    problem = check_http_target(args.http, args.concurrency, args.duration)
+    if problem is not None:
+        return usage_error(problem)
+    try:
+        report = run_http_load(
+            args.http,
+            load_prompts(args.prompts or default_prompts_path()),
+            concurrency=args.concurrency,
+            duration_s=args.duration,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            endpoint=args.endpoint,
+            token=load_token(args.auth_token_file),
+        )
+    except (SpeculantError, OSError, ValueError, KeyError) as exc:
+        return fail(str(exc))
+    return _report(report, print_http_report, args.json)
+
+
+def _report(report: dict[str, Any], show: Any, json_path: str | None) -> int:
+    """Print the report with `show`, and write it as JSON to json_path if given; 0."""
+    show(report)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def run_load_command(args: argparse.Namespace) -> int:
     from bench.settings import default_prompts_path, load_prompts
     from speculant.auth import bearer_metadata, load_token
@@ -419,6 +480,8 @@ def run_load_command(args: argparse.Namespace) -> int:
     from speculant.errors import SpeculantError
     from speculant.tls import client_tls_from_args
 
+    if args.http is not None:
+        return run_http_load_command(args)
     if not is_loopback(args.gateway):
         return usage_error(
             f"--gateway: {args.gateway} is not a loopback address (load tests stay local)"
@@ -457,7 +520,4 @@ def run_load_command(args: argparse.Namespace) -> int:
         )
     except (SpeculantError, OSError, ValueError, KeyError) as exc:
         return fail(str(exc))
-    _print_report(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+    return _report(report, _print_report, args.json)

@@ -214,7 +214,7 @@ class ServiceStack:
         service, wait until it learned them all, and (learn_restart) restart it gracefully,
         so that what it measures after comes from its learn log. Returns the live layer's
         figures."""
-        from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2
+        from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2
 
         draft = self.drafts[tier]
         stub = self._gateway(self._tier_name("gateway warm-up", tier), draft, [], 0)
@@ -224,6 +224,7 @@ class ServiceStack:
                 max_tokens=self.settings.max_tokens,
                 temperature=self.settings.temperature,
                 seed=10_000 + i,
+                sampling=common_pb2.SamplingControls(**self.settings.sampling),
             )
             stub.Generate(request, timeout=RPC_TIMEOUT_S)
         draft_stub = draft_pb2_grpc.DraftServiceStub(self._channel(draft.address))
@@ -270,6 +271,7 @@ class ServiceStack:
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             seed=seed,
+            sampling=common_pb2.SamplingControls(**self.settings.sampling),
             draft=common_pb2.DraftOptions(
                 k=variant.k,
                 strategy=strategy,

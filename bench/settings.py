@@ -37,6 +37,8 @@ class BenchSettings:
     prompts: str = field(default_factory=lambda: str(default_prompts_path()))
     max_tokens: int = 128
     temperature: float = 0.0
+    # sampling controls (SamplingControls fields) of every system, hf included; empty: none
+    sampling: dict[str, float] = field(default_factory=dict)
     seed: int = 0
     ks: tuple[int, ...] = (4, 8)
     mixes: tuple[bool, ...] = (True, False)

@@ -7,7 +7,43 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedModel
+
+from speculant.types import SamplingControls
+
+
+class OpenAIPenalties(LogitsProcessor):
+    """OpenAI's presence and frequency penalties over the whole sequence (prompt included), as
+    the verifier applies them (see speculant.types.SamplingControls); HF has no such processor."""
+
+    def __init__(self, presence: float, frequency: float) -> None:
+        self.presence = presence
+        self.frequency = frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, input_ids, torch.ones_like(input_ids, dtype=scores.dtype)
+        )  # [batch, V]
+        return scores - self.presence * (counts > 0).to(scores.dtype) - self.frequency * counts
+
+
+def generate_kwargs(controls: SamplingControls, temperature: float) -> dict[str, object]:
+    """Hugging Face generate's arguments for these controls at this temperature (0 = greedy):
+    its own processors, in its order, plus OpenAIPenalties after the repetition penalty."""
+    c = controls.resolved()
+    kwargs: dict[str, object] = {"repetition_penalty": c.repetition_penalty}
+    if temperature > 0:
+        kwargs.update(
+            do_sample=True, temperature=temperature, top_k=c.top_k, top_p=c.top_p, min_p=c.min_p
+        )
+    else:
+        kwargs.update(do_sample=False)
+    if c.presence_penalty or c.frequency_penalty:
+        # custom processors run after HF's penalties and before its warpers
+        kwargs["logits_processor"] = LogitsProcessorList(
+            [OpenAIPenalties(c.presence_penalty, c.frequency_penalty)]
+        )
+    return kwargs
 
 
 @dataclass
@@ -37,16 +73,14 @@ class PlainDecoder:
         temperature: float = 0.0,
         seed: int | None = None,
         prompt_lookup_num_tokens: int | None = None,
+        controls: SamplingControls | None = None,
     ) -> PlainResult:
-        """Greedy at temperature 0, else sampling; optionally HF prompt lookup decoding."""
+        """Greedy at temperature 0, else sampling, with the sampling controls (unset: off);
+        optionally HF prompt lookup decoding."""
         input_ids = torch.tensor([prompt_ids])  # [1, prompt_len]
         if seed is not None:
             torch.manual_seed(seed)
-        kwargs: dict[str, object] = {}
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        else:
-            kwargs.update(do_sample=False)
+        kwargs = generate_kwargs(controls or SamplingControls(), temperature)
         if prompt_lookup_num_tokens:
             kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
         started = time.perf_counter()

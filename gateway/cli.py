@@ -30,6 +30,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=None, help="sampling seed (default: a random one)"
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    add_sampling_arguments(parser)
     parser.add_argument(
         "--k",
         type=int,
@@ -91,6 +92,47 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         help="adapt each round's draft length (1..k) to the request's acceptance history; "
         "the output is the same",
     )
+
+
+# The sampling-control flags: (name, type, help); default None = the model's
+# generation_config value where it sets one, else off (see speculant.types.SamplingControls).
+_SAMPLING_FLAGS = (
+    ("top_k", int, "keep the k most likely tokens (0 = off)"),
+    ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),
+    ("min_p", float, "drop tokens below min_p times the top probability (0 = off)"),
+    ("repetition_penalty", float, "Hugging Face's repetition penalty (0.01..100, 1 = off)"),
+    ("presence_penalty", float, "OpenAI's presence penalty, in [-2, 2] (0 = off)"),
+    ("frequency_penalty", float, "OpenAI's frequency penalty, in [-2, 2] (0 = off)"),
+)
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, logprobs: bool = True) -> None:
+    """--top-k, --top-p, --min-p, the penalties and (logprobs) --logprobs (all exact: the
+    output follows the processed distribution)."""
+    for name, kind, text in _SAMPLING_FLAGS:
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"{text}; default: the model's generation_config value, else off",
+        )
+    if not logprobs:
+        return
+    parser.add_argument(
+        "--logprobs",
+        dest="top_logprobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="report each token's log-probability and its N most likely alternatives (0..20; "
+        "default: none)",
+    )
+
+
+def sampling_options(args: argparse.Namespace) -> dict[str, object]:
+    """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
+    names = [name for name, _, _ in _SAMPLING_FLAGS] + ["top_logprobs"]
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -189,21 +231,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_up(subparsers)
 
 
-def add_http_arguments(parser: argparse.ArgumentParser) -> None:
-    """The HTTP API flags of serve-gateway (and up, which passes them on)."""
+DEFAULT_UP_HTTP_PORT = 8000  # `speculant up` serves the OpenAI-compatible API here (vLLM's port)
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None = None) -> None:
+    """The HTTP API flags of serve-gateway (default off) and up (default DEFAULT_UP_HTTP_PORT,
+    which it passes on)."""
+    default = "off" if default_port is None else f"{default_port}"
     parser.add_argument(
         "--http-port",
-        type=_non_negative_int,
-        default=None,
-        help="also serve the HTTP API (/health, /generate, OpenAI-compatible /v1/completions, "
-        "/v1/chat/completions, /v1/models) on this port, same host, token and TLS "
-        "(default: off; 0 = a free port, printed)",
+        type=_port,
+        default=default_port,
+        help="also serve the HTTP API (OpenAI-compatible /v1/completions, /v1/chat/completions, "
+        "/v1/models; /generate, /health, /metrics) on this port, same host, token and TLS "
+        f"(0 = off; default: {default})",
     )
     parser.add_argument(
         "--http-model-name",
         default=None,
         help="the model name the HTTP API reports (default: the verifier's model name)",
     )
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
 
 
 def _non_negative_int(text: str) -> int:
@@ -233,7 +287,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from speculant.auth import load_token
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import SpeculantError
-    from speculant.metrics import metrics_from_args
+    from speculant.metrics import Metrics, metrics_from_args
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
@@ -245,6 +299,8 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     try:
         draft_defaults = draft_defaults_from_args(args)
         metrics = metrics_from_args(args)
+        if metrics is None and args.http_port:
+            metrics = Metrics()  # served at the HTTP API's /metrics only
         token = load_token(args.auth_token_file)
         tls = server_tls_from_args(args)
         backend_tls = client_tls_from_args(args, "--backend-tls")
@@ -267,7 +323,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             learn=not args.no_learn,
         )
         http = None
-        if args.http_port is not None:
+        if args.http_port:
             http = HttpApiServer(
                 servicer,
                 args.host,
@@ -275,8 +331,9 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
                 auth_token=token,
                 tls=tls,
                 model_name=args.http_model_name,
+                registry=metrics.registry,
             ).start()
-    except (SpeculantError, OSError) as exc:
+    except (SpeculantError, OSError, RuntimeError) as exc:
         if server is not None:
             server.stop(0)
         if metrics is not None:
@@ -359,6 +416,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
+            **sampling_options(args),
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -369,10 +427,21 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         verifier_config=VerifierConfig(model_name=args.model),
         draft_config=draft,
     )
-    from gateway.openai_format import generate_response
+    from gateway.http_answers import generate_response
 
     result = decoder.generate(prompt=args.prompt, generation_config=generation)
-    return generate_response(result)
+    output = generate_response(result)
+    if result.logprobs:  # as the gateway's GenerateResponse has them
+        output["logprobs"] = [
+            {
+                "token_id": lp.token_id,
+                "logprob": lp.logprob,
+                "top_token_ids": list(lp.top_token_ids),
+                "top_logprobs": list(lp.top_logprobs),
+            }
+            for lp in result.logprobs
+        ]
+    return output
 
 
 def _generate_via_gateway(args: argparse.Namespace) -> dict:
@@ -391,6 +460,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
+            sampling=sampling_options(args),
             **_draft_options(args),
         )
     result = json_format.MessageToDict(

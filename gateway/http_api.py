@@ -1,21 +1,27 @@
-"""The gateway's HTTP API: the seed's ``/health`` and ``/generate``, and OpenAI-compatible
-completions, beside the gRPC server in the same process.
+"""The gateway's HTTP API: ``/health``, ``/generate``, OpenAI-compatible completions and
+``/metrics``, beside the gRPC server in the same process.
 
-Routes (JSON in and out; streams are server-sent events ending with ``data: [DONE]``):
+A Starlette (ASGI) app served by uvicorn on an event loop of its own thread. Routes (JSON in
+and out; streams are server-sent events ending with ``data: [DONE]``):
 - ``GET /health``: 200 ``{"status": "ok", "model": NAME}`` while the verifier answers its health
   checks and the tokenizers agree (as the gRPC health), else 503. Open even when a bearer token
   is required.
+- ``GET /metrics``: the gateway's Prometheus metrics (its registry, as ``--metrics-port``
+  serves it; open, as vLLM's).
 - ``GET /v1/models``: the one served model.
 - ``POST /generate``: a GenerateRequest as JSON -> ``{text, token_ids, finish_reason, stats}``.
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's requests and answers
-  (see gateway.openai_format), ``"stream": true`` for server-sent events.
+  (see gateway.openai_format and gateway.http_answers), ``"stream": true`` for server-sent
+  events.
 
-Every request runs through GatewayServicer.generation, the code path of the gRPC Generate: the
-same validation, concurrency limit, coordinator and error classes. Errors are OpenAI-style
-``{"error": {"message", "type", "param", "code"}}`` with the HTTP status of the error class
-(400 bad request, 401 no or wrong token, 404, 412 tokenizer mismatch, 429 over capacity, 503
-backend down, 500 anything else), never a traceback. A client that disconnects ends its
-generation between two rounds and frees its verifier session.
+Every generation runs through GatewayServicer.generation, the code path of the gRPC Generate
+(the same validation, concurrency limit, coordinator and error classes), in a worker thread
+(gateway.http_runs): an answer with n choices takes n of the gateway's slots. Errors are
+OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status of the
+error class (400 bad request, 401 no or wrong token, 404, 405, 412 tokenizer mismatch, 413 body
+over MAX_BODY_BYTES, 429 over capacity, 503 backend down, 500 anything else), never a
+traceback. A client that disconnects ends its generations between two rounds and frees their
+verifier sessions.
 
 Every request is served under a request id, as a gRPC call is (speculant.request_context): the
 client's ``X-Request-Id`` header when it is a clean one, else a new id; it is sent back in the
@@ -25,27 +31,32 @@ every log line of the request, among them one access line (method, path, status,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import itertools
 import json
 import logging
-import select
 import socket
-import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+import uvicorn
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from gateway.coordinator import GenerationResult, StreamChunk
+from gateway.coordinator import GenerationResult
+from gateway.http_answers import ResponseWriter, generate_response
+from gateway.http_runs import ChoiceRuns
 from gateway.openai_format import (
     ApiRequest,
-    ResponseWriter,
-    generate_response,
     parse_generate_request,
     parse_openai_request,
     renamed,
@@ -61,13 +72,19 @@ from speculant.errors import (
 from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
 from speculant.request_context import clean_request_id, new_request_id, request_id_scope
 from speculant.tls import ServerTls
-from speculant.v1 import gateway_pb2
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = MAX_MESSAGE_BYTES
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # a bigger request body is refused (413)
 REQUEST_ID_HEADER = "X-Request-Id"
-IDLE_TIMEOUT_S = 120.0  # an idle keep-alive connection is closed after this
+# uvicorn's bounds: an idle keep-alive connection is closed after KEEP_ALIVE_S; beyond
+# MAX_CONNECTIONS connections (and requests) at once new ones get a 503; on stop, requests in
+# flight get GRACEFUL_STOP_S to end.
+KEEP_ALIVE_S = 30
+MAX_CONNECTIONS = 1024
+BACKLOG = 256
+GRACEFUL_STOP_S = 5
+START_TIMEOUT_S = 30.0
 
 # gRPC status code of a library error -> HTTP status and OpenAI error type.
 HTTP_ERRORS: dict[grpc.StatusCode, tuple[int, str]] = {
@@ -103,11 +120,18 @@ class HttpError(Exception):
             }
         }
 
+    def response(self) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
+        return JSONResponse(self.body(), self.status, headers)
+
 
 def http_error(exc: BaseException, request: ApiRequest | None = None) -> HttpError:
     """The HttpError for an exception raised while serving (logged if unexpected)."""
     if isinstance(exc, HttpError):
         return exc
+    if isinstance(exc, HTTPException):  # Starlette's routing: 404, 405
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return HttpError(exc.status_code, kind, str(exc.detail))
     if not isinstance(exc, SpeculantError):
         log.error("unexpected error in the HTTP API", exc_info=exc)
         return HttpError(*INTERNAL, "internal error")
@@ -123,25 +147,77 @@ def http_error(exc: BaseException, request: ApiRequest | None = None) -> HttpErr
     return error
 
 
-def _client_gone(connection: socket.socket) -> bool:
-    """Whether the client closed its end (polled between rounds; never blocks)."""
-    if isinstance(connection, ssl.SSLSocket):
-        return False  # no peeking under TLS: a gone client is noticed at the next write
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON (400 if it is not; 413 over MAX_BODY_BYTES)."""
+    too_large = HttpError(413, "invalid_request_error", f"body over {MAX_BODY_BYTES} bytes")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > MAX_BODY_BYTES:
+            raise too_large
     try:
-        poller = select.poll()  # not select.select: no limit on descriptor numbers
-        poller.register(connection, select.POLLIN)
-        events = poller.poll(0)
-        if not events:
-            return False
-        if events[0][1] & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
-            return True
-        return connection.recv(1, socket.MSG_PEEK) == b""  # readable: end of stream or data
-    except OSError:
-        return True
+        return json.loads(data, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HttpError(400, "invalid_request_error", f"invalid JSON body: {exc}") from exc
+
+
+def _event(body: dict[str, Any] | str) -> bytes:
+    """One server-sent event (a JSON object, or the final "[DONE]")."""
+    data = body if isinstance(body, str) else json.dumps(body)
+    return f"data: {data}\n\n".encode()
+
+
+@contextlib.asynccontextmanager
+async def _on_disconnect(receive: Receive, gone: Callable[[], None]) -> AsyncIterator[None]:
+    """Call gone() if the client disconnects while the block runs (the body is read)."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+class EventStream:
+    """An ASGI response: the server-sent events of `events`, sent as they come; when the client
+    disconnects, `gone` is called (which must make `events` end soon)."""
+
+    def __init__(self, events: AsyncIterator[bytes], gone: Callable[[], None]) -> None:
+        self.events = events
+        self.gone = gone
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        async with contextlib.aclosing(self.events) as events:
+            try:
+                async with _on_disconnect(receive, self.gone):
+                    await send({"type": "http.response.start", "status": 200, "headers": headers})
+                    async for data in events:  # once gone, they end after the current round
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                    await send({"type": "http.response.body", "body": b""})
+            except OSError:  # the client went away mid-send
+                self.gone()
+
+
+Endpoint = Callable[[Request], Awaitable[Response | EventStream]]
 
 
 class HttpApi:
-    """Routes and answers; one instance per server, shared by its handler threads."""
+    """Routes and answers: :attr:`app` is the ASGI application."""
 
     def __init__(
         self,
@@ -149,260 +225,201 @@ class HttpApi:
         *,
         auth_token: str | None = None,
         model_name: str | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
-        """auth_token: require ``Authorization: Bearer <auth_token>`` (not on /health).
-        model_name: the name /v1/models and the answers give (default: the verifier's)."""
+        """auth_token: require ``Authorization: Bearer <auth_token>`` (not on /health and
+        /metrics). model_name: the name /v1/models and the answers give (default: the
+        verifier's). registry: the metrics /metrics serves (None: /metrics is 404)."""
         self.servicer = servicer
         self._expected = None if auth_token is None else expected_bearer(auth_token)
         self._model_name = model_name
-        self._routes: dict[tuple[str, str], Callable[[_Handler], None]] = {
-            ("GET", "/health"): self._health,
-            ("GET", "/v1/models"): self._models,
-            ("POST", "/generate"): self._generate,
-            ("POST", "/v1/completions"): lambda h: self._openai(h, chat=False),
-            ("POST", "/v1/chat/completions"): lambda h: self._openai(h, chat=True),
-        }
+        self._registry = registry
         self.created = int(time.time())
+        routes = [
+            ("GET", "/health", self._health, False),
+            ("GET", "/metrics", self._metrics, False),
+            ("GET", "/v1/models", self._models, True),
+            ("POST", "/generate", self._generate, True),
+            ("POST", "/v1/completions", self._completions, True),
+            ("POST", "/v1/chat/completions", self._chat, True),
+        ]
+        self.app = Starlette(
+            routes=[
+                Route(path, self._answering(endpoint, auth), methods=[method])
+                for method, path, endpoint, auth in routes
+            ],
+            exception_handlers={HTTPException: self._routing_error},
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app under the request's id, with the id in the answer and one access line."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(REQUEST_ID_HEADER.lower().encode())
+        request_id = clean_request_id(given) or new_request_id()
+        status: list[int] = []
+        started = time.perf_counter()
+
+        async def send_with_id(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                id_header = (REQUEST_ID_HEADER.lower().encode(), request_id.encode())
+                message = {**message, "headers": [*message.get("headers", []), id_header]}
+            await send(message)
+
+        with request_id_scope(request_id):
+            try:
+                await self.app(scope, receive, send_with_id)
+            finally:
+                log.info(
+                    "HTTP %s %s -> %s in %.1f ms",
+                    scope["method"],
+                    scope["path"],
+                    status[0] if status else "no answer",
+                    (time.perf_counter() - started) * 1e3,
+                )
+
+    async def _routing_error(self, _request: Request, exc: Exception) -> Response:
+        return http_error(exc).response()
+
+    def _answering(self, endpoint: Endpoint, auth: bool) -> Callable[[Request], Awaitable[Any]]:
+        """endpoint, behind the token check (when auth), with its errors answered as JSON."""
+
+        async def answer(request: Request) -> Response | EventStream:
+            try:
+                if auth:
+                    self._authenticate(request)
+                return await endpoint(request)
+            except Exception as exc:
+                return http_error(exc).response()
+
+        return answer
+
+    def _authenticate(self, request: Request) -> None:
+        if self._expected is None:
+            return
+        if not bearer_matches(request.headers.get("authorization"), self._expected):
+            raise HttpError(401, "authentication_error", "missing or bad bearer token")
 
     def model_name(self) -> str:
-        """The served model's name (asks the verifier once the backends are up)."""
+        """The served model's name (asks the verifier once the backends are up; blocking)."""
         if self._model_name is None:
             self.servicer.coordinator()  # the backends answer and their tokenizers agree
             self._model_name = self.servicer.verifier.info.model_name
         return self._model_name
 
-    def handle(self, handler: _Handler, method: str) -> None:
-        """Answer one request (a connection may carry several, one after another), under its
-        request id."""
-        handler.request_id = (
-            clean_request_id(handler.headers.get(REQUEST_ID_HEADER)) or new_request_id()
-        )
-        handler.status_sent = None
-        started = time.perf_counter()
-        path = handler.path.split("?", 1)[0]
-        with request_id_scope(handler.request_id):
-            try:
-                self._answer(handler, method, path)
-            finally:
-                log.info(
-                    "HTTP %s %s -> %s in %.1f ms",
-                    method,
-                    path,
-                    handler.status_sent or "no answer",
-                    (time.perf_counter() - started) * 1e3,
-                )
-                handler.request_id = None  # the connection's next request gets its own
-
-    def _answer(self, handler: _Handler, method: str, path: str) -> None:
-        handler.streaming = False
-        routes = self._routes
-        route = routes.get((method, path))
-        try:
-            if route is None:
-                if any(p == path for _, p in routes):
-                    raise HttpError(
-                        405, "invalid_request_error", f"{method} is not allowed on {path}"
-                    )
-                raise HttpError(404, "not_found_error", f"no such endpoint: {method} {path}")
-            if path != "/health":
-                self._authenticate(handler)
-            route(handler)
-        except Exception as exc:
-            if handler.streaming:  # the status is sent: nothing more to say
-                handler.close_connection = True
-                return
-            error = http_error(exc)
-            handler.send_json(error.status, error.body())
-
-    def _authenticate(self, handler: _Handler) -> None:
-        if self._expected is None:
-            return
-        if not bearer_matches(handler.headers.get("Authorization"), self._expected):
-            raise HttpError(401, "authentication_error", "missing or bad bearer token")
-
-    def _health(self, handler: _Handler) -> None:
+    def _health_body(self) -> tuple[int, dict[str, Any]]:
         try:
             if self.servicer.problem is not None:  # from the gateway's last backend check
                 raise UnavailableError(self.servicer.problem)
             self.servicer.coordinator()  # the backends answer and their tokenizers agree
-            name = self.model_name()
+            return 200, {"status": "ok", "model": self.model_name()}
         except Exception as exc:
-            handler.send_json(503, {"status": "unavailable", "error": status_details(exc)})
-            return
-        handler.send_json(200, {"status": "ok", "model": name})
+            return 503, {"status": "unavailable", "error": status_details(exc)}
 
-    def _models(self, handler: _Handler) -> None:
+    async def _health(self, _request: Request) -> Response:
+        status, body = await run_in_threadpool(self._health_body)
+        return JSONResponse(body, status)
+
+    async def _metrics(self, _request: Request) -> Response:
+        if self._registry is None:
+            raise HttpError(404, "not_found_error", "this gateway keeps no metrics")
+        return Response(generate_latest(self._registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def _models(self, _request: Request) -> Response:
         model = {
-            "id": self.model_name(),
+            "id": await run_in_threadpool(self.model_name),
             "object": "model",
             "created": self.created,
             "owned_by": "speculant",
         }
-        handler.send_json(200, {"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [model]})
 
-    def _run(
-        self, handler: _Handler, request: gateway_pb2.GenerateRequest
-    ) -> Iterator[StreamChunk | GenerationResult]:
-        return self.servicer.generation(request, cancelled=lambda: _client_gone(handler.connection))
+    async def _generate(self, request: Request) -> Response:
+        generate = parse_generate_request(await read_json(request))
+        runs = ChoiceRuns(
+            self.servicer, [generate], stream=False, logprobs=generate.HasField("top_logprobs")
+        )
+        async with _on_disconnect(request.receive, runs.cancel.set):
+            await runs.start()
+            answer = await runs.results()
+        if answer is None:
+            return Response(status_code=499)  # the client went away: nobody reads this
+        return JSONResponse(generate_response(answer[0][0]))
 
-    def _generate(self, handler: _Handler) -> None:
-        request = parse_generate_request(handler.read_json())
-        with contextlib.closing(self._run(handler, request)) as items:
-            for item in items:
-                if isinstance(item, GenerationResult):
-                    handler.send_json(200, generate_response(item))
+    async def _completions(self, request: Request) -> Response | EventStream:
+        return await self._openai(request, chat=False)
 
-    def _openai(self, handler: _Handler, *, chat: bool) -> None:
-        request = parse_openai_request(handler.read_json(), chat=chat)
-        writer = ResponseWriter(request, self.model_name())
-        with contextlib.closing(self._run(handler, request.generate)) as items:
-            try:
-                first = next(items, None)  # validation, tokenizing, prefill: errors answer here
-            except Exception as exc:
-                raise http_error(exc, request) from exc
-            if first is None:
-                return  # the client went away
-            if request.stream:
-                self._stream(handler, writer, request, itertools.chain([first], items))
-                return
-            for item in itertools.chain([first], items):
-                if isinstance(item, GenerationResult):
-                    handler.send_json(200, writer.response(item))
+    async def _chat(self, request: Request) -> Response | EventStream:
+        return await self._openai(request, chat=True)
 
-    @staticmethod
-    def _stream(
-        handler: _Handler,
-        writer: ResponseWriter,
-        request: ApiRequest,
-        items: Iterator[StreamChunk | GenerationResult],
-    ) -> None:
-        """Server-sent events: chunks as tokens are accepted, the finish, [DONE]. The status
-        is sent first, so an error during the rounds is sent as an event ``{"error": ...}``."""
-        handler.start_events()
+    async def _openai(self, request: Request, *, chat: bool) -> Response | EventStream:
+        api_request = parse_openai_request(await read_json(request), chat=chat)
+        writer = ResponseWriter(api_request, await run_in_threadpool(self.model_name))
+        runs = ChoiceRuns(
+            self.servicer,
+            api_request.generates,
+            stream=api_request.stream,
+            logprobs=api_request.logprobs,
+        )
         try:
-            try:
-                opening = writer.first_chunk()
-                if opening is not None:
-                    handler.send_event(opening)
-                for item in items:
-                    if isinstance(item, GenerationResult):
-                        handler.send_event(writer.final_chunk(item))
-                        if request.include_usage:
-                            handler.send_event(writer.usage_chunk(item))
-                    elif item.text_delta:
-                        handler.send_event(writer.text_chunk(item.text_delta))
-            except OSError:
-                raise
-            except Exception as exc:
-                handler.send_event(http_error(exc, request).body())
-            handler.send_event_data("[DONE]")
-            handler.end_events()
-        except OSError:  # the client went away; closing `items` frees the verifier session
-            handler.close_connection = True
+            async with _on_disconnect(request.receive, runs.cancel.set):
+                await runs.start()  # validation, tokenizing, prefill: errors answer here
+                if api_request.stream:
+                    return EventStream(_stream(runs, writer, api_request), runs.cancel.set)
+                answer = await runs.results()
+        except Exception as exc:
+            runs.cancel.set()
+            raise http_error(exc, api_request) from exc
+        if answer is None:
+            return Response(status_code=499)  # the client went away: nobody reads this
+        return JSONResponse(writer.response(*answer))
 
 
-class _Handler(BaseHTTPRequestHandler):
-    """One connection (HTTP/1.1, keep-alive): reads requests, hands them to the HttpApi."""
-
-    protocol_version = "HTTP/1.1"
-    timeout = IDLE_TIMEOUT_S
-    server: _Server
-    streaming = False  # the answer's status and headers are sent (an event stream)
-    request_id: str | None = None  # the request being answered (HttpApi.handle sets it)
-    status_sent: int | None = None
-
-    def send_response(self, code: int, message: str | None = None) -> None:
-        """The status line, and the request's X-Request-Id with every answer."""
-        super().send_response(code, message)
-        self.status_sent = code
-        if self.request_id is not None:
-            self.send_header(REQUEST_ID_HEADER, self.request_id)
-
-    def do_GET(self) -> None:
-        self.server.api.handle(self, "GET")
-
-    def do_POST(self) -> None:
-        self.server.api.handle(self, "POST")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def read_json(self) -> Any:
-        """The request body as JSON (400 if it is not; 411 / 413 without a fitting length)."""
-        length_header = self.headers.get("Content-Length")
-        if length_header is None or not length_header.isdigit():
-            self.close_connection = True
-            raise HttpError(411, "invalid_request_error", "send the body with a Content-Length")
-        length = int(length_header)
-        if length > MAX_BODY_BYTES:
-            self.close_connection = True
-            raise HttpError(413, "invalid_request_error", f"body over {MAX_BODY_BYTES} bytes")
-        data = self.rfile.read(length)
-        try:
-            return json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HttpError(400, "invalid_request_error", f"invalid JSON body: {exc}") from exc
-
-    def send_json(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status == HTTPStatus.UNAUTHORIZED:
-            self.send_header("WWW-Authenticate", "Bearer")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def start_events(self) -> None:
-        """Headers of a server-sent event stream (chunked transfer encoding)."""
-        self.streaming = True
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def send_event(self, body: dict[str, Any]) -> None:
-        self.send_event_data(json.dumps(body))
-
-    def send_event_data(self, data: str) -> None:
-        payload = f"data: {data}\n\n".encode()
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(payload), payload))
-        self.wfile.flush()
-
-    def end_events(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+async def _stream(
+    runs: ChoiceRuns, writer: ResponseWriter, request: ApiRequest
+) -> AsyncIterator[bytes]:
+    """Server-sent events: per choice (indexed), chunks as tokens are accepted and the finish;
+    the usage if asked for; [DONE]. The status is sent first, so an error during the rounds is
+    sent as an event ``{"error": ...}``."""
+    results: list[GenerationResult | None] = [None] * runs.count
+    try:
+        for chunk in writer.opening_chunks(runs.count):
+            yield _event(chunk)
+        async for choice in runs.items():
+            item = choice.item
+            if isinstance(item, GenerationResult):
+                results[choice.index] = item
+                yield _event(writer.final_chunk(choice.index, item))
+            elif item.text_delta or choice.entries:
+                yield _event(writer.text_chunk(choice.index, item.text_delta, choice.entries))
+        finished = [r for r in results if r is not None]
+        if request.include_usage and len(finished) == runs.count:
+            yield _event(writer.usage_chunk(finished))
+    except Exception as exc:
+        yield _event(http_error(exc, request).body())
+    yield _event("[DONE]")
 
 
-class _Server(ThreadingHTTPServer):
-    """A thread per connection; TLS handshakes happen in those threads, not in accept."""
-
-    daemon_threads = True
-    request_queue_size = 64
-
-    def __init__(self, address: tuple[str, int], api: HttpApi, tls: ssl.SSLContext | None):
-        self.api = api
-        self.tls = tls
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A connection that failed outside a request (a refused TLS handshake, a reset)."""
-        log.debug("connection from %s failed", client_address, exc_info=True)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        connection, address = super().get_request()
-        if self.tls is not None:
-            connection = self.tls.wrap_socket(
-                connection, server_side=True, do_handshake_on_connect=False
-            )
-        return connection, address
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: a free port); OSError naming the flag."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or exc
+        raise OSError(f"--http-port: cannot bind {host}:{port}: {reason}") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 class HttpApiServer:
-    """The HTTP API on host:port (port 0: a free one), served from a background thread."""
+    """The HTTP API on host:port (port 0: a free one), served by uvicorn from a thread."""
 
     def __init__(
         self,
@@ -413,21 +430,39 @@ class HttpApiServer:
         auth_token: str | None = None,
         tls: ServerTls | None = None,
         model_name: str | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         """tls: serve HTTPS with the gateway's certificate (and require client certificates
-        signed by its client CA, if any)."""
-        api = HttpApi(servicer, auth_token=auth_token, model_name=model_name)
-        try:
-            self._server = _Server((host, port), api, tls.ssl_context() if tls else None)
-        except OSError as exc:
-            reason = exc.strerror or exc
-            raise OSError(f"--http-port: cannot bind {host}:{port}: {reason}") from exc
-        self.host = host
-        self.port = self._server.server_address[1]
-        self.scheme = "https" if tls else "http"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="http-api", daemon=True
+        signed by its client CA, if any). registry: the metrics to serve at /metrics."""
+        self.api = HttpApi(
+            servicer, auth_token=auth_token, model_name=model_name, registry=registry
         )
+        ssl_context = tls.ssl_context() if tls else None  # before binding: a clear error
+        self._socket = _bind(host, port)
+        self.host = host
+        self.port = self._socket.getsockname()[1]
+        self.scheme = "https" if tls else "http"
+        config = uvicorn.Config(
+            self.api,
+            http="h11",
+            loop="asyncio",
+            ws="none",
+            lifespan="off",
+            log_config=None,  # the process's logging, as configured
+            access_log=False,  # HttpApi writes one access line per request, with its id
+            server_header=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=GRACEFUL_STOP_S,
+            limit_concurrency=MAX_CONNECTIONS,
+            backlog=BACKLOG,
+        )
+        config.load()
+        config.ssl = ssl_context  # the same context as the gRPC server's credentials
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="http-api", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._socket]))
 
     @property
     def address(self) -> str:
@@ -438,12 +473,19 @@ class HttpApiServer:
         return f"{self.scheme}://{self.address}"
 
     def start(self) -> HttpApiServer:
+        """Serve; return once uvicorn accepts connections (RuntimeError if it does not)."""
         self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self._socket.close()
+                raise RuntimeError(f"the HTTP API did not start on {self.address}")
+            time.sleep(0.01)
         return self
 
     def stop(self) -> None:
-        """Stop accepting connections (requests in flight end with the process)."""
+        """Stop accepting connections; requests in flight get GRACEFUL_STOP_S to end."""
         if self._thread.is_alive():
-            self._server.shutdown()
+            self._server.should_exit = True
             self._thread.join()
-        self._server.server_close()
+        self._socket.close()

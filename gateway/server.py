@@ -284,7 +284,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             seed=request.seed if request.HasField("seed") else defaults.seed,
             stop=tuple(request.stop) or tuple(defaults.stop),
             draft=draft_options_from_pb(request.draft, self.draft_defaults),
-            sampling=sampling if sampling.set_fields() else SamplingControls.from_config(defaults),
+            sampling=SamplingControls(  # the request's controls over the gateway's defaults
+                **SamplingControls.from_config(defaults).set_fields() | sampling.set_fields()
+            ),
             top_logprobs=(
                 optional_top_logprobs(request)
                 if request.HasField("top_logprobs")

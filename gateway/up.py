@@ -89,9 +89,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         "(default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
     )
     add_server_tls_arguments(gateway)
-    from gateway.cli import add_http_arguments
+    from gateway.cli import DEFAULT_UP_HTTP_PORT, add_http_arguments
 
-    add_http_arguments(gateway)
+    add_http_arguments(gateway, default_port=DEFAULT_UP_HTTP_PORT)
     add_draft_default_arguments(up)
     from draft_service.cli import add_learning_arguments
 
@@ -128,6 +128,7 @@ class ChildPlan:
     port: int
     argv: list[str]
     cores: frozenset[int] | None = None
+    other_ports: tuple[int, ...] = ()  # more ports it must listen on to be ready (HTTP API)
 
     @property
     def address(self) -> str:
@@ -247,12 +248,13 @@ def plan_up(args: argparse.Namespace) -> Plan:
             *_observability_args(args, 0),
         ],
         split.other if split else None,
+        (args.http_port,) if args.http_port else (),
     )
     return Plan([draft, verifier, gateway], notes)
 
 
 def _http_flags(args: argparse.Namespace) -> list[str]:
-    """The gateway's HTTP API flags, passed on as given."""
+    """The gateway's HTTP API flags, passed on as given (--http-port 0: off)."""
     return [
         *_optional("--http-port", args.http_port),
         *_optional("--http-model-name", args.http_model_name),
@@ -381,12 +383,13 @@ class Child:
     address: str
     process: subprocess.Popen
     port: int = 0
+    other_ports: tuple[int, ...] = ()
 
 
 def _start(plan: ChildPlan) -> Child:
     command = [sys.executable, "-m", "speculant.cli", *plan.argv]
     process = subprocess.Popen(command, preexec_fn=_child_setup(plan.cores))
-    return Child(plan.name, plan.address, process, plan.port)
+    return Child(plan.name, plan.address, process, plan.port, plan.other_ports)
 
 
 def stop_children(children: list[Child], grace_s: float = 10.0) -> None:
@@ -434,8 +437,10 @@ def run_up(args: argparse.Namespace) -> int:
             flush=True,
         )
         if args.http_port:
+            scheme = "http" if args.tls_cert is None else "https"
             print(
-                f"HTTP API: http://{args.host}:{args.http_port} (OpenAI-compatible /v1)",
+                f"HTTP API: {scheme}://{args.host}:{args.http_port} (OpenAI-compatible /v1, "
+                "/metrics; --http-port 0 turns it off)",
                 flush=True,
             )
         base = args.metrics_port_base
@@ -478,14 +483,15 @@ def _wait_ready(
     child: Child, timeout_s: float, stop: dict[str, bool], *, health: bool = True
 ) -> bool:
     """Wait until the child serves: its health SERVING on its address (unless health is
-    False), from its own listening socket."""
+    False), from its own listening socket, and it listens on its other ports."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not stop["requested"]:
         if child.process.poll() is not None:
             fail(f"the {child.name} service failed to start (code {child.process.returncode})")
             return False
         serving = wait_until_serving(child.address, timeout_s=0.5) if health else True
-        if serving and listens_on(child.process.pid, child.port):
+        ports = (child.port, *child.other_ports)
+        if serving and all(listens_on(child.process.pid, port) for port in ports):
             return True
         if not health:
             time.sleep(0.1)

@@ -37,13 +37,20 @@ def generate_request(
     temperature: float | None = None,
     seed: int | None = None,
     stop: list[str] | None = None,
+    sampling: dict[str, Any] | None = None,
     **draft: Any,
 ) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest; unset parameters take the gateway's defaults. draft: DraftOptions
-    fields (k, strategy "greedy"/"sampling", attentive_mix, mixing, tree_nodes, ...)."""
+    fields (k, strategy "greedy"/"sampling", attentive_mix, mixing, tree_nodes, ...).
+    sampling: SamplingControls fields (top_k, top_p, min_p, repetition_penalty,
+    presence_penalty, frequency_penalty) and top_logprobs."""
     if "strategy" in draft:
         draft["strategy"] = STRATEGY_TO_PROTO[draft["strategy"]]
+    controls = dict(sampling or {})
+    top_logprobs = controls.pop("top_logprobs", None)
     return gateway_pb2.GenerateRequest(
+        sampling=common_pb2.SamplingControls(**controls),
+        top_logprobs=top_logprobs,
         prompt=prompt,
         messages=[gateway_pb2.ChatMessage(**m) for m in messages or ()],
         max_tokens=max_tokens,

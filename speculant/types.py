@@ -173,6 +173,8 @@ class DraftParams:
 
 MAX_TOP_LOGPROBS = 20  # most alternatives a request may ask for with each token's logprob
 MAX_ABS_OPENAI_PENALTY = 2.0  # presence_penalty and frequency_penalty are in [-2, 2]
+# repetition_penalty's range: a logit divided by a tinier one could overflow float32
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
 # The sampling controls, and the value of each that turns it off.
 SAMPLING_CONTROLS_OFF: dict[str, float] = {
@@ -190,8 +192,8 @@ class SamplingControls:
     """How p is made from the target's logits at each position, beside the temperature.
 
     Applied in Hugging Face ``generate``'s order: ``repetition_penalty`` (HF's: a logit l of a
-    token that occurred becomes l / penalty if l > 0 else l * penalty; > 0, 1 = off), then
-    OpenAI's ``presence_penalty`` / ``frequency_penalty`` (l -= presence * [count > 0] +
+    token that occurred becomes l / penalty if l > 0 else l * penalty; in [0.01, 100], 1 =
+    off), then OpenAI's ``presence_penalty`` / ``frequency_penalty`` (l -= presence * [count > 0] +
     frequency * count; in [-2, 2], 0 = off), then the temperature, ``top_k`` (keep the k most
     likely; 0 = off), ``top_p`` (keep the smallest most-likely set with mass >= top_p; in (0,
     1], 1 = off) and ``min_p`` (drop tokens below min_p * the largest probability; in [0, 1],
@@ -258,8 +260,8 @@ class SamplingControls:
             ("min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)"),
             (
                 "repetition_penalty",
-                lambda v: 0 < v < float("inf"),
-                "a finite number > 0 (1 = off)",
+                lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
+                f"a number in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] (1 = off)",
             ),
             *(
                 (

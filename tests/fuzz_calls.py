@@ -194,7 +194,31 @@ def plausible_prefill(draw) -> verifier_pb2.PrefillRequest:
     )
     if draw(st.booleans()):
         request.seed = draw(st.integers(0, 2**64 - 1))
+    if draw(st.booleans()):
+        draw(plausible_sampling(request.sampling))
+    if draw(st.booleans()):
+        request.top_logprobs = draw(mostly(st.integers(0, 20), st.integers(-(2**31), 2**31 - 1)))
     return request
+
+
+# Valid ranges of the sampling controls (SamplingControls), and how to draw each.
+SAMPLING_CONTROLS = {
+    "top_k": st.integers(0, 600),
+    "top_p": st.floats(0.01, 1.0),
+    "min_p": st.floats(0.0, 1.0),
+    "repetition_penalty": st.floats(0.5, 2.0),
+    "presence_penalty": st.floats(-2.0, 2.0),
+    "frequency_penalty": st.floats(-2.0, 2.0),
+}
+
+
+@st.composite
+def plausible_sampling(draw, controls: common_pb2.SamplingControls) -> None:
+    """Set some sampling controls, mostly in range, sometimes any value of the type."""
+    for name, valid in SAMPLING_CONTROLS.items():
+        if draw(st.booleans()):
+            anything = st.integers(-(2**31), 2**31 - 1) if name == "top_k" else doubles()
+            setattr(controls, name, draw(mostly(valid, anything)))
 
 
 def mostly(valid: st.SearchStrategy, anything: st.SearchStrategy) -> st.SearchStrategy:
@@ -325,6 +349,10 @@ def plausible_generate(draw) -> gateway_pb2.GenerateRequest:
         request.seed = draw(st.integers(0, 2**64 - 1))
     if draw(st.booleans()):
         draw(plausible_options(request.draft))
+    if draw(st.booleans()):
+        draw(plausible_sampling(request.sampling))
+    if draw(st.booleans()):
+        request.top_logprobs = draw(mostly(st.integers(0, 20), st.integers(-(2**31), 2**31 - 1)))
     return request
 
 

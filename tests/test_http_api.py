@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import socket
 import ssl
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ import grpc
 import openai
 import pytest
 
-from gateway.http_api import HttpApiServer, http_error
+from gateway.http_api import MAX_BODY_BYTES, HttpApiServer, http_error
+from gateway.openai_format import choice_seed
 from gateway.server import GatewayServicer
 from speculant.client import generate_request
 from speculant.errors import (
@@ -38,6 +40,7 @@ from speculant.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
+from speculant.metrics import Metrics
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.conftest import STORIES_MODEL
 from tests.fixtures.e2e import verifier_config
@@ -56,6 +59,7 @@ CHAT_TEMPLATE = (
 class Http:
     url: str  # the open HTTP API
     auth_url: str  # the same gateway, requiring TOKEN
+    busy_url: str  # another gateway on the same backends, with --max-concurrent 1
     gateway: gateway_pb2_grpc.GatewayServiceStub
     verifier: verifier_pb2_grpc.VerifierServiceStub
     client: openai.OpenAI
@@ -80,17 +84,27 @@ def http(tinystories_graph, tmp_path_factory) -> Iterator[Http]:
     tokenizer = _templated_tokenizer(tmp_path_factory.mktemp("chat-tokenizer"))
     draft = start_draft(tinystories_graph, port=0)
     verifier_server, local_verifier = start_verifier(verifier_config(), port=0)
+    metrics = Metrics()
     gateway_server, servicer = start_gateway(
-        [draft.address], verifier_server.address, port=0, tokenizer_name=str(tokenizer)
+        [draft.address],
+        verifier_server.address,
+        port=0,
+        tokenizer_name=str(tokenizer),
+        metrics=metrics,
     )
-    api = HttpApiServer(servicer, model_name=MODEL).start()
+    busy_server, busy_servicer = start_gateway(
+        [draft.address], verifier_server.address, port=0, max_concurrent=1
+    )
+    api = HttpApiServer(servicer, model_name=MODEL, registry=metrics.registry).start()
     auth_api = HttpApiServer(servicer, auth_token=TOKEN, model_name=MODEL).start()
+    busy_api = HttpApiServer(busy_servicer, model_name=MODEL).start()
     channels = [grpc.insecure_channel(a) for a in (gateway_server.address, verifier_server.address)]
     client = openai.OpenAI(base_url=f"{api.url}/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         yield Http(
             api.url,
             auth_api.url,
+            busy_api.url,
             gateway_pb2_grpc.GatewayServiceStub(channels[0]),
             verifier_pb2_grpc.VerifierServiceStub(channels[1]),
             client,
@@ -99,8 +113,10 @@ def http(tinystories_graph, tmp_path_factory) -> Iterator[Http]:
         client.close()
         for channel in channels:
             channel.close()
+        busy_api.stop()
         auth_api.stop()
         api.stop()
+        busy_server.stop(0)
         gateway_server.stop(0)
         verifier_server.stop(0)
         local_verifier.close()
@@ -205,6 +221,125 @@ def test_chat_completions_use_the_chat_template(http):
     assert unary.usage.prompt_tokens == grpc_result.stats.prompt_tokens
 
 
+def test_n_choices_and_lists_of_prompts_are_indexed_seeded_and_counted(http):
+    """prompt = [text, token ids] x n=2: four choices indexed prompt * n + j; choice j of a
+    prompt is the single request seeded with choice_seed(seed, j); usage counts each prompt
+    once and every choice's tokens."""
+    other_ids = [403, 407, 261, 378, 432]  # " Once upon a time,"
+    sampling = {"temperature": 0.9, "top_p": 0.9, "max_tokens": 12, "speculant": {"k": 4}}
+    answer = _post(
+        f"{http.url}/v1/completions",
+        {"prompt": [PROMPT, other_ids], "n": 2, "seed": 7, **sampling},
+    )[1]
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+
+    def single(prompt, seed):
+        return _post(f"{http.url}/v1/completions", {"prompt": prompt, "seed": seed, **sampling})[1]
+
+    singles = [
+        single(prompt, choice_seed(7, j)) for prompt in (PROMPT, other_ids) for j in range(2)
+    ]
+    assert [c["text"] for c in answer["choices"]] == [s["choices"][0]["text"] for s in singles]
+    assert choice_seed(7, 0) == 7 and choice_seed(7, 1) != choice_seed(7, 2)
+    prompt_tokens = singles[0]["usage"]["prompt_tokens"] + singles[2]["usage"]["prompt_tokens"]
+    assert answer["usage"]["prompt_tokens"] == prompt_tokens
+    assert answer["usage"]["completion_tokens"] == sum(
+        s["usage"]["completion_tokens"] for s in singles
+    )
+    chunks = list(
+        http.client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            n=2,
+            seed=7,
+            stream=True,
+            stream_options={"include_usage": True},
+            temperature=0.9,
+            top_p=0.9,
+            max_tokens=12,
+            extra_body={"speculant": {"k": 4}},
+        )
+    )
+    texts = ["", ""]
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == [c["text"] for c in answer["choices"][:2]]
+    assert chunks[-1].usage.completion_tokens == answer["usage"]["completion_tokens"] - sum(
+        c["usage"]["completion_tokens"] for c in singles[2:]
+    )
+    assert _live_sessions(http) == 0
+
+
+def test_logprobs_in_openai_shapes_match_the_tokens(http):
+    """Greedy: each token is the most likely, its logprob the top alternative's, all <= 0; the
+    token texts spell the text; the stream reports the same as the unary answer."""
+    body = {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "logprobs": 3}
+    unary = _post(f"{http.url}/v1/completions", body)[1]
+    logprobs = unary["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == unary["usage"]["completion_tokens"] == 10
+    assert "".join(logprobs["tokens"]) == unary["choices"][0]["text"]
+    offsets = [0]
+    for token in logprobs["tokens"][:-1]:
+        offsets.append(offsets[-1] + len(token))
+    assert logprobs["text_offset"] == offsets
+    for token, logprob, top in zip(
+        logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True
+    ):
+        assert logprob <= 0 and 1 <= len(top) <= 3 and all(v <= 0 for v in top.values())
+        assert top[token] == pytest.approx(logprob) == max(top.values())
+    generated = _post(
+        f"{http.url}/generate",
+        {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "top_logprobs": 3},
+    )[1]
+    assert [e["logprob"] for e in generated["logprobs"]] == pytest.approx(
+        logprobs["token_logprobs"], abs=1e-6
+    )
+    assert [e["token_id"] for e in generated["logprobs"]] == generated["token_ids"]
+    streamed = list(
+        http.client.completions.create(model=MODEL, stream=True, **{**body, "logprobs": 3})
+    )
+    tokens = [
+        t
+        for c in streamed
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    assert tokens == logprobs["tokens"]
+    chat = http.client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about a cat."}],
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens == 8
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0 and bytes(entry.bytes).decode() == entry.token
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].token == entry.token
+    without = http.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+    )
+    assert without.choices[0].logprobs is None
+
+
+def test_metrics_are_served_on_the_http_port(http):
+    _post(f"{http.url}/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+    with urllib.request.urlopen(f"{http.url}/metrics", timeout=60) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    finished = re.search(
+        r'^speculant_gateway_generations_total\{finish_reason="max_tokens"\} (\S+)',
+        text,
+        re.MULTILINE,
+    )
+    assert finished and float(finished.group(1)) >= 1
+    assert _request(f"{http.auth_url}/metrics")[0] == 404  # that server was given no registry
+
+
 def test_generate_and_health_and_models(http):
     status, body = _post(
         f"{http.url}/generate",
@@ -287,17 +422,24 @@ def test_a_client_that_disconnects_ends_its_generation(http):
 @pytest.mark.parametrize(
     "endpoint, body, param",
     [
-        ("completions", {"prompt": PROMPT, "n": 2}, "n"),
+        ("completions", {"prompt": PROMPT, "n": 0}, "n"),
         ("completions", {"prompt": PROMPT, "max_tokens": -1}, "max_tokens"),
-        ("completions", {"prompt": PROMPT, "max_tokens": "ten"}, "max_tokens"),
-        ("completions", {"prompt": PROMPT, "top_p": 0.5}, "top_p"),
         ("completions", {"prompt": PROMPT, "temperature": -1}, "temperature"),
         ("completions", {"prompt": PROMPT, "seed": -3}, "seed"),
         ("completions", {"prompt": PROMPT, "stop": [1]}, "stop"),
+        ("completions", {"prompt": PROMPT, "top_k": -2}, "top_k"),
+        ("completions", {"prompt": PROMPT, "min_p": 2}, "min_p"),
+        ("completions", {"prompt": PROMPT, "repetition_penalty": 0}, "repetition_penalty"),
+        ("completions", {"prompt": PROMPT, "frequency_penalty": "x"}, "frequency_penalty"),
+        ("completions", {"prompt": PROMPT, "logit_bias": {"5": 1}}, "logit_bias"),
+        ("completions", {"prompt": PROMPT, "best_of": 3}, "best_of"),
         ("completions", {"prompt": PROMPT, "speculant": {"k": 0}}, "speculant.k"),
         ("completions", {"prompt": PROMPT, "speculant": {"kk": 2}}, "speculant.kk"),
-        ("completions", {"prompt": PROMPT, "frobnicate": 1}, "frobnicate"),
-        ("completions", {"prompt": ["a", "b"]}, "prompt"),
+        ("completions", {"prompt": ["a", 5]}, "prompt[1]"),
+        ("completions", {"prompt": []}, "prompt"),
+        ("completions", {"prompt": [1, -4]}, "prompt[1]"),
+        ("completions", {"prompt": [[1, 2], [10**9]]}, "prompt"),  # not in the vocabulary
+        ("completions", {"prompt": ["a"] * 9, "n": 8}, "n"),  # 72 choices
         ("completions", {"prompt": ""}, "prompt"),
         ("completions", {"prompt": PROMPT, "stream": True, "max_tokens": -1}, "max_tokens"),
         ("chat/completions", {"messages": []}, "messages"),
@@ -311,6 +453,16 @@ def test_a_client_that_disconnects_ends_its_generation(http):
             {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -5},
             "max_completion_tokens",
         ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+            "top_logprobs",  # without logprobs: true
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}], "logprobs": 1},
+            "logprobs",
+        ),
     ],
 )
 def test_bad_parameters_are_400_naming_the_field(http, endpoint, body, param):
@@ -321,29 +473,124 @@ def test_bad_parameters_are_400_naming_the_field(http, endpoint, body, param):
     assert "Traceback" not in answer["error"]["message"]
 
 
-def test_errors_through_the_openai_client_and_urllib(http):
-    with pytest.raises(openai.BadRequestError) as excinfo:
-        http.client.completions.create(model=MODEL, prompt=PROMPT, n=2)
-    assert excinfo.value.status_code == 400 and excinfo.value.param == "n"
-    status, answer = _request(
-        f"{http.url}/v1/completions", b'{"prompt": "Once', {"Content-Type": "application/json"}
-    )
-    assert status == 400 and "invalid JSON" in answer["error"]["message"]
-    assert _post(f"{http.url}/v1/completions", ["not", "an", "object"])[0] == 400
+def _raw_request(url: str, head: bytes) -> tuple[int, dict]:
+    """(status, JSON body) of a request written by hand (head: up to the body, or part of it)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as connection:
+        connection.sendall(head)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += connection.recv(4096)
+        headers, _, body = answer.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: (\d+)", headers).group(1))
+        while len(body) < length:
+            body += connection.recv(4096)
+    return int(headers.split()[1]), json.loads(body)
+
+
+def _error_table_checks(http: Http) -> dict[str, Callable[[], tuple[int, dict | None]]]:
+    """Each row of docs/http-api.md's error table, by its case name: (status, body)."""
+    completions = f"{http.url}/v1/completions"
+    json_headers = {"Content-Type": "application/json"}
+
+    def too_large() -> tuple[int, dict | None]:
+        return _raw_request(
+            http.url,
+            b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n{" % (MAX_BODY_BYTES + 1),
+        )
+
+    def over_capacity() -> tuple[int, dict | None]:
+        # two choices on a gateway with one slot: the second is refused, the first cancelled
+        return _post(
+            f"{http.busy_url}/v1/completions", {"prompt": PROMPT, "n": 2, "max_tokens": 300}
+        )
+
+    def backend_down() -> tuple[int, dict | None]:
+        from gateway.draft_client import GrpcDraftClient
+        from gateway.verifier_client import GrpcVerifierClient
+
+        servicer = GatewayServicer(
+            GrpcDraftClient(["127.0.0.1:1"]), GrpcVerifierClient("127.0.0.1:1")
+        )
+        api = HttpApiServer(servicer, model_name=MODEL).start()
+        try:
+            return _post(f"{api.url}/v1/completions", {"prompt": PROMPT})
+        finally:
+            api.stop()
+
+    def internal() -> tuple[int, dict | None]:
+        error = http_error(KeyError("a bug"))
+        return error.status, error.body()
+
     long_prompt = "Once upon a time there was a cat. " * 200
-    status, answer = _post(f"{http.url}/v1/completions", {"prompt": long_prompt})
-    assert status == 400 and answer["error"]["code"] == "context_length_exceeded"
-    assert _request(f"{http.url}/v2/nothing")[0] == 404
-    assert _request(f"{http.url}/v1/completions")[0] == 405  # a GET
+    return {
+        "bad-json": lambda: _request(completions, b'{"prompt": "Once', json_headers),
+        "not-a-number": lambda: _request(
+            completions, b'{"prompt": "Once", "temperature": NaN}', json_headers
+        ),
+        "not-an-object": lambda: _post(completions, ["not", "an", "object"]),
+        "unknown-field": lambda: _post(completions, {"prompt": PROMPT, "frobnicate": 1}),
+        "wrong-type": lambda: _post(completions, {"prompt": PROMPT, "max_tokens": "ten"}),
+        "out-of-range": lambda: _post(completions, {"prompt": PROMPT, "top_p": 1.5}),
+        "penalty-out-of-range": lambda: _post(
+            completions, {"prompt": PROMPT, "presence_penalty": 2.5}
+        ),
+        "too-many-choices": lambda: _post(completions, {"prompt": PROMPT, "n": 17}),
+        "logprobs-out-of-range": lambda: _post(completions, {"prompt": PROMPT, "logprobs": 6}),
+        "unsupported": lambda: _post(completions, {"prompt": PROMPT, "echo": True}),
+        "context-length": lambda: _post(completions, {"prompt": long_prompt}),
+        "no-token": lambda: _post(f"{http.auth_url}/v1/completions", {"prompt": PROMPT}),
+        "wrong-token": lambda: _post(
+            f"{http.auth_url}/v1/completions", {"prompt": PROMPT}, {"Authorization": "Bearer x"}
+        ),
+        "unknown-route": lambda: _request(f"{http.url}/v2/nothing"),
+        "wrong-method": lambda: _request(completions),  # a GET
+        "too-large": too_large,
+        "over-capacity": over_capacity,
+        "backend-down": backend_down,
+        "internal": internal,
+    }
+
+
+def _documented_error_table() -> dict[str, tuple[int, str | None]]:
+    """docs/http-api.md's error table: case -> (status, param or None)."""
+    docs = (Path(__file__).parents[1] / "docs" / "http-api.md").read_text()
+    rows = re.findall(r"^\| `([a-z-]+)` \|[^|]*\| (\d{3}) \| ([^|]*) \|", docs, re.MULTILINE)
+    assert rows, "no error table in docs/http-api.md"
+    table = {}
+    for case, status, param in rows:
+        param = param.strip()
+        table[case] = (int(status), None if param in ("", "–") else param.strip("`"))
+    return table
+
+
+def test_every_row_of_the_documented_error_table(http):
+    """docs/http-api.md's error table, row by row: the status, the OpenAI error body and the
+    field it names; the table and these checks list the same cases."""
+    table = _documented_error_table()
+    checks = _error_table_checks(http)
+    assert set(table) == set(checks)
+    for case, (status, param) in table.items():
+        got, body = checks[case]()
+        assert got == status, (case, body)
+        assert set(body["error"]) == {"message", "type", "param", "code"}, case
+        assert body["error"]["param"] == param, (case, body)
+        assert "Traceback" not in body["error"]["message"]
     assert _live_sessions(http) == 0
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        http.client.completions.create(model=MODEL, prompt=PROMPT, top_p=1.5)
+    assert excinfo.value.status_code == 400 and excinfo.value.param == "top_p"
+    assert _post(f"{http.url}/v1/completions", {"prompt": "x" * 7000})[1]["error"]["code"] == (
+        "context_length_exceeded"
+    )
 
 
 def test_bearer_token_is_required_but_health_stays_open(http):
     assert _request(f"{http.auth_url}/health")[0] == 200
     status, answer = _post(f"{http.auth_url}/v1/completions", {"prompt": PROMPT})
     assert status == 401 and answer["error"]["type"] == "authentication_error"
-    wrong = {"Authorization": "Bearer wrong"}
-    assert _post(f"{http.auth_url}/generate", {"prompt": PROMPT}, wrong)[0] == 401
+    assert _answer_headers(f"{http.auth_url}/v1/models")["WWW-Authenticate"] == "Bearer"
     bad = openai.OpenAI(base_url=f"{http.auth_url}/v1", api_key="wrong", max_retries=0)
     with bad, pytest.raises(openai.AuthenticationError):
         bad.models.list()

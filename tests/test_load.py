@@ -68,3 +68,41 @@ def test_percentile_is_nearest_rank():
     values = [float(v) for v in range(1, 101)]
     assert percentile(values, 50) == 50.0 and percentile(values, 99) == 99.0
     assert percentile([], 50) is None and percentile([7.0], 99) == 7.0
+
+
+def test_http_load_has_no_errors_below_the_limit_and_429_above(services, tmp_path, capsys):
+    """`load --http` against an HTTP API whose gateway runs at most 2 generations: 2 workers
+    get only 200s, 4 workers get 429s for the generations over the limit."""
+    from gateway.http_api import HttpApiServer
+    from gateway.server import start_gateway
+
+    server, servicer = start_gateway(
+        [services.draft_address], services.verifier_address, port=0, max_concurrent=2
+    )
+    api = HttpApiServer(servicer).start()
+    try:
+        reports = {}
+        for concurrency in (2, 4):
+            out = tmp_path / f"http-{concurrency}.json"
+            args = ["load", "--http", api.url, "--concurrency", str(concurrency)]
+            args += ["--duration", "2", "--max-tokens", "16", "--json", str(out)]
+            assert main(args) == 0
+            reports[concurrency] = json.loads(out.read_text())
+    finally:
+        api.stop()
+        server.stop(0)
+    below, above = reports[2], reports[4]
+    assert below["errors"] == {} and below["statuses"]["200"] == below["requests"] >= 2
+    assert below["tokens"] == 16 * below["requests"] and below["requests_per_second"] > 0
+    assert 0 < below["ttft_ms"]["p50"] <= below["ttft_ms"]["p99"]
+    assert 0 < below["itl_ms"]["p50"] <= below["itl_ms"]["p99"]
+    assert set(above["errors"]) == {"429"} and above["statuses"]["200"] >= 1
+    assert "requests/s" in capsys.readouterr().out
+
+
+def test_http_load_stays_local_and_bounded(capsys):
+    assert main(["load", "--http", "http://10.1.2.3:8000"]) == 2
+    assert "not a loopback address" in capsys.readouterr().err
+    assert main(["load", "--http", "http://127.0.0.1:8000", "--concurrency", "65"]) == 2
+    assert main(["load", "--http", "http://127.0.0.1:8000", "--duration", "61"]) == 2
+    assert main(["load", "--http", "127.0.0.1:8000"]) == 2

@@ -130,10 +130,10 @@ def run_up(
         raise AssertionError(f"the {plan.name} service was started")
 
     monkeypatch.setattr(up, "_start", no_start)
-    ports = free_ports(3)
+    ports = free_ports(4)
     argv = ["up", "--graph", str(graph), "--model", str(STORIES_MODEL), "--device", "cpu"]
     argv += ["--gateway-port", str(ports[0]), "--draft-port", str(ports[1])]
-    argv += ["--verifier-port", str(ports[2]), *extra]
+    argv += ["--verifier-port", str(ports[2]), "--http-port", str(ports[3]), *extra]
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse's usage errors
@@ -234,3 +234,21 @@ def test_up_pins_only_when_asked(monkeypatch):
     draft, verifier, gateway = _plan("--pin-cpus").children
     assert verifier.cores == {0} and draft.cores == gateway.cores == {1}
     assert "--torch-threads" in verifier.argv  # the threads the cores were counted for
+
+
+def test_up_serves_the_http_api_on_8000_unless_told_otherwise():
+    """The gateway child gets --http-port 8000 by default; --http-port 0 (off) is passed on,
+    and serve-gateway reads 0 as off too (its default)."""
+    from gateway.cli import DEFAULT_UP_HTTP_PORT
+    from gateway.up import plan_up
+    from speculant.cli import build_parser
+
+    parser = build_parser()
+    base = ["up", "--graph", "g", "--model", str(STORIES_MODEL), "--device", "cpu"]
+    for extra, port in (([], DEFAULT_UP_HTTP_PORT), (["--http-port", "0"], 0)):
+        gateway = plan_up(parser.parse_args([*base, *extra])).children[2]
+        assert gateway.argv[gateway.argv.index("--http-port") + 1] == str(port)
+        assert gateway.other_ports == ((port,) if port else ())
+        assert parser.parse_args(gateway.argv).http_port == port
+    serve = parser.parse_args(["serve-gateway", "--draft", "a:1", "--verifier", "b:2"])
+    assert DEFAULT_UP_HTTP_PORT == 8000 and serve.http_port is None

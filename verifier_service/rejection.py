@@ -2,7 +2,10 @@
 
 Terms (see also :mod:`speculant.types`):
 - *p* at a position: the target model's distribution, ``softmax(logits / temperature)``;
-  temperature 0 means the argmax, deterministically.
+  temperature 0 means the argmax, deterministically. With sampling controls (top_k, top_p,
+  min_p, penalties) the verifier passes the processed scores of
+  :mod:`verifier_service.processing` as ``logits`` at temperature 1 (0 for greedy): every rule
+  below is exact for any target distribution.
 - *q* of a draft token d_i: the distribution the drafter drew d_i from. ``None`` means every
   draft is a point mass at d_i (greedy drafting), so q(d_i) = 1.
 - *accepted*: the longest prefix of the draft that survives; draft i is accepted with
