@@ -29,6 +29,8 @@ BAD = [
     ("repetition_penalty", -1.0),
     ("repetition_penalty", NAN),
     ("repetition_penalty", math.inf),
+    ("repetition_penalty", 0.009),  # the range is [0.01, 100]
+    ("repetition_penalty", 101.0),
     ("presence_penalty", 2.5),
     ("presence_penalty", -2.5),
     ("presence_penalty", NAN),
@@ -46,7 +48,8 @@ GOOD = [
     ("top_p", 1e-9),
     ("min_p", 0.0),
     ("min_p", 1.0),
-    ("repetition_penalty", 1e-3),
+    ("repetition_penalty", 0.01),
+    ("repetition_penalty", 100.0),
     ("presence_penalty", 2.0),
     ("presence_penalty", -2.0),
     ("frequency_penalty", 2.0),
