@@ -17,9 +17,9 @@ Negative controls, on the same samples: the law without the controls, and the la
 controls on the first token only (a wrongly verified second token), must both fail the test
 (p < 1e-3): the test can see each control, at the verified position too.
 
-The default suite runs one combination embedded and one over the services; the full matrix
+The default suite runs one combination embedded; one over the services and the full matrix
 (each control alone, at temperature 0.8 and 1.0, embedded and over the services, with greedy
-and sampled drafts, chains and trees) is marked slow.
+and sampled drafts, chains and trees) are marked slow.
 """
 
 from __future__ import annotations
@@ -136,6 +136,8 @@ def test_controls_combined_embedded(embedded_decoder):
     check_follows_processed_law(model, prompt_ids, 0.8, EMBEDDED_COMBINATION, sample)
 
 
+@pytest.mark.slow  # 50 s: the default suite checks the services with controls at temperature
+# 0 (test_penalised_greedy.py, test_generation_config.py) and their logprobs (test_logprobs.py)
 def test_controls_combined_over_services(services, embedded_decoder):
     """min_p + frequency_penalty at temperature 1.0 through the gateway, greedy chain drafts."""
     tokenizer = embedded_decoder.tokenizer
