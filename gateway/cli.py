@@ -430,18 +430,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     from gateway.http_answers import generate_response
 
     result = decoder.generate(prompt=args.prompt, generation_config=generation)
-    output = generate_response(result)
-    if result.logprobs:  # as the gateway's GenerateResponse has them
-        output["logprobs"] = [
-            {
-                "token_id": lp.token_id,
-                "logprob": lp.logprob,
-                "top_token_ids": list(lp.top_token_ids),
-                "top_logprobs": list(lp.top_logprobs),
-            }
-            for lp in result.logprobs
-        ]
-    return output
+    return generate_response(result)  # with the logprobs when asked, as the gateway's
 
 
 def _generate_via_gateway(args: argparse.Namespace) -> dict:
