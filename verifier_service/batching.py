@@ -58,10 +58,10 @@ class VerifyJob:
     done: bool = False
 
 
-def decide(job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
-    """The job's outcome from its logits [n+1, V]: the processed scores, rejection sampling of
-    its chain or tree on them, and (with top_logprobs) the emitted tokens' logprobs."""
-    input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=logits.device)  # [n+1]
+def decide(job: VerifyJob, logits: torch.Tensor, input_ids: torch.Tensor) -> RejectionOutput:
+    """The job's outcome from its logits [n+1, V] (input_ids [n+1]: job.input_ids on the model's
+    device): the processed scores, rejection sampling of its chain or tree on them, and (with
+    top_logprobs) the emitted tokens' logprobs."""
     processor = job.processor
     counts = None
     if processor.penalises:
@@ -82,10 +82,12 @@ def decide(job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
     return out
 
 
-def _finish(model: LoadedModel, job: VerifyJob, logits: torch.Tensor) -> RejectionOutput:
+def _finish(
+    model: LoadedModel, job: VerifyJob, logits: torch.Tensor, input_ids: torch.Tensor
+) -> RejectionOutput:
     """The job's outcome from its chain logits [k+1, V]; crop its cache so that it keeps the
     pending token and the accepted drafts (the last emitted token is pending)."""
-    out = decide(job, logits)
+    out = decide(job, logits, input_ids)
     if out.accepted_count < len(job.input_ids) - 1:
         model.crop(job.cache, job.start + 1 + out.accepted_count)
     return out
@@ -97,11 +99,11 @@ def run_job(model: LoadedModel, job: VerifyJob) -> RejectionOutput:
     input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [n+1]
     if job.parents is not None:
         logits = model.forward_tree(job.cache, input_ids, job.start, job.parents)  # [n+1, V]
-        out = decide(job, logits)
+        out = decide(job, logits, input_ids)
         model.keep_path(job.cache, job.start, out.accepted_nodes)
         return out
     logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(job.input_ids))
-    return _finish(model, job, logits)  # logits [n+1, V]
+    return _finish(model, job, logits, input_ids)  # logits [n+1, V]
 
 
 def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
@@ -123,7 +125,8 @@ def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
         return
     for job, rows in zip(jobs, logits, strict=True):
         try:
-            job.output = _finish(model, job, rows)
+            input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)
+            job.output = _finish(model, job, rows, input_ids)
         except Exception as exc:
             job.error = exc
 
