@@ -5,7 +5,9 @@ services can run in one process (tests) without their figures mixing. The gRPC m
 ``service`` (e.g. ``speculant.v1.GatewayService``) and ``method`` (e.g. ``Generate``):
 
 - ``speculant_grpc_requests_total{service,method,code}``: finished calls by status code name
-  (``OK``, ``INVALID_ARGUMENT``, ...; a stream counts once, when it ends);
+  (``OK``, ``INVALID_ARGUMENT``, ...; a stream counts once, when it ends; a call with a
+  request stream that ends normally is counted once gRPC has closed it, a moment after its
+  handler returns, so that a client's cancel counts as ``CANCELLED``);
 - ``speculant_grpc_request_duration_seconds{service,method}``: call latency (a stream's whole
   life);
 - ``speculant_grpc_stream_messages_total{service,method,direction}``: messages ``received``
@@ -122,11 +124,23 @@ def _code_name(context: grpc.ServicerContext, error: BaseException | None) -> st
     code = context.code()
     if code is not None:  # set by context.abort or set_code
         return code.name if isinstance(code, grpc.StatusCode) else str(code)
+    if not context.is_active():  # the client went away (its request stream may have raised)
+        return grpc.StatusCode.CANCELLED.name
     if error is not None:
         return grpc.StatusCode.UNKNOWN.name
-    if not context.is_active():
-        return grpc.StatusCode.CANCELLED.name
     return grpc.StatusCode.OK.name
+
+
+def _client_cancelled(context: grpc.ServicerContext) -> bool:
+    """Whether the client cancelled the call, asked once the call has ended.
+
+    A client's cancel can reach a handler that waits on its request stream as the stream's
+    normal end (grpc marks the call cancelled a moment later, when its close event is
+    polled), so a handler can return normally from a cancelled call. Once the call has ended,
+    the sync server's context records the cancel on its state; it has no public test for it
+    (is_active() is False after any end), hence the guarded read."""
+    state = getattr(context, "_state", None)
+    return getattr(state, "client", None) == "cancelled"
 
 
 class MetricsInterceptor(grpc.ServerInterceptor):
@@ -153,9 +167,22 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         if handler.request_streaming and handler.response_streaming:
             message_latency = metrics.message_latency.labels(service, method)
 
+        def count(code: str) -> None:
+            metrics.requests.labels(service, method, code).inc()
+
+        def count_at_end(context: grpc.ServicerContext) -> None:
+            count(grpc.StatusCode.CANCELLED.name if _client_cancelled(context) else "OK")
+
         def finish(context: grpc.ServicerContext, started: float, error: BaseException | None):
-            metrics.requests.labels(service, method, _code_name(context, error)).inc()
             latency.observe(time.perf_counter() - started)
+            code = _code_name(context, error)
+            # A request stream that ended normally may have been a cancel (see
+            # _client_cancelled): its code is counted when the call has ended.
+            if handler.request_streaming and code == grpc.StatusCode.OK.name:
+                if context.add_callback(lambda: count_at_end(context)):
+                    return
+                code = grpc.StatusCode.CANCELLED.name if _client_cancelled(context) else code
+            count(code)
 
         class Round:
             """When the last request message of a bidirectional stream came (None: answered)."""
