@@ -19,6 +19,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING
 
+from speculant import termination
 from speculant.config import (
     DEFAULT_LEARN_MEMORY_MB,
     DEFAULT_LEARN_WEIGHT,
@@ -151,6 +152,7 @@ def serve_draft(args: argparse.Namespace) -> int:
     from speculant.metrics import metrics_from_args
     from speculant.types import DraftParams
 
+    termination.catch()  # before anything can report SERVING
     if args.workers < 1:
         return _usage(f"--workers must be >= 1, got {args.workers}")
     if not args.reload_interval >= 0:  # also refuses NaN

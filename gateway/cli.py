@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 
+from speculant import termination
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
     DEFAULT_NEXT_ROUND_DRAFTS,
@@ -290,6 +291,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     from speculant.metrics import Metrics, metrics_from_args
     from speculant.tls import client_tls_from_args, server_tls_from_args
 
+    termination.catch()  # before anything can report SERVING
     drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
     if not args.draft_refresh >= 0:
         return _fail(f"--draft-refresh must be >= 0 seconds, got {args.draft_refresh}", 2)

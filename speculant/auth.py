@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 
 from speculant.errors import InvalidArgumentError
+from speculant.interceptors import refusing_handler
 
 TOKEN_ENV = "SPECULANT_AUTH_TOKEN"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -76,7 +77,10 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
             or self._authorized(handler_call_details.invocation_metadata)
         ):
             return handler
-        return _rejecting_handler(handler)
+        # No deserializer: the request is never parsed before the caller is authenticated.
+        return refusing_handler(
+            handler, grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token"
+        )
 
     def _authorized(self, metadata: tuple | None) -> bool:
         for key, value in metadata or ():
@@ -92,19 +96,3 @@ def bearer_matches(header: str | bytes | None, expected: bytes) -> bool:
         return False
     given = header.encode() if isinstance(header, str) else header
     return hmac.compare_digest(given, expected)
-
-
-def _reject(request_or_iterator: object, context: grpc.ServicerContext) -> None:
-    context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token")
-
-
-def _rejecting_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same call shape that refuses the call. No deserializer: the request is
-    never parsed before the caller is authenticated."""
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_reject)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_reject)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_reject)
-    return grpc.unary_unary_rpc_method_handler(_reject)

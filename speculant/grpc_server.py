@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
@@ -20,9 +19,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from speculant import termination
 from speculant.auth import BearerTokenInterceptor
 from speculant.errors import InvalidArgumentError, ResourceExhaustedError, SpeculantError
-from speculant.interceptors import wrap_behaviour, wrappable
+from speculant.interceptors import refusing_handler, wrap_behaviour, wrappable
 from speculant.metrics import Metrics
 from speculant.request_context import RequestIdInterceptor
 from speculant.tls import ServerTls
@@ -259,6 +259,33 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
         return wrap_behaviour(handler, unary, streaming, request_deserializer=tolerant)
 
 
+class RefuseWhileStoppingInterceptor(grpc.ServerInterceptor):
+    """Once `stopping` is set, refuses new calls to the service's own methods with UNAVAILABLE
+    (health checks and reflection still answer: a probe then reads NOT_SERVING). Calls already
+    in progress are not affected. grpc's own server.stop() refuses new calls too, but it is
+    called after the health status turns NOT_SERVING; this closes the moment between."""
+
+    def __init__(self, service_names: Iterable[str], stopping: threading.Event) -> None:
+        self._prefixes = tuple(f"/{name}/" for name in service_names)
+        self._stopping = stopping
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        handler = continuation(handler_call_details)
+        if (
+            handler is None
+            or not self._stopping.is_set()
+            or not handler_call_details.method.startswith(self._prefixes)
+        ):
+            return handler
+        return refusing_handler(
+            handler, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry elsewhere"
+        )
+
+
 class ServiceServer:
     """A gRPC server with health checking and reflection for the given services.
 
@@ -290,11 +317,13 @@ class ServiceServer:
         speculant.request_context)."""
         self.service_names = list(service_names)
         self.metrics = metrics
+        self._stopping = threading.Event()
         # Outermost first: the request id is set for everything below, and the metrics see
-        # calls refused by authentication too.
+        # calls refused while stopping or by authentication too.
         interceptors: list[grpc.ServerInterceptor] = [RequestIdInterceptor()]
         if metrics is not None:
             interceptors.append(metrics.interceptor())
+        interceptors.append(RefuseWhileStoppingInterceptor(self.service_names, self._stopping))
         if auth_token is not None:
             interceptors.append(BearerTokenInterceptor(auth_token))
         interceptors.append(MalformedRequestInterceptor())
@@ -318,7 +347,6 @@ class ServiceServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}: address in use or not allowed")
         self.host = host
-        self._stopping = threading.Event()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
 
@@ -343,27 +371,21 @@ class ServiceServer:
     def set_serving(self, serving: bool = True) -> None:
         """Report SERVING (or NOT_SERVING with serving=False); never SERVING once stopping."""
         if serving and not self._stopping.is_set():
+            termination.started_serving()  # first: a signal from SERVING on stops gracefully
             self._set_status(health_pb2.HealthCheckResponse.SERVING)
         else:
             self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def stop(self, grace: float | None = 5.0) -> None:
-        """Report NOT_SERVING, refuse new calls, let in-flight calls finish for `grace` seconds."""
+        """Refuse new calls (UNAVAILABLE) and report NOT_SERVING, at once; let in-flight calls
+        finish for `grace` seconds."""
         self._stopping.set()
         self._set_status(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.grpc_server.stop(grace).wait()
 
     def wait_for_termination_signal(self, grace: float = 5.0) -> None:
-        """Block until SIGINT or SIGTERM, then stop gracefully."""
-        stop_requested = threading.Event()
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
-            stop_requested.set()
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        while not stop_requested.wait(0.5):
-            pass
+        """Block until SIGINT or SIGTERM, then stop gracefully (a serve command catches them
+        first, before it can report SERVING: speculant.termination)."""
+        termination.wait_for_signal()
         self.stop(grace)

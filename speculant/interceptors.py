@@ -1,5 +1,6 @@
 """Wrapping a gRPC method handler's behaviour, as each of the project's server interceptors does
-(request ids, metrics, malformed requests).
+(request ids, metrics, malformed requests), or replacing it with one that refuses the call
+(authentication, shutdown).
 
 A handler has one behaviour of four kinds: unary_unary and stream_unary return one response,
 unary_stream and stream_stream yield responses; request_streaming says whether the first
@@ -41,3 +42,21 @@ def wrap_behaviour(
             wrap = streaming if response_streaming else unary
             changes[kind] = wrap(inner, request_streaming)
     return handler._replace(**changes)
+
+
+def refusing_handler(
+    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
+) -> grpc.RpcMethodHandler:
+    """A handler of the same call shape that refuses every call with code and details. No
+    deserializer: the request is never parsed."""
+
+    def refuse(request_or_iterator: object, context: grpc.ServicerContext) -> None:
+        context.abort(code, details)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)

@@ -10,7 +10,9 @@ import threading
 import time
 
 import grpc
+import pytest
 
+from speculant.grpc_server import ServiceServer
 from speculant.health import health_status, wait_until_serving
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.processes import free_ports
@@ -72,3 +74,29 @@ def test_sigterm_finishes_in_flight_generations_then_exits(services):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_once_stopping_new_calls_are_refused_before_grpc_stops_and_probes_still_answer():
+    """stop() marks the server stopping, then reports NOT_SERVING, then asks grpc to stop: a
+    client that reads NOT_SERVING and calls at once must be refused already, not served
+    (before the fix it was served, in the moment before grpc's stop)."""
+    server = ServiceServer("127.0.0.1", 0, ["test.Echo"])
+    echo = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    server.grpc_server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("test.Echo", {"Say": echo}),)
+    )
+    server.start()
+    server.set_serving()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            say = channel.unary_unary("/test.Echo/Say")
+            assert say(b"hello", timeout=10) == b"hello"
+            server.stopping.set()  # what stop() does first, here without grpc's stop after it
+            with pytest.raises(grpc.RpcError) as refused:
+                say(b"hello", timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in refused.value.details()
+            server.set_serving(False)
+            assert health_status(server.address) == "NOT_SERVING"  # probes still answered
+    finally:
+        server.stop(0)

@@ -10,6 +10,7 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
+from speculant import termination
 from speculant.errors import InvalidArgumentError
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
@@ -163,6 +164,7 @@ def serve_verifier(args: argparse.Namespace) -> int:
     from verifier_service.model_loading import ModelLoadError
     from verifier_service.server import start_server
 
+    termination.catch()  # before anything can report SERVING
     config = with_default_threads(config_from_args(args))
     if args.log_format == "json":  # keep stderr to JSON lines: no model-loading progress bar
         from transformers.utils import logging as transformers_logging
