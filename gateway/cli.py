@@ -334,6 +334,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
                 tls=tls,
                 model_name=args.http_model_name,
                 registry=metrics.registry,
+                stopping=server.stopping,
             ).start()
     except (SpeculantError, OSError, RuntimeError) as exc:
         if server is not None:

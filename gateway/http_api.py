@@ -19,7 +19,8 @@ Every generation runs through GatewayServicer.generation, the code path of the g
 (gateway.http_runs): an answer with n choices takes n of the gateway's slots. Errors are
 OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status of the
 error class (400 bad request, 401 no or wrong token, 404, 405, 412 tokenizer mismatch, 413 body
-over MAX_BODY_BYTES, 429 over capacity, 503 backend down, 500 anything else), never a
+over MAX_BODY_BYTES, 429 over capacity, 503 backend down or the gateway stopping, 500 anything
+else), never a
 traceback. A client that disconnects ends its generations between two rounds and frees their
 verifier sessions.
 
@@ -226,11 +227,15 @@ class HttpApi:
         auth_token: str | None = None,
         model_name: str | None = None,
         registry: CollectorRegistry | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         """auth_token: require ``Authorization: Bearer <auth_token>`` (not on /health and
         /metrics). model_name: the name /v1/models and the answers give (default: the
-        verifier's). registry: the metrics /metrics serves (None: /metrics is 404)."""
+        verifier's). registry: the metrics /metrics serves (None: /metrics is 404).
+        stopping: set when the gateway begins to stop (its ServiceServer.stopping): from then
+        on /health answers 503 and new requests are refused with 503, as its gRPC calls are."""
         self.servicer = servicer
+        self._stopping = stopping
         self._expected = None if auth_token is None else expected_bearer(auth_token)
         self._model_name = model_name
         self._registry = registry
@@ -289,12 +294,17 @@ class HttpApi:
         async def answer(request: Request) -> Response | EventStream:
             try:
                 if auth:
+                    self._refuse_while_stopping()
                     self._authenticate(request)
                 return await endpoint(request)
             except Exception as exc:
                 return http_error(exc).response()
 
         return answer
+
+    def _refuse_while_stopping(self) -> None:
+        if self._stopping is not None and self._stopping.is_set():
+            raise UnavailableError("the server is shutting down; retry elsewhere")
 
     def _authenticate(self, request: Request) -> None:
         if self._expected is None:
@@ -311,6 +321,7 @@ class HttpApi:
 
     def _health_body(self) -> tuple[int, dict[str, Any]]:
         try:
+            self._refuse_while_stopping()
             if self.servicer.problem is not None:  # from the gateway's last backend check
                 raise UnavailableError(self.servicer.problem)
             self.servicer.coordinator()  # the backends answer and their tokenizers agree
@@ -431,11 +442,17 @@ class HttpApiServer:
         tls: ServerTls | None = None,
         model_name: str | None = None,
         registry: CollectorRegistry | None = None,
+        stopping: threading.Event | None = None,
     ) -> None:
         """tls: serve HTTPS with the gateway's certificate (and require client certificates
-        signed by its client CA, if any). registry: the metrics to serve at /metrics."""
+        signed by its client CA, if any). registry: the metrics to serve at /metrics.
+        stopping: see HttpApi."""
         self.api = HttpApi(
-            servicer, auth_token=auth_token, model_name=model_name, registry=registry
+            servicer,
+            auth_token=auth_token,
+            model_name=model_name,
+            registry=registry,
+            stopping=stopping,
         )
         ssl_context = tls.ssl_context() if tls else None  # before binding: a clear error
         self._socket = _bind(host, port)

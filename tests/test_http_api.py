@@ -10,12 +10,14 @@ OpenAI-style JSON naming the field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import shutil
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -488,6 +490,35 @@ def _raw_request(url: str, head: bytes) -> tuple[int, dict]:
     return int(headers.split()[1]), json.loads(body)
 
 
+@contextlib.contextmanager
+def _stopping_api() -> Iterator[str]:
+    """The URL of an HTTP API whose gateway has begun to stop (its stopping event set; no
+    backend needed: nothing is asked of them)."""
+    from gateway.draft_client import GrpcDraftClient
+    from gateway.verifier_client import GrpcVerifierClient
+
+    stopping = threading.Event()
+    stopping.set()
+    servicer = GatewayServicer(GrpcDraftClient(["127.0.0.1:1"]), GrpcVerifierClient("127.0.0.1:1"))
+    api = HttpApiServer(servicer, model_name=MODEL, registry=Metrics().registry, stopping=stopping)
+    api.start()
+    try:
+        yield api.url
+    finally:
+        api.stop()
+
+
+def test_a_stopping_gateway_answers_503_to_health_and_requests_but_serves_metrics():
+    with _stopping_api() as url:
+        status, answer = _request(f"{url}/health")
+        assert status == 503 and "shutting down" in answer["error"], answer
+        status, answer = _post(f"{url}/v1/chat/completions", {"messages": []})
+        assert status == 503 and answer["error"]["type"] == "service_unavailable", answer
+        assert "shutting down" in answer["error"]["message"]
+        with urllib.request.urlopen(f"{url}/metrics", timeout=60) as metrics:
+            assert metrics.status == 200
+
+
 def _error_table_checks(http: Http) -> dict[str, Callable[[], tuple[int, dict | None]]]:
     """Each row of docs/http-api.md's error table, by its case name: (status, body)."""
     completions = f"{http.url}/v1/completions"
@@ -519,6 +550,10 @@ def _error_table_checks(http: Http) -> dict[str, Callable[[], tuple[int, dict | 
         finally:
             api.stop()
 
+    def shutting_down() -> tuple[int, dict | None]:
+        with _stopping_api() as url:
+            return _post(f"{url}/v1/completions", {"prompt": PROMPT})
+
     def internal() -> tuple[int, dict | None]:
         error = http_error(KeyError("a bug"))
         return error.status, error.body()
@@ -549,6 +584,7 @@ def _error_table_checks(http: Http) -> dict[str, Callable[[], tuple[int, dict | 
         "too-large": too_large,
         "over-capacity": over_capacity,
         "backend-down": backend_down,
+        "shutting-down": shutting_down,
         "internal": internal,
     }
 
