@@ -409,7 +409,7 @@ def _draft_options(args: argparse.Namespace) -> dict[str, object]:
 def _generate_embedded(args: argparse.Namespace) -> dict:
     from pydantic import ValidationError
 
-    from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder, VerifierConfig
+    from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
     from speculant.errors import InvalidArgumentError
 
     try:
@@ -425,6 +425,8 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         first = exc.errors()[0]
         flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "arguments"
         raise InvalidArgumentError(flag, first["msg"]) from exc
+    from gateway.embedded import SpeculativeDecoder  # after the flags: it imports torch
+
     decoder = SpeculativeDecoder(
         graph_path=args.graph,
         verifier_config=VerifierConfig(model_name=args.model),
