@@ -76,6 +76,18 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks slow the parameter combinations a test module lists in SLOW_CASES (test function
+    name -> ids of its parametrized cases, e.g. one configuration on the full prompt set),
+    where marking a whole parameter would move more than that case."""
+    for item in items:
+        slow_cases = getattr(getattr(item, "module", None), "SLOW_CASES", {})
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.id in slow_cases.get(item.originalname, ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def _missing(relative: str) -> str:
     return f"needs ../shared/{relative} (not in the demo kit; see ../shared/ASSETS.md)"
 

@@ -240,7 +240,9 @@ def test_cli_engine_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 # -- Dask ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["stories", pytest.param("python", marks=needs_python)])
+@pytest.mark.parametrize(
+    "name", ["stories", pytest.param("python", marks=[needs_python, pytest.mark.slow])]
+)
 def test_dask_equals_local(slices, reference, dask_cluster, tmp_path: Path, name: str) -> None:
     _, client = dask_cluster
     tok, sep = (

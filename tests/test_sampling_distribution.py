@@ -32,7 +32,11 @@ from tests.sampling_checks import (
 
 @pytest.mark.parametrize(
     ("temperature", "strategy"),
-    [(1.0, "sampling"), pytest.param(0.7, "greedy", marks=pytest.mark.slow), (0.7, "sampling")],
+    [
+        (1.0, "sampling"),
+        pytest.param(0.7, "greedy", marks=pytest.mark.slow),
+        pytest.param(0.7, "sampling", marks=pytest.mark.slow),
+    ],
 )
 def test_first_two_tokens_follow_the_model(embedded_decoder, temperature, strategy):
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
@@ -69,6 +73,7 @@ def test_first_two_tokens_follow_the_model_while_learning(learning_decoder, stra
     assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
 
 
+@pytest.mark.slow  # the same rule on another graph's q (the default suite: the tinystories one)
 def test_first_two_tokens_follow_the_model_with_a_distilled_graph(distilled_graph):
     from gateway import SpeculativeDecoder
 
