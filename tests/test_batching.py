@@ -353,6 +353,10 @@ def generate_concurrently(stub, requests: list[gateway_pb2.GenerateRequest]) -> 
 CHAINS = common_pb2.DraftOptions(tree_nodes=0)
 
 
+# The demo kit's 8 prompts in the default suite, the next 8 with `-m slow` (tests/conftest.py).
+SLOW_CASES = {"test_concurrent_streams_through_the_gateway_stay_exact": {"prompts8-16"}}
+
+
 @pytest.mark.parametrize("prompt_set", dev_prompt_sets(GATEWAY_PROMPTS))
 def test_concurrent_streams_through_the_gateway_stay_exact(gateway, loaded, prompt_set) -> None:
     """8 concurrent greedy streams are token-identical to Hugging Face greedy decoding, and
