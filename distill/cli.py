@@ -190,6 +190,9 @@ def distill_errors() -> tuple[type[BaseException], ...]:
 def run_distill(args: argparse.Namespace) -> int:
     import logging
 
+    from speculant import termination
+
+    termination.catch_interrupt()  # Ctrl-C stops it between two generations, never lost
     if args.quiet:
         from transformers.utils import logging as transformers_logging
 

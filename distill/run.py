@@ -29,6 +29,7 @@ from distill.generation import (
     prompt_token_ids,
 )
 from distill.prompts import Prompt, corpus_prompts, file_prompts, graph_corpus
+from speculant import termination
 from speculant.graph_format import GraphMeta
 
 log = logging.getLogger("distill")
@@ -181,6 +182,7 @@ def append_generations(
         def documents() -> Iterator[tuple[list[int], int]]:
             nonlocal count
             for g in generations:
+                termination.check_interrupt()
                 count += 1
                 yield g.prompt_ids + g.continuation_ids, len(g.prompt_ids)
 

@@ -67,3 +67,27 @@ def wait_for_signal() -> None:
     _caught.serving.set()
     while not _caught.requested.wait(0.5):
         pass
+
+
+# -- Batch commands (distill): an interrupt that is never lost -------------------------------
+
+_interrupt_requested = threading.Event()
+
+
+def _on_interrupt(_signum: int, _frame: FrameType | None) -> None:
+    _interrupt_requested.set()
+    raise KeyboardInterrupt
+
+
+def catch_interrupt() -> None:
+    """SIGINT raises KeyboardInterrupt, as Python's default handler does, and is also
+    remembered: a long loop that calls check_interrupt() stops even when the KeyboardInterrupt
+    was raised where Python drops it (in a finalizer or a garbage-collection callback, where
+    it is only printed as "Exception ignored"). On the main thread."""
+    signal.signal(signal.SIGINT, _on_interrupt)
+
+
+def check_interrupt() -> None:
+    """Raise KeyboardInterrupt if SIGINT came since catch_interrupt()."""
+    if _interrupt_requested.is_set():
+        raise KeyboardInterrupt

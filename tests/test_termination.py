@@ -65,3 +65,28 @@ def test_a_signal_right_after_serving_asks_for_the_graceful_stop(signum):
     )
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "stopping gracefully"
+
+
+def test_an_interrupt_raised_where_python_drops_it_still_stops_a_batch_loop():
+    # A KeyboardInterrupt raised inside a finalizer is only printed ("Exception ignored"):
+    # with Python's default handler the loop below would run to its end.
+    child = run_child(
+        """
+        termination.catch_interrupt()
+
+        class Finalized:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # the handler runs here, inside the finalizer
+
+        Finalized()
+        try:
+            for _ in range(300):
+                termination.check_interrupt()
+                time.sleep(0.1)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted")
+        """
+    )
+    assert child.stdout.strip() == "interrupted", child.stderr
