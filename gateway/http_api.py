@@ -70,7 +70,7 @@ from speculant.errors import (
     SpeculantError,
     UnavailableError,
 )
-from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
+from speculant.grpc_server import MAX_MESSAGE_BYTES, SHUTTING_DOWN, status_details
 from speculant.request_context import clean_request_id, new_request_id, request_id_scope
 from speculant.tls import ServerTls
 
@@ -304,7 +304,7 @@ class HttpApi:
 
     def _refuse_while_stopping(self) -> None:
         if self._stopping is not None and self._stopping.is_set():
-            raise UnavailableError("the server is shutting down; retry elsewhere")
+            raise UnavailableError(SHUTTING_DOWN)
 
     def _authenticate(self, request: Request) -> None:
         if self._expected is None:

@@ -259,6 +259,10 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
         return wrap_behaviour(handler, unary, streaming, request_deserializer=tolerant)
 
 
+# What a call made while a server stops is answered (gRPC UNAVAILABLE, HTTP 503).
+SHUTTING_DOWN = "the server is shutting down; retry elsewhere"
+
+
 class RefuseWhileStoppingInterceptor(grpc.ServerInterceptor):
     """Once `stopping` is set, refuses new calls to the service's own methods with UNAVAILABLE
     (health checks and reflection still answer: a probe then reads NOT_SERVING). Calls already
@@ -281,9 +285,7 @@ class RefuseWhileStoppingInterceptor(grpc.ServerInterceptor):
             or not handler_call_details.method.startswith(self._prefixes)
         ):
             return handler
-        return refusing_handler(
-            handler, grpc.StatusCode.UNAVAILABLE, "the server is shutting down; retry elsewhere"
-        )
+        return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)
 
 
 class ServiceServer:

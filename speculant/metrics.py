@@ -179,9 +179,9 @@ class MetricsInterceptor(grpc.ServerInterceptor):
             # A request stream that ended normally may have been a cancel (see
             # _client_cancelled): its code is counted when the call has ended.
             if handler.request_streaming and code == grpc.StatusCode.OK.name:
-                if context.add_callback(lambda: count_at_end(context)):
-                    return
-                code = grpc.StatusCode.CANCELLED.name if _client_cancelled(context) else code
+                if not context.add_callback(lambda: count_at_end(context)):
+                    count_at_end(context)  # the call has ended already
+                return
             count(code)
 
         class Round:
