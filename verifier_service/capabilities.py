@@ -16,6 +16,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Logits of the same tokens from forwards of other shapes (a batch, a tree, a longer chain)
+# differ in their last bits, more so the deeper the model: SmolLM2-135M (30 layers) by up to
+# 1.4e-3 on logits of magnitude 32, stories260K (5 layers) by ~1e-5. A probe accepts a
+# difference of at most ABS_TOLERANCE or REL_TOLERANCE of the largest logit, whichever is more;
+# a wrong mask or position shows as a difference of the logits' own magnitude.
+ABS_TOLERANCE = 1e-3
+REL_TOLERANCE = 1e-4
+
+
+def same_logits(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Whether two logit tensors agree within the probes' tolerance (see above)."""
+    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    limit = max(ABS_TOLERANCE, REL_TOLERANCE * scale)
+    return got.shape == expected.shape and float((got - expected).abs().max()) <= limit
+
 
 def batch_matches_single(model: LoadedModel) -> bool:
     if not all(type(layer) is DynamicLayer for layer in model.new_cache().layers):
@@ -39,7 +54,7 @@ def batch_matches_single(model: LoadedModel) -> bool:
             (logits, expected),
             (model.forward(cache, after, end, 1), model.forward(single, after, end, 1)),
         ]
-        if not all(torch.allclose(a, b, atol=1e-3, rtol=1e-3) for a, b in pairs):
+        if not all(same_logits(a, b) for a, b in pairs):
             log.warning("verify batching disabled for %s: batched logits differ", model.name)
             return False
     return True
@@ -58,7 +73,7 @@ def tree_matches_chains(model: LoadedModel) -> bool:
         model.forward(chain, prefix[:2], 0, 1)
         ids = torch.tensor(branch, device=model.device)
         logits = model.forward(chain, ids, 2, len(branch))  # [len(branch), V]
-        if not torch.allclose(logits, tree[rows], atol=1e-3, rtol=1e-3):
+        if not same_logits(logits, tree[rows]):
             log.warning("draft trees disabled for %s: tree logits differ", model.name)
             return False
     return True
