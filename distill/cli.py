@@ -1,11 +1,15 @@
 """The ``speculant distill`` command (``speculant bench distill`` is in :mod:`bench.cli`).
 
 - ``speculant distill --graph G --model M [--corpus PATH... | --prompts FILE.jsonl]
-  [--doc-separator S] [--text-field F] [--generations N] [--max-tokens T] [--temperature T]
-  [--batch-size B] [--weight W] [--device cpu|cuda|auto] [--seed S] [--chat]``
+  [--doc-separator S] [--text-field F] [--corpus-prompts auto|prefixes|passages]
+  [--passage-words MIN-MAX] [--passage-templates NAME,...] [--save-prompts FILE.jsonl]
+  [--generations N] [--max-tokens T] [--temperature T] [--batch-size B] [--weight W]
+  [--device cpu|cuda|auto] [--seed S] [--chat] [--progress-every S] [--quiet]``
 
 Errors print one line to stderr (``speculant distill: error: ...``, see speculant.cli_errors)
-and exit with status 1; nothing is published then, nor on Ctrl-C (exit 130).
+and exit with status 1, or 2 for flags that do not go together (argparse's own errors, and
+e.g. more greedy generations than a prompts file has prompts); nothing is published then, nor
+on Ctrl-C (exit 130).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import sys
 
 from builder.cli import parse_escapes
 from distill import defaults
-from speculant.cli_errors import fail
+from speculant.cli_errors import fail, usage_error
+
+TEMPLATE_NAMES = tuple(defaults.PASSAGE_TEMPLATES)
 
 
 def positive(text: str) -> int:
@@ -30,6 +36,27 @@ def _non_negative_float(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+def word_range(text: str) -> tuple[int, int]:
+    """MIN-MAX (or N: exactly N) words, 1 <= MIN <= MAX."""
+    low, _, high = text.partition("-")
+    try:
+        values = (int(low), int(high or low))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"MIN-MAX words, e.g. 40-120, got {text!r}") from exc
+    if not 1 <= values[0] <= values[1]:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return values
+
+
+def template_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of passage template names."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in TEMPLATE_NAMES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"names among {','.join(TEMPLATE_NAMES)}, got {text!r}")
+    return names
 
 
 def budgets(text: str) -> tuple[int, ...]:
@@ -57,14 +84,14 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[],
         metavar="PATH",
-        help="prompts are prefixes of these documents (files, directories, globs; default: the "
-        "graph's own corpus, where it is readable)",
+        help="prompts are drawn from these documents (files, directories, globs; default: the "
+        "graph's own corpus, where it is readable): see --corpus-prompts",
     )
     source.add_argument(
         "--prompts",
         default=None,
         metavar="FILE.jsonl",
-        help="prompts: JSON lines, prompt or messages",
+        help="prompts: JSON lines, prompt or messages (one generation each by default)",
     )
     p.add_argument(
         "--doc-separator",
@@ -75,6 +102,38 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         "the graph's, for its own corpus)",
     )
     p.add_argument("--text-field", default="text", metavar="F", help="JSON-lines text field")
+    p.add_argument(
+        "--corpus-prompts",
+        choices=["auto", "prefixes", "passages"],
+        default="auto",
+        help="prompts from the corpus: document prefixes, continued as text (or with --chat "
+        "sent as a user message), or passages: a corpus passage with an instruction (explain "
+        "it, summarize it, ...) as a chat user message; auto (default): passages when the "
+        "model's tokenizer has a chat template and --chat is not given, else prefixes",
+    )
+    p.add_argument(
+        "--passage-words",
+        type=word_range,
+        default=(defaults.PASSAGE_MIN_WORDS, defaults.PASSAGE_MAX_WORDS),
+        metavar="MIN-MAX",
+        help="words of corpus text in a passage prompt (default "
+        f"{defaults.PASSAGE_MIN_WORDS}-{defaults.PASSAGE_MAX_WORDS})",
+    )
+    p.add_argument(
+        "--passage-templates",
+        type=template_names,
+        default=(),
+        metavar="NAME,...",
+        help="the instructions of passage prompts, in turn (default all: "
+        f"{','.join(TEMPLATE_NAMES)}; see distill/defaults.py)",
+    )
+    p.add_argument(
+        "--save-prompts",
+        default=None,
+        metavar="FILE.jsonl",
+        help="also write the prompts drawn to FILE (a prompts file, each with its kind), before "
+        "generating",
+    )
     p.add_argument(
         "--max-tokens",
         type=positive,
@@ -145,17 +204,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--generations",
         type=positive,
-        default=defaults.GENERATIONS,
+        default=None,
         metavar="N",
-        help=f"continuations to generate (default {defaults.GENERATIONS})",
+        help="continuations to generate (default: one per prompt with --prompts, else "
+        f"{defaults.GENERATIONS}); more than the prompts file has needs --temperature > 0 "
+        "(greedy repeats are identical)",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=_non_negative_float,
+        default=defaults.PROGRESS_SECONDS,
+        metavar="S",
+        help="when stderr is not a terminal, log a progress line every S seconds (default "
+        f"{defaults.PROGRESS_SECONDS:g}); on a terminal a progress bar shows instead",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
     p.set_defaults(handler=run_distill)
 
 
-def options_from_args(args: argparse.Namespace, generations: int):
+def options_from_args(args: argparse.Namespace, generations: int | None):
+    """The job's options from add_source_args's flags; generations None: the default (one per
+    prompt of --prompts, else defaults.GENERATIONS)."""
     from distill.run import DistillOptions
 
+    passage_words = args.passage_words
     return DistillOptions(
         graph=args.graph,
         model=args.model,
@@ -172,10 +244,16 @@ def options_from_args(args: argparse.Namespace, generations: int):
         dtype=args.dtype,
         seed=args.seed,
         chat=args.chat,
+        corpus_prompts=args.corpus_prompts,
+        passage_min_words=passage_words[0],
+        passage_max_words=passage_words[1],
+        passage_templates=tuple(args.passage_templates),
+        save_prompts=args.save_prompts,
         hf_token=args.hf_token,
         download_mode=args.download_mode,
         torch_threads=args.torch_threads,
         progress=False if getattr(args, "quiet", False) else None,
+        progress_seconds=getattr(args, "progress_every", defaults.PROGRESS_SECONDS),
     )
 
 
@@ -199,10 +277,12 @@ def run_distill(args: argparse.Namespace) -> int:
         transformers_logging.disable_progress_bar()  # "Loading weights" bars
         for name in ("builder", "distill", "verifier_service"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    try:
-        from distill.run import distill_graph
+    from distill.run import OptionsError, distill_graph
 
+    try:
         result = distill_graph(options_from_args(args, args.generations))
+    except OptionsError as exc:
+        return usage_error(exc)
     except distill_errors() as exc:
         return fail(exc)
     if not args.quiet:

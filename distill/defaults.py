@@ -9,12 +9,35 @@ Measured on the tinystories dev prompts (stories260K, default drafts, 128 tokens
 - batch size 128, one torch thread on a CPU: 4,096 x 128 tokens in 58 s on a 2-core machine
   with the other core busy (10,100 tokens/s at batch 128 on 1 thread, 800 on 2: OpenMP threads
   that spin while another process holds a core make small-model steps 10-30x slower).
+
+Not measured (chosen, to be measured on a chat model):
+- passage prompts (for chat models: a corpus passage with an instruction, as a user message):
+  40..120 words of the corpus, about what a user pastes from a document into a question; the
+  six instructions of PASSAGE_TEMPLATES below, in turn.
+- progress: without a terminal, a progress line every 15 s.
 """
 
-GENERATIONS = 4096
+GENERATIONS = 4096  # from the corpus; with --prompts: one per prompt of the file
 MAX_TOKENS = 128
 BATCH_SIZE = 128
 WEIGHT = 4
 MIN_WORDS = 5
 MAX_WORDS = 40
+PASSAGE_MIN_WORDS = 40
+PASSAGE_MAX_WORDS = 120
 CPU_THREADS = 1
+PROGRESS_SECONDS = 15.0
+
+# Instructions of passage prompts, by name (the prompt's kind): {passage} is the corpus passage.
+# What users of a domain assistant ask about an excerpt of a document: explain it, summarize
+# it, what is it for, use it in a program, answer from it as context, say it more simply.
+PASSAGE_TEMPLATES: dict[str, str] = {
+    "explain": "Here is an excerpt from the documentation:\n\n{passage}\n\n"
+    "Explain what it describes, with a short example.",
+    "summarize": "Summarize this excerpt in two or three sentences:\n\n{passage}",
+    "purpose": "{passage}\n\nAnswer briefly: what is this used for?",
+    "program": "Write a short program that uses what this excerpt describes.\n\n{passage}",
+    "context": "Use the following context to answer the question.\n\nContext:\n{passage}\n\n"
+    "Question: what are the key points, and when would I need them?",
+    "simplify": "Explain this in simpler terms, step by step:\n\n{passage}",
+}

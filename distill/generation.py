@@ -20,7 +20,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from distill.prompts import Prompt
 from speculant.prompting import encode_prompt
@@ -61,11 +66,15 @@ def generate_continuations(
     pad_token_id: int,
     seed: int = 0,
     on_batch: Callable[[int, int], None] | None = None,
+    on_step: Callable[[int, Callable[[], int]], None] | None = None,
 ) -> Iterator[Generation]:
     """Continue every prompt (token ids), batch_size at a time; yields in batch order (longest
     prompts first; Generation.index gives each one's place in prompts).
 
-    on_batch(generations, tokens) is called after each batch with its counts (progress).
+    on_batch(generations, tokens) is called after each batch with its counts (progress);
+    on_step(step, tokens) after each decoding step of a batch, with the tokens generated per
+    row so far and a function that counts the batch's tokens kept so far (up to each row's
+    EOS), for progress within a long batch. Neither changes what is generated.
     """
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
@@ -83,6 +92,9 @@ def generate_continuations(
         torch.manual_seed(generator_seed)
         generator_seed += 1
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        steps = {}
+        if on_step is not None:
+            steps["stopping_criteria"] = StoppingCriteriaList([_Steps(width, eos, on_step)])
         with torch.inference_mode():
             output = model.generate(
                 input_ids=input_ids.to(device),
@@ -91,6 +103,7 @@ def generate_continuations(
                 eos_token_id=list(eos) or None,
                 pad_token_id=pad_token_id,
                 **(sampling if temperature > 0 else {"do_sample": False}),
+                **steps,
             )  # [B, L + new]
         new = output[:, width:].tolist()
         tokens = 0
@@ -100,6 +113,28 @@ def generate_continuations(
             yield Generation(index, list(ids), kept)
         if on_batch is not None:
             on_batch(len(rows), tokens)
+
+
+class _Steps(StoppingCriteria):
+    """Never stops generation: calls on_step(step, tokens) at each decoding step."""
+
+    def __init__(
+        self, width: int, eos: set[int], on_step: Callable[[int, Callable[[], int]], None]
+    ) -> None:
+        self.width, self.on_step = width, on_step
+        self.eos = torch.tensor(sorted(eos), dtype=torch.long)
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        new = input_ids[:, self.width :]  # [B, step]
+
+        def kept() -> int:
+            if not len(self.eos):
+                return int(new.numel())
+            ended = torch.isin(new, self.eos.to(new.device)).cumsum(dim=1) > 0  # [B, step]
+            return int((~ended).sum())
+
+        self.on_step(int(new.shape[1]), kept)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:

@@ -5,12 +5,18 @@
 - greedy speculative output with a distilled graph equals Hugging Face greedy decoding;
 - a model whose tokenizer differs from the graph's, and a hub name offline, fail with one line;
 - a SIGKILL or a Ctrl-C mid-distill publishes nothing: the previous graph stays as it was;
-- ``bench distill`` reports tau against the budget.
+- ``bench distill`` reports tau against the budget;
+- a prompts file gets one generation per prompt by default; more greedy generations than it has
+  prompts are refused in one line (the repeats would be identical), sampled repeats differ;
+- a model with a chat template distills passage prompts (corpus passages with an instruction)
+  by default, recorded in the meta;
+- without a terminal, progress goes to log lines (generations done, rates, ETA).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +28,17 @@ from pathlib import Path
 import pytest
 from graph_factory import write_graph
 
-from distill.run import DistillOptions, distill_graph
+from builder.errors import BuildError
+from distill.prompts import PASSAGE_TEMPLATES, corpus_passages, file_prompts
+from distill.run import (
+    DistillOptions,
+    OptionsError,
+    Progress,
+    continuations,
+    distill_graph,
+    prepare,
+    prompt_kind,
+)
 from gateway import GenerationConfig, SpeculativeDecoder
 from gateway.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta, verify_manifest
@@ -31,6 +47,10 @@ from tests.fixtures.e2e import verifier_config
 
 DEMO_CORPUS = ROOT / "demo" / "tinystories-slice.txt"
 PROMPTS = ["Once upon a time, there was a little dog", "Tom and Sue went to the park. They"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -66,6 +86,27 @@ def small_options(graph: Path, **changes) -> DistillOptions:
         "progress": False,
     }
     return DistillOptions(**(options | changes))
+
+
+@pytest.fixture
+def chat_model(tmp_path: Path) -> Path:
+    """stories260K with a chat template in its tokenizer config (the same tokenizer: the graph's
+    fingerprint), standing in for a chat model."""
+    out = tmp_path / "stories260K-chat"
+    shutil.copytree(STORIES_MODEL, out)
+    config_file = out / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["chat_template"] = CHAT_TEMPLATE
+    config_file.write_text(json.dumps(config), encoding="utf-8")
+    return out
+
+
+@pytest.fixture
+def prompts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"prompt": p}) for p in [*PROMPTS, "The sun was hot and the"]]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def test_distill_appends_exactly_the_continuations(graph_copy: Path) -> None:
@@ -174,3 +215,128 @@ def test_bench_distill_reports_tau_against_the_budget(graph_copy: Path, tmp_path
     assert all(row["tau_median"] >= 1.0 for row in result["rows"])
     assert "tau median" in done.stdout
     assert meta_of(graph_copy).version == 1  # the bench works on copies
+
+
+def test_a_prompts_file_gets_one_generation_per_prompt_and_logs_progress(
+    graph_copy: Path, prompts_file: Path
+) -> None:
+    done = cli(
+        "distill", "--graph", str(graph_copy), "--model", str(STORIES_MODEL),
+        "--prompts", str(prompts_file), "--max-tokens", "8", "--batch-size", "2",
+        "--device", "cpu", "--progress-every", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = meta_of(graph_copy).sources[-1]["distilled"][0]
+    assert record["generations"] == 3  # no --generations: one per prompt of the file
+    source = record["prompt_source"]
+    assert source["type"] == "file" and source["records"] == 3
+    assert source["prompts_file"] == str(prompts_file.resolve())
+    # stderr is a pipe, not a terminal: progress lines instead of a bar (a line at every step
+    # with --progress-every 0), then the end line
+    lines = [line for line in done.stderr.splitlines() if "progress: " in line]
+    assert lines and all("/3 generations" in line and "ETA" in line for line in lines)
+    assert any("tokens/s" in line and "(batch 1/2 at token" in line for line in lines)
+    assert "generated 3/3 continuations" in done.stderr
+
+
+def test_more_greedy_generations_than_prompts_are_refused(
+    graph_copy: Path, prompts_file: Path
+) -> None:
+    done = cli(
+        "distill", "--graph", str(graph_copy), "--model", str(STORIES_MODEL),
+        "--prompts", str(prompts_file), "--generations", "5",
+    )  # fmt: skip
+    assert done.returncode == 2  # flags that do not go together: a usage error
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("speculant distill: error: "), done.stderr
+    assert "temperature 0" in lines[0] and "--temperature > 0" in lines[0]
+    assert "Traceback" not in done.stderr
+    assert meta_of(graph_copy).version == 1
+
+
+def test_sampled_repeats_of_a_prompt_differ(graph_copy: Path, prompts_file: Path) -> None:
+    options = small_options(
+        graph_copy,
+        corpus=[],
+        prompts_file=str(prompts_file),
+        generations=7,
+        temperature=1.0,
+        batch_size=3,
+        max_tokens=12,
+    )
+    job = prepare(options)
+    assert job.prompt_source["type"] == "file" and len(job.prompt_ids) == 7
+    by_prompt: dict[int, list[tuple[int, ...]]] = {}
+    for generation in continuations(job):
+        by_prompt.setdefault(generation.index % 3, []).append(tuple(generation.continuation_ids))
+    assert sorted(len(v) for v in by_prompt.values()) == [2, 2, 3]
+    for repeats in by_prompt.values():  # each repeat is a sample of its own
+        assert len(set(repeats)) == len(repeats), repeats
+    with pytest.raises(OptionsError, match="--temperature > 0"):
+        prepare(small_options(graph_copy, corpus=[], prompts_file=str(prompts_file), generations=4))
+
+
+def test_a_chat_model_distills_passage_prompts(
+    graph_copy: Path, chat_model: Path, tmp_path: Path
+) -> None:
+    saved = tmp_path / "saved.jsonl"
+    options = small_options(
+        graph_copy, model=str(chat_model), generations=12, max_tokens=8, seed=3,
+        save_prompts=str(saved),
+    )  # fmt: skip
+    result = distill_graph(options)
+    assert result.generations == 12
+    record = meta_of(graph_copy).sources[-1]["distilled"][0]
+    source = record["prompt_source"]
+    assert source["type"] == "passages" and source["passage_words"] == [40, 120]
+    assert source["corpus"] == [str(DEMO_CORPUS.resolve())]
+    assert source["templates"] == {name: 2 for name in PASSAGE_TEMPLATES}  # 12 in turn
+    # the prompts used: passage prompts of the corpus for the seed (saved before generating)
+    expected = corpus_passages(
+        [str(DEMO_CORPUS)], 12, seed=3, doc_separator=STORY_SEPARATOR, min_words=40,
+        max_words=120,
+    )  # fmt: skip
+    assert file_prompts(saved) == expected
+    assert all(p.messages[0][0] == "user" and len(p.messages) == 1 for p in expected)
+
+
+def test_which_prompts_a_model_gets(graph_copy: Path, chat_model: Path, tmp_path: Path) -> None:
+    options = small_options(graph_copy)
+    assert prompt_kind(options, chat_template=False) == "prefixes"  # stories260K, as before
+    assert prompt_kind(options, chat_template=True) == "passages"
+    chat = small_options(graph_copy, chat=True)  # --chat: prefixes as a user message
+    assert prompt_kind(chat, chat_template=True) == "prefixes"
+    prefixes = small_options(graph_copy, corpus_prompts="prefixes")
+    assert prompt_kind(prefixes, chat_template=True) == "prefixes"
+    with pytest.raises(BuildError, match="no chat template"):
+        prepare(small_options(graph_copy, corpus_prompts="passages"))
+    with pytest.raises(OptionsError, match="not with --prompts"):
+        small_options(
+            graph_copy, corpus=[], prompts_file="x.jsonl", corpus_prompts="passages"
+        ).validate()
+    job = prepare(small_options(graph_copy, model=str(chat_model), corpus_prompts="prefixes"))
+    assert job.prompt_source["type"] == "prefixes" and job.prompt_source["prefix_words"] == [5, 40]
+
+
+def test_progress_lines_come_every_so_often(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="distill")
+
+    def lines(every: float) -> list[str]:
+        caplog.clear()
+        progress = Progress(
+            total=10, batch_size=4, max_tokens=8, mode="log", every=every, label="distilling"
+        )
+        for batch in (4, 4, 2):
+            for step in range(1, 9):
+                progress.step(step, lambda: 3)
+            progress.batch_done(batch, 20)
+        progress.close()
+        return [r.getMessage() for r in caplog.records]
+
+    often = lines(0)
+    assert len(often) == 3 * 8 + 2 + 1  # every step, after the first two batches, the end
+    assert often[0].startswith("progress: 0/10 generations (0%)")
+    assert "(batch 1/3 at token 1/8)" in often[0] and "ETA" in often[0]
+    assert often[-1].startswith("generated 10/10 continuations (60 tokens)")
+    rarely = lines(3600)  # none due within the hour: the end line only
+    assert len(rarely) == 1 and rarely[0].startswith("generated 10/10 continuations")
