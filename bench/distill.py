@@ -2,12 +2,22 @@
 
 The model's continuations of max(budgets) prompts are generated once; for each budget b a copy
 of the graph gets the first b of them (in prompt order) appended, as ``speculant distill
---generations b`` would, and the embedded decoder generates greedily on the held-out prompts
-with the default draft settings and learning off (tau of the graph alone). tau = generated
-tokens / verifier forward passes (the prefill included), per prompt; the table reports its
-median over prompts and its value over all tokens, and the acceptance rate. A user picks a
-budget from the curve: the time it costs against the tau it buys (tau is what carries to a
-GPU: the draft is free there, the forward is not).
+--generations b`` would. The model's greedy continuations of the held-out prompts are also
+computed once (:func:`bench.greedy_sim.prompt_traces`): at temperature 0 speculative decoding
+outputs the model's greedy continuation whatever the drafts, so for each budget the rounds of
+greedy decoding with the default drafts (``DraftConfig``'s shape, the graph's mixing defaults,
+learning off: tau of the graph alone) are replayed against them (:mod:`bench.greedy_sim`:
+exact, no model call), with every drafted token verified: tau under a flat cost profile, the
+figure that carries to a GPU (there a forward over the draft costs about one over a token).
+
+tau = generated tokens / verifier forward passes (the prefill included), per prompt; the table
+reports its median over prompts and its value over all tokens, and the acceptance rate, over all
+prompts and, when the records have a ``kind``, per kind (records without one under "(none)").
+Held-out prompt records are a text ``prompt`` or chat ``messages`` (rendered with the model's
+chat template, as the chat route does; :mod:`speculant.prompt_records`). A user picks a budget
+from the curve: the time it costs against the tau it buys.
+
+A prompts file that cannot be used ends the command with one error line, exit status 2.
 """
 
 from __future__ import annotations
@@ -19,52 +29,108 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate, verify_all
 from bench.settings import DEMO_PROMPTS, SHARED_DEV_PROMPTS
 from distill.generation import Generation
 from distill.run import append_generations, continuations, prepare
+from speculant.cli_errors import EXIT_USAGE, CommandError
+from speculant.errors import InvalidArgumentError
+from speculant.prompt_records import PromptRecord, PromptsError, kinds_of, load_prompts
+from speculant.types import DraftParams
+
+NO_KIND = "(none)"  # the group of records without a kind, when others have one
 
 
-def eval_prompts(path: str | None, limit: int | None) -> tuple[Path, list[str]]:
-    """The held-out prompts: the file given, else the tinystories dev prompts, else the demo's."""
+def eval_prompts(path: str | None, limit: int | None) -> tuple[Path, list[PromptRecord]]:
+    """The held-out prompt records: the file given, else the tinystories dev prompts, else the
+    demo's; CommandError (one line, exit status 2) for a file that cannot be used."""
     chosen = Path(path) if path else SHARED_DEV_PROMPTS
     if not path and not chosen.is_file():
         chosen = DEMO_PROMPTS
-    with chosen.open(encoding="utf-8") as f:
-        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
-    return chosen, prompts[:limit] if limit else prompts
+    try:
+        return chosen, load_prompts(chosen, limit)
+    except PromptsError as exc:
+        raise CommandError(f"--eval-prompts: {exc}", EXIT_USAGE) from exc
 
 
-def measure_tau(graph: Path, model_name: str, prompts: list[str], max_tokens: int) -> dict:
-    """Greedy generation on the prompts with the default drafts from the graph alone: tau and
-    acceptance."""
-    from gateway import GenerationConfig, SpeculativeDecoder, VerifierConfig
+def kind_labels(prompts: Sequence[PromptRecord]) -> list[str]:
+    """Each prompt's group for the per-kind figures: "" for all when no record has a kind,
+    else its kind (NO_KIND for a record without one)."""
+    if not kinds_of(prompts):
+        return ["" for _ in prompts]
+    return [prompt.kind or NO_KIND for prompt in prompts]
 
-    # learn=False: tau of the graph alone (a learning decoder would also draft from the
-    # earlier evaluation prompts' outputs)
-    decoder = SpeculativeDecoder(
-        graph, VerifierConfig(model_name=model_name, device="cpu"), learn=False
-    )
-    taus, tokens, rounds, drafted, accepted = [], 0, 0, 0, 0
-    started = time.perf_counter()
-    for prompt in prompts:
-        result = decoder.generate(
-            prompt, generation_config=GenerationConfig(max_tokens=max_tokens, temperature=0)
+
+def default_drafts() -> DraftParams:
+    """The draft shape scored: the DraftConfig defaults (mixing: the graph's defaults), every
+    drafted token verified; CommandError unless greedy (the replay covers greedy drafts)."""
+    from speculant.config import DraftConfig
+
+    params = verify_all(DraftParams.from_config(DraftConfig()))
+    if params.strategy != "greedy":
+        raise CommandError(
+            f"the replay covers greedy drafts only, and the draft strategy is {params.strategy!r} "
+            "(SPECULANT_DRAFT__STRATEGY)",
+            EXIT_USAGE,
         )
-        stats = result.stats
-        taus.append(len(result.token_ids) / stats.rounds)
-        tokens, rounds = tokens + len(result.token_ids), rounds + stats.rounds
-        drafted, accepted = drafted + stats.draft_tokens, accepted + stats.accepted_tokens
+    return params
+
+
+def figures(results: Sequence[SimResult]) -> dict[str, Any]:
+    """tau median over prompts, tau over all tokens, acceptance and the counts of a set of
+    per-prompt replays."""
+    total = SimResult()
+    for result in results:
+        total.add(result)
     return {
-        "tau_median": statistics.median(taus),
-        "tau_all_tokens": tokens / rounds,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "tokens": tokens,
-        "rounds": rounds,
-        "seconds": time.perf_counter() - started,
+        "prompts": len(results),
+        "tau_median": statistics.median(r.tau for r in results) if results else 0.0,
+        "tau_all_tokens": total.tau,
+        "acceptance_rate": total.acceptance,
+        "tokens": total.tokens,
+        "rounds": total.forwards,
+        "drafted": total.drafted,
+        "accepted": total.accepted,
     }
+
+
+def measure_tau(
+    graph_path: Path,
+    traces: Sequence[GreedyTrace],
+    labels: Sequence[str],
+    params: DraftParams,
+    max_tokens: int,
+    max_context: int | None,
+) -> dict[str, Any]:
+    """The replayed rounds of greedy speculative decoding of the traces with drafts from the
+    graph alone (no learning): the figures over all prompts, and per kind under "by_kind" when
+    labels has kinds."""
+    from draft_service.drafting import Drafter
+    from speculant.graph_reader import NGramGraph
+
+    started = time.perf_counter()
+    graph = NGramGraph.open(graph_path)
+    try:
+        drafter = Drafter(graph)
+        window = graph.max_order
+        results = [
+            simulate(drafter, params, trace, max_tokens, window, max_context) for trace in traces
+        ]
+    finally:
+        graph.close()
+    row = figures(results)
+    kinds = list(dict.fromkeys(label for label in labels if label))
+    if kinds:
+        row["by_kind"] = {
+            kind: figures([r for r, label in zip(results, labels, strict=True) if label == kind])
+            for kind in kinds
+        }
+    row["seconds"] = time.perf_counter() - started
+    return row
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -73,7 +139,16 @@ def run_bench(args: argparse.Namespace) -> int:
     budgets = args.budgets
     options = options_from_args(args, max(max(budgets), 1))
     prompts_path, prompts = eval_prompts(args.eval_prompts, args.limit)
+    labels = kind_labels(prompts)
+    params = default_drafts()
     job = prepare(options)
+    loaded = job.loaded
+    started = time.perf_counter()
+    try:
+        traces = prompt_traces(loaded, prompts, args.eval_max_tokens, _every_8)
+    except InvalidArgumentError as exc:  # a prompt the model cannot take
+        raise CommandError(f"--eval-prompts {prompts_path}: {exc}", EXIT_USAGE) from exc
+    eval_seconds = time.perf_counter() - started
     started = time.perf_counter()
     generations: list[Generation] = sorted(continuations(job), key=lambda g: g.index)
     generate_seconds = time.perf_counter() - started
@@ -87,27 +162,37 @@ def run_bench(args: argparse.Namespace) -> int:
                 shutil.copytree(job.graph, graph)
                 append_generations(job, generations[:budget], graph)
             row = {"generations": budget, "est_generate_seconds": budget * per_generation}
-            row |= measure_tau(graph, args.model, prompts, args.eval_max_tokens)
+            row |= measure_tau(
+                graph, traces, labels, params, args.eval_max_tokens, loaded.max_context
+            )
             rows.append(row)
             _progress(f"budget {budget}: tau {row['tau_median']:.2f} (median)")
             if graph != job.graph:
                 shutil.rmtree(graph, ignore_errors=True)
-    base = rows[0]["tau_all_tokens"] if rows and rows[0]["generations"] == 0 else None
+    kinds = list(dict.fromkeys(label for label in labels if label))
     result = {
         "graph": str(job.graph),
         "model": args.model,
         "eval_prompts": str(prompts_path),
         "prompts": len(prompts),
+        "kinds": {kind: labels.count(kind) for kind in kinds},
         "eval_max_tokens": args.eval_max_tokens,
+        "eval_seconds": eval_seconds,
+        "draft": {
+            "k": params.k,
+            "tree_nodes": params.tree_nodes,
+            "overlay_weight": params.overlay_weight,
+            "verified": "every drafted token (a flat cost profile)",
+        },
         "max_tokens": options.max_tokens,
         "temperature": options.temperature,
         "weight": options.weight,
-        "device": str(job.loaded.device),
+        "device": str(loaded.device),
         "generate_seconds": generate_seconds,
         "generations_per_second": len(generations) / max(generate_seconds, 1e-9),
         "rows": rows,
     }
-    print(format_table(result, base))
+    print(format_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2), encoding="utf-8")
     if args.plot:
@@ -115,26 +200,46 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def format_table(result: dict[str, Any], base: float | None) -> str:
+def format_table(result: dict[str, Any]) -> str:
+    """One line per budget (with kinds: one per budget for all prompts, then one per kind);
+    "vs 0": tau over all tokens against the corpus graph's (budget 0, of the same prompts)."""
+    draft = result["draft"]
+    kinds = list(result.get("kinds") or {})
     lines = [
         f"tau on {result['prompts']} evaluation prompts ({result['eval_prompts']}), "
-        f"{result['eval_max_tokens']} tokens, greedy, default drafts; distilled with "
-        f"{result['model']} at temperature {result['temperature']}, weight {result['weight']}, "
-        f"{result['generations_per_second']:.1f} generations/s on {result['device']}",
-        f"{'generations':>11} {'tau median':>10} {'tau all':>8} {'vs 0':>6} {'accept':>7} "
-        f"{'~seconds':>9}",
+        f"{result['eval_max_tokens']} tokens, greedy, default drafts (k {draft['k']}, "
+        f"{draft['tree_nodes']} tree nodes, overlay weight {draft['overlay_weight']:g}), every "
+        "drafted token verified: tau under a flat cost profile, the figure that carries to a GPU "
+        "(replayed against the model's greedy continuations)",
+        f"distilled with {result['model']} at temperature {result['temperature']}, weight "
+        f"{result['weight']}, {result['generations_per_second']:.1f} generations/s on "
+        f"{result['device']}",
     ]
-    for row in result["rows"]:
-        ratio = f"{row['tau_all_tokens'] / base:.2f}x" if base else "-"
-        lines.append(
-            f"{row['generations']:>11,} {row['tau_median']:>10.2f} {row['tau_all_tokens']:>8.2f} "
-            f"{ratio:>6} {row['acceptance_rate']:>7.1%} {row['est_generate_seconds']:>9.1f}"
-        )
+    group = f" {'kind':16} {'prompts':>7}" if kinds else ""
+    lines.append(
+        f"{'generations':>11}{group} {'tau median':>10} {'tau all':>8} {'vs 0':>6} "
+        f"{'accept':>7} {'~seconds':>9}"
+    )
+    rows = result["rows"]
+    first = rows[0] if rows and rows[0]["generations"] == 0 else None
+    for row in rows:
+        groups = [("all", row, first)]
+        groups += [(kind, row["by_kind"][kind], first and first["by_kind"][kind]) for kind in kinds]
+        for name, values, zero in groups:
+            base = zero["tau_all_tokens"] if zero else 0.0
+            ratio = f"{values['tau_all_tokens'] / base:.2f}x" if base else "-"
+            cells = f" {name[:16]:16} {values['prompts']:>7}" if kinds else ""
+            lines.append(
+                f"{row['generations']:>11,}{cells} {values['tau_median']:>10.2f} "
+                f"{values['tau_all_tokens']:>8.2f} {ratio:>6} "
+                f"{values['acceptance_rate']:>7.1%} {row['est_generate_seconds']:>9.1f}"
+            )
     return "\n".join(lines)
 
 
 def plot(result: dict[str, Any], out: str) -> None:
-    """tau against the number of distilled generations (matplotlib, Agg)."""
+    """tau against the number of distilled generations (matplotlib, Agg); with kinds, also
+    each kind's tau over all tokens (dashed)."""
     from bench.plot import require_matplotlib
 
     plt = require_matplotlib()
@@ -143,14 +248,22 @@ def plot(result: dict[str, Any], out: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(xs, [r["tau_median"] for r in rows], marker="o", label="median over prompts")
     ax.plot(xs, [r["tau_all_tokens"] for r in rows], marker="s", label="over all tokens")
+    for kind in result.get("kinds") or {}:
+        ys = [r["by_kind"][kind]["tau_all_tokens"] for r in rows]
+        ax.plot(xs, ys, linestyle="--", marker=".", label=f"{kind}: over all tokens")
     ax.set_xlabel("distilled generations")
-    ax.set_ylabel("tokens per verifier forward (tau)")
+    ax.set_ylabel("tokens per verifier forward (tau, flat cost)")
     ax.set_title(f"speculant distill: {Path(result['graph']).name}, {result['prompts']} prompts")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def _every_8(done: int, total: int) -> None:
+    if done % 8 == 0 or done == total:
+        _progress(f"greedy continuations of the evaluation prompts: {done}/{total}")
 
 
 def _progress(message: str) -> None:

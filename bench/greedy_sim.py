@@ -10,9 +10,13 @@ tokens, accepts the longest prefix that matches the continuation and emits one m
 correction or the bonus). A greedy draft *tree* is replayed the same way: from the root, the
 child whose token is the continuation's next token is accepted (siblings are distinct, so at
 most one matches) until none does, which is the path the verifier's sample-and-match accepts.
-It gives the same rounds, drafted and accepted counts as a real run
-(``tests/test_tune.py`` checks it) at the cost of the drafting alone, so many draft settings can
-be scored against one set of continuations.
+It gives the same rounds, drafted and accepted counts as a real run that verifies every drafted
+token (``draft_size`` "fixed": tau under a flat cost profile, the figure that carries to a GPU;
+``tests/test_tune.py`` checks it) at the cost of the drafting alone, so many draft settings can
+be scored against one set of continuations (:func:`greedy_traces` computes them, for
+``speculant tune`` and ``speculant bench distill`` alike). A request's ``draft_size`` "cost"
+(verifying only the part of a draft that pays on the verifier's cost profile) is not replayed:
+:func:`verify_all` gives the params replayed.
 
 Terms: *tau* = generated tokens / verifier forwards (the prefill included); *acceptance* =
 accepted / drafted; *wasted* = drafted - accepted.
@@ -20,13 +24,15 @@ accepted / drafted; *wasted* = drafted - accepted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from draft_service.drafting import Drafter
 from gateway.adaptive_k import next_draft_length
 from speculant.errors import InvalidArgumentError
-from speculant.types import DraftParams, DraftProposal
+from speculant.prompt_records import PromptRecord
+from speculant.types import DraftParams, DraftProposal, SamplingControls
 
 
 @dataclass(frozen=True)
@@ -168,3 +174,95 @@ def simulate_all(
     for trace in traces:
         total.add(simulate(drafter, params, trace, max_tokens, window, max_context_length))
     return total
+
+
+def verify_all(params: DraftParams) -> DraftParams:
+    """params with every drafted token verified (draft_size "fixed"): the rounds
+    :func:`simulate` replays."""
+    if "draft_size" in {f.name for f in fields(DraftParams)}:
+        return replace(params, draft_size="fixed")
+    return params
+
+
+def greedy_traces(
+    model: Any,
+    eos_token_ids: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    max_tokens: int,
+    max_context: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[GreedyTrace]:
+    """Each prompt's (token ids) greedy continuation by the model: what speculative decoding
+    at temperature 0 outputs, whatever the drafts. One prompt at a time (Hugging Face
+    ``generate``, unpadded, as :class:`gateway.baseline.PlainDecoder` decodes), at most
+    max_tokens tokens and no further than max_context positions; progress(done, total) after
+    each prompt.
+
+    InvalidArgumentError for a prompt that leaves no room for a new token in max_context.
+    """
+    import torch
+
+    from gateway.baseline import generate_kwargs
+    from verifier_service.model_loading import sampling_defaults_of
+
+    # argmax, with the penalties the model's generation_config sets (a repetition_penalty),
+    # which the verifier applies to a request that leaves them unset, at temperature 0 too
+    greedy = generate_kwargs(SamplingControls(**sampling_defaults_of(model)), 0.0)
+    device = next(model.parameters()).device
+    eos = [int(t) for t in eos_token_ids]
+    traces: list[GreedyTrace] = []
+    for i, ids in enumerate(prompts):
+        room = max_tokens
+        if max_context is not None:
+            room = min(room, max_context - len(ids))
+            if room < 1:
+                raise InvalidArgumentError(
+                    f"prompt {i + 1}",
+                    f"{len(ids)} tokens leave no room for a new token in the model's context "
+                    f"of {max_context}",
+                )
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)  # [1, prompt]
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=room,
+                min_new_tokens=0,
+                eos_token_id=eos or None,
+                pad_token_id=eos[0] if eos else 0,
+                **greedy,
+            )  # [1, prompt + new]
+        new = output[0, len(ids) :].tolist()
+        ended = False
+        for j, token in enumerate(new):
+            if token in eos:
+                new, ended = new[:j], True
+                break
+        traces.append(GreedyTrace(tuple(ids), tuple(new), ended))
+        if progress is not None:
+            progress(i + 1, len(prompts))
+    return traces
+
+
+def prompt_traces(
+    loaded: Any,
+    prompts: Sequence[PromptRecord],
+    max_tokens: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[GreedyTrace]:
+    """:func:`greedy_traces` of prompt records with a loaded model
+    (verifier_service.model.LoadedModel): text prompts tokenized as a server does, chat
+    messages rendered with the model's chat template and a generation prompt.
+
+    InvalidArgumentError naming the prompt (1-based) that the model cannot take: chat messages
+    without a chat template, or no room for a new token in the model's context.
+    """
+    ids = []
+    for i, prompt in enumerate(prompts):
+        try:
+            ids.append(prompt.token_ids(loaded.tokenizer))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"prompt {i + 1}", str(exc)) from exc
+    return greedy_traces(
+        loaded.model, loaded.eos_token_ids, ids, max_tokens, loaded.max_context, progress
+    )

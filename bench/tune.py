@@ -5,7 +5,9 @@
         [--json OUT] [--write]
 
 1. The model's greedy continuation of every prompt is computed once (Hugging Face ``generate``,
-   the benchmark's baseline, :class:`bench.in_process.InProcessSystems`).
+   :func:`bench.greedy_sim.greedy_traces`). A prompt record is a text ``prompt`` or chat
+   ``messages`` (rendered with the model's chat template and a generation prompt, as the chat
+   route does), with an optional ``kind`` (:mod:`speculant.prompt_records`).
 2. The prompts are shuffled (``--seed``) and split: a *train* part (``--train-fraction``) and a
    *held-out* part.
 3. Candidate mixing settings are scored on the train part by replaying greedy speculative
@@ -14,18 +16,22 @@
    ``seed`` by coordinate search over its four weights from the built-in values.
 4. The best train score wins (ties: the candidate tried first, the built-in default first of
    all); the table shows every mode's best and the built-in default on both parts, so the
-   held-out column says whether the choice carries over to prompts it was not fitted on.
+   held-out column says whether the choice carries over to prompts it was not fitted on. When
+   the records have kinds, every row's figures are also given per kind (records without one
+   under "(none)"): the selection stays on the whole train part.
 5. ``--write`` stores the winner in the graph's meta record (``tuned``; atomically, with a new
    manifest, :mod:`builder.meta_update`). Drafters then use it for every mixing parameter a
    request does not set.
 
 Score: ``tau`` = generated tokens / verifier forwards (the prefill included) over the part, or
-``acceptance`` = accepted / drafted draft tokens.
+``acceptance`` = accepted / drafted draft tokens, with every drafted token verified
+(``draft_size`` "fixed": tau under a flat cost profile, the figure that carries to a GPU).
+
+A prompts file that cannot be used ends the command with one error line, exit status 2.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
@@ -35,9 +41,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.greedy_sim import GreedyTrace, SimResult, simulate_all
+from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate_all, verify_all
+from speculant.cli_errors import EXIT_USAGE, CommandError
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.errors import InvalidArgumentError
+from speculant.prompt_records import PromptRecord, PromptsError, kinds_of, load_prompts
 from speculant.types import BUILTIN_TUNABLE_DEFAULTS, DraftParams
 
 METRICS = ("tau", "acceptance")
@@ -49,6 +57,7 @@ SEED_GRID: dict[str, tuple[float, ...]] = {
     "mix_temperature": (0.25, 0.5, 1.0, 2.0, 4.0),
 }
 SEED_PASSES = 2
+NO_KIND = "(none)"  # the group of records without a kind, when others have one
 
 
 @dataclass
@@ -84,37 +93,30 @@ class TuneOptions:
         return self
 
 
-def load_prompt_file(path: str | Path, limit: int) -> list[str]:
-    """The first `limit` prompts of a JSON-lines file (one object a line, a string "prompt").
+def load_prompt_file(path: str | Path, limit: int) -> list[PromptRecord]:
+    """The first `limit` prompt records of a JSON-lines file (a text "prompt" or chat
+    "messages", an optional "kind"; :mod:`speculant.prompt_records`).
 
-    InvalidArgumentError naming the file and line for anything else, or when it has fewer
-    than two prompts (a train and a held-out part need one each).
+    CommandError (one line naming the file and line, exit status 2) for a bad file, or one with
+    fewer than two prompts (a train and a held-out part need one each).
     """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError("--prompts", f"cannot read {path}: {exc}") from exc
-    prompts: list[str] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            raise InvalidArgumentError("--prompts", f"{path} line {number}: {exc}") from exc
-        prompt = record.get("prompt") if isinstance(record, dict) else None
-        if not isinstance(prompt, str) or not prompt:
-            raise InvalidArgumentError(
-                "--prompts", f'{path} line {number}: needs a non-empty string field "prompt"'
-            )
-        prompts.append(prompt)
-        if len(prompts) >= limit:
-            break
+        prompts = load_prompts(path, limit)
+    except PromptsError as exc:
+        raise CommandError(f"--prompts: {exc}", EXIT_USAGE) from exc
     if len(prompts) < 2:
-        raise InvalidArgumentError(
-            "--prompts", f"{path} has {len(prompts)} prompt(s); tuning needs at least 2"
+        raise CommandError(
+            f"--prompts: {path} has {len(prompts)} prompt(s); tuning needs at least 2", EXIT_USAGE
         )
     return prompts
+
+
+def kind_labels(prompts: list[PromptRecord]) -> list[str]:
+    """Each prompt's kind for the per-kind figures ("" for all when no record has one; else
+    NO_KIND for a record without one)."""
+    if not kinds_of(prompts):
+        return ["" for _ in prompts]
+    return [prompt.kind or NO_KIND for prompt in prompts]
 
 
 def split(items: list[Any], train_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
@@ -127,10 +129,16 @@ def split(items: list[Any], train_fraction: float, seed: int) -> tuple[list[Any]
 
 
 def explicit_params(shape: DraftParams, **mixing: Any) -> DraftParams:
-    """Greedy DraftParams of shape's k and tree_nodes with every mixing parameter set: the
-    built-in defaults overridden by `mixing`."""
-    return DraftParams(
-        k=shape.k, tree_nodes=shape.tree_nodes, **(BUILTIN_TUNABLE_DEFAULTS | mixing)
+    """Greedy DraftParams of shape's k, tree_nodes and overlay_weight with every mixing
+    parameter set (the built-in defaults overridden by `mixing`), every drafted token verified
+    (the replay's draft size)."""
+    return verify_all(
+        DraftParams(
+            k=shape.k,
+            tree_nodes=shape.tree_nodes,
+            overlay_weight=shape.overlay_weight,
+            **(BUILTIN_TUNABLE_DEFAULTS | mixing),
+        )
     ).validate()
 
 
@@ -223,59 +231,94 @@ def search(
     return best
 
 
-def greedy_traces(
-    options: TuneOptions, prompts: list[str], progress: Callable[[str], None]
-) -> tuple[Any, list[GreedyTrace]]:
-    """(the in-process systems: graph, model, tokenizer; each prompt's greedy trace)."""
-    from bench.in_process import InProcessSystems
-    from bench.settings import BenchSettings, Variant
+def load_model(options: TuneOptions) -> tuple[Any, Any]:
+    """(the graph, opened; the model: verifier_service.model.LoadedModel), their tokenizers
+    checked to match (FailedPreconditionError / ModelLoadError with one line)."""
+    from gateway.alignment import check_tokenizer_alignment
+    from speculant.config import VerifierConfig
+    from speculant.graph_reader import NGramGraph
+    from speculant.tokenizer import tokenizer_fingerprint
+    from verifier_service.model import LoadedModel
 
-    settings = BenchSettings(
-        graph=options.graph,
-        model=options.model,
-        prompts=options.prompts,
-        max_tokens=options.max_tokens,
-        temperature=0.0,
-        systems=("hf", "embedded"),
-        device=options.device,
-        torch_threads=options.torch_threads,
-    )
-    import torch
+    graph = NGramGraph.open(options.graph)
+    try:
+        loaded = LoadedModel.load(
+            VerifierConfig(
+                model_name=options.model,
+                device=options.device,
+                torch_threads=options.torch_threads,
+            )
+        )
+        meta = graph.meta
+        check_tokenizer_alignment(
+            meta.tokenizer_name,
+            meta.tokenizer_fingerprint,
+            loaded.name,
+            tokenizer_fingerprint(loaded.tokenizer),
+        )
+    except BaseException:
+        graph.close()
+        raise
+    return graph, loaded
 
-    torch.set_num_threads(options.torch_threads)
-    systems = InProcessSystems(settings)
-    traces = []
-    for i, prompt in enumerate(prompts):
-        ids = systems.encode(prompt)
-        record = systems.run_hf(Variant("hf"), ids, options.seed)
-        ended = len(record.token_ids) < options.max_tokens
-        traces.append(GreedyTrace(tuple(ids), tuple(record.token_ids), ended))
-        if (i + 1) % 8 == 0 or i + 1 == len(prompts):
-            progress(f"greedy continuations: {i + 1}/{len(prompts)}")
-    systems.close()
-    return systems, traces
+
+def _every_8(say: Callable[[str], None]) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        if done % 8 == 0 or done == total:
+            say(f"greedy continuations: {done}/{total}")
+
+    return report
 
 
 def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Continuations, split, search, held-out scores: the result (see the module)."""
-    from draft_service.drafting import Drafter
-
     options.validate()
     say = progress or (lambda _msg: None)
     prompts = load_prompt_file(options.prompts, options.max_prompts)
     started = time.perf_counter()
-    systems, traces = greedy_traces(options, prompts, say)
-    graph = systems.decoder.graph
+    graph, loaded = load_model(options)
+    try:
+        try:
+            traces = prompt_traces(loaded, prompts, options.max_tokens, _every_8(say))
+        except InvalidArgumentError as exc:  # a prompt the model cannot take
+            raise CommandError(f"--prompts {options.prompts}: {exc}", EXIT_USAGE) from exc
+        return _tune(options, graph, loaded, prompts, traces, started, say)
+    finally:
+        graph.close()
+
+
+def _tune(
+    options: TuneOptions,
+    graph: Any,
+    loaded: Any,
+    prompts: list[PromptRecord],
+    traces: list[GreedyTrace],
+    started: float,
+    say: Callable[[str], None],
+) -> dict:
+    from draft_service.drafting import Drafter
+
     drafter = Drafter(graph)
     window = graph.max_order
-    max_context = systems.decoder.verifier.info.max_context_length
+    max_context = loaded.max_context
 
     def simulate(params: DraftParams, part: list[GreedyTrace]) -> SimResult:
         return simulate_all(drafter, params, part, options.max_tokens, window, max_context)
 
-    train, heldout = split(traces, options.train_fraction, options.seed)
+    labels = kind_labels(prompts)
+    train_at, heldout_at = split(list(range(len(traces))), options.train_fraction, options.seed)
+    train, heldout = [traces[i] for i in train_at], [traces[i] for i in heldout_at]
+    kinds = list(dict.fromkeys(label for label in labels if label))
+    by_kind = {
+        kind: {
+            "train": [traces[i] for i in train_at if labels[i] == kind],
+            "heldout": [traces[i] for i in heldout_at if labels[i] == kind],
+        }
+        for kind in kinds
+    }
     scorer = Scorer(simulate, train, options.metric)
-    best = search(scorer, DraftParams(k=options.k, tree_nodes=options.tree_nodes), say)
+    shape = DraftParams(k=options.k, tree_nodes=options.tree_nodes)
+    best = search(scorer, shape, say)
     winner = _best(scorer, best.values())  # ties: the first in the table, the default first
     held = Scorer(simulate, heldout, options.metric)
     rows = []
@@ -284,20 +327,33 @@ def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None
         held(params)
         chosen = params == winner and not marked
         marked = marked or chosen
-        rows.append(
-            {
-                "name": name,
-                "params": mixing_of(params),
-                "describe": describe(params),
-                "chosen": chosen,
-                "train": scorer.results[params].as_dict(),
-                "heldout": held.results[params].as_dict(),
+        row = {
+            "name": name,
+            "params": mixing_of(params),
+            "describe": describe(params),
+            "chosen": chosen,
+            "train": scorer.results[params].as_dict(),
+            "heldout": held.results[params].as_dict(),
+        }
+        if kinds:
+            row["by_kind"] = {
+                kind: {part: simulate(params, ts).as_dict() for part, ts in parts.items()}
+                for kind, parts in by_kind.items()
             }
-        )
+        rows.append(row)
     current = graph.draft_defaults
     return {
         "settings": asdict(options),
         "prompts": {"train": len(train), "heldout": len(heldout)},
+        "kinds": {
+            kind: {part: len(ts) for part, ts in parts.items()} for kind, parts in by_kind.items()
+        },
+        "draft": {
+            "k": shape.k,
+            "tree_nodes": shape.tree_nodes,
+            "overlay_weight": shape.overlay_weight,
+            "verified": "every drafted token (a flat cost profile)",
+        },
         "metric": options.metric,
         "candidates_tried": len(scorer.order),
         "seconds": time.perf_counter() - started,
@@ -361,9 +417,37 @@ def format_table(result: dict) -> str:
     p = result["prompts"]
     lines.append(
         f"(* chosen on {p['train']} train prompts; held-out: {p['heldout']} prompts; "
-        f"{result['candidates_tried']} candidates, {result['seconds']:.1f} s)"
+        f"{result['candidates_tried']} candidates, {result['seconds']:.1f} s; every drafted "
+        "token verified: tau under a flat cost profile)"
     )
+    if result.get("kinds"):
+        lines += ["", *format_kinds(result)]
     return "\n".join(lines)
+
+
+def format_kinds(result: dict) -> list[str]:
+    """Per kind: the prompts and the built-in default's and the chosen setting's train /
+    held-out score."""
+    metric = result["metric"]
+    default = next(row for row in result["rows"] if row["name"] == "default")
+    chosen = next(row for row in result["rows"] if row["chosen"])
+    shown = [default] if chosen is default else [default, chosen]
+    names = ["default", *([f"* {chosen['describe']}"] if chosen is not default else [])]
+    names = [name if len(name) <= 24 else name[:21] + "..." for name in names]
+    header = f"  {'kind':16} {'prompts':>9}" + "".join(f"   {name:>24}" for name in names)
+    lines = [f"per kind, {metric} (train / held-out):", header]
+    for kind, counts in result["kinds"].items():
+        cells = []
+        for row in shown:
+            figures = row["by_kind"][kind]
+            values = [
+                f"{figures[part][metric]:.3f}" if counts[part] else "-"
+                for part in ("train", "heldout")
+            ]
+            cells.append(f"   {' / '.join(values):>24}")
+        count = f"{counts['train']} / {counts['heldout']}"
+        lines.append(f"  {kind[:16]:16} {count:>9}" + "".join(cells))
+    return lines
 
 
 def print_progress(message: str) -> None:

@@ -1,15 +1,17 @@
 """`speculant tune`: the greedy replay matches real runs, the tuned parameters land in the graph's
 meta (atomically, with a valid manifest) and become the drafter's defaults, explicit settings
-win, and bad input is a one-line error."""
+win, chat prompt records are rendered with the model's chat template, figures are given per
+kind and add up, and bad input is a one-line error."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from bench.greedy_sim import GreedyTrace, simulate
+from bench.greedy_sim import GreedyTrace, simulate, verify_all
 from builder.meta_update import update_meta
 from draft_service.drafting import Drafter
 from draft_service.server import DraftServicer
@@ -33,12 +35,15 @@ def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):
     references = plain_greedy_outputs(embedded_decoder, prompts, MAX_TOKENS)
     coordinator = embedded_decoder.coordinator
     drafter = coordinator.drafter
-    for params in (
-        DraftParams(k=8),
-        DraftParams(k=8, adaptive_k=True),
-        DraftParams(k=3, mixing="backoff"),
-        DraftParams(k=5, tree_nodes=12),
-        DraftParams(k=4, tree_nodes=6, adaptive_k=True),
+    for params in map(
+        verify_all,  # the replay verifies every drafted token (draft_size "fixed")
+        (
+            DraftParams(k=8),
+            DraftParams(k=8, adaptive_k=True),
+            DraftParams(k=3, mixing="backoff"),
+            DraftParams(k=5, tree_nodes=12),
+            DraftParams(k=4, tree_nodes=6, adaptive_k=True),
+        ),
     ):
         for prompt, expected in zip(prompts, references, strict=True):
             ids = list(embedded_decoder.tokenizer(prompt).input_ids)
@@ -161,8 +166,8 @@ def test_a_damaged_graph_is_not_rewritten(graph_copy: Path):
     ("content", "extra", "message"),
     [
         (None, [], "cannot read"),
-        ('{"prompt": "a"}\nnot json\n', [], "line 2"),
-        ('{"text": "a"}\n{"prompt": "b"}\n', [], 'line 1: needs a non-empty string field "prompt"'),
+        ('{"prompt": "a"}\nnot json\n', [], ":2: not JSON"),
+        ('{"text": "a"}\n{"prompt": "b"}\n', [], ":1: a record needs a non-empty 'prompt'"),
         ('{"prompt": "only one"}\n', [], "at least 2"),
         ('{"prompt": "a"}\n{"prompt": "b"}\n', ["--max-prompts", "1"], "--max-prompts"),
         ('{"prompt": "a"}\n{"prompt": "b"}\n', ["--train-fraction", "1"], "--train-fraction"),
@@ -203,3 +208,133 @@ def test_only_explicit_mixing_settings_override_the_graph(monkeypatch: pytest.Mo
         build_parser().parse_args(["generate", "--prompt", "x", "--mixing", "seed", "--adaptive-k"])
     )
     assert options["mixing"] == "seed" and options["adaptive_k"] is True
+
+
+# --- prompt records: chat messages, kinds, bad files ------------------------------------------
+
+# A simple chat template for a copy of the demo model (stories260K has none).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+def write_chat_model(dest: Path) -> Path:
+    """A copy of the demo model whose tokenizer has CHAT_TEMPLATE (the same vocabulary: the
+    tinystories graph serves it)."""
+    shutil.copytree(STORIES_MODEL, dest)
+    config_file = dest / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    config["chat_template"] = CHAT_TEMPLATE
+    config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return dest
+
+
+def write_chat_prompts(path: Path, count: int) -> list[dict]:
+    """`count` records of the demo prompts, in turn: a user message ("ask"), a system and a
+    user message ("tell"), and a text prompt without a kind; the records written."""
+    texts = [json.loads(line)["prompt"] for line in DEMO_PROMPTS.read_text().splitlines()]
+    records: list[dict] = []
+    for i, text in enumerate(texts[:count]):
+        if i % 3 == 0:
+            records.append({"messages": [{"role": "user", "content": text}], "kind": "ask"})
+        elif i % 3 == 1:
+            system = {"role": "system", "content": "Tell a story."}
+            user = {"role": "user", "content": text}
+            records.append({"messages": [system, user], "kind": "tell"})
+        else:
+            records.append({"prompt": text})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return records
+
+
+def expected_prompt_ids(tokenizer, record: dict) -> list[int]:
+    """The ids a server gives a record: CHAT_TEMPLATE rendered by hand, or the text with BOS."""
+    if "messages" not in record:
+        return list(tokenizer(record["prompt"]).input_ids)
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in record["messages"]) + "assistant:"
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def spy_on_traces(monkeypatch: pytest.MonkeyPatch, module) -> list[GreedyTrace]:
+    """The traces module.prompt_traces returns, as the command runs."""
+    seen: list[GreedyTrace] = []
+    real = module.prompt_traces
+
+    def spy(*args, **kwargs):
+        traces = real(*args, **kwargs)
+        seen.extend(traces)
+        return traces
+
+    monkeypatch.setattr(module, "prompt_traces", spy)
+    return seen
+
+
+COUNTS = ("tokens", "forwards", "drafted", "accepted")
+
+
+def test_tune_takes_chat_records_and_reports_every_figure_per_kind(
+    tinystories_graph: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+):
+    from transformers import AutoTokenizer
+
+    import bench.tune
+
+    model = write_chat_model(tmp_path / "chat-model")
+    records = write_chat_prompts(tmp_path / "chat.jsonl", 4)
+    seen = spy_on_traces(monkeypatch, bench.tune)
+    out = tmp_path / "tune.json"
+    argv = ["tune", "--graph", str(tinystories_graph), "--model", str(model)]
+    argv += ["--prompts", str(tmp_path / "chat.jsonl"), "--max-prompts", "4", "--max-tokens", "8"]
+    assert main([*argv, "--json", str(out)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    expected = [expected_prompt_ids(tokenizer, r) for r in records]
+    assert [list(t.prompt_ids) for t in seen] == expected
+    assert expected[0] != list(tokenizer(records[0]["messages"][0]["content"]).input_ids)
+    result = json.loads(out.read_text())
+    assert list(result["kinds"]) == ["ask", "tell", "(none)"]  # in order of appearance
+    for part in ("train", "heldout"):
+        assert sum(c[part] for c in result["kinds"].values()) == result["prompts"][part]
+    generated = sum(len(t.tokens) for t in seen)
+    for row in result["rows"]:
+        assert row["train"]["tokens"] + row["heldout"]["tokens"] == generated
+        for part in ("train", "heldout"):
+            for count in COUNTS:
+                per_kind = sum(row["by_kind"][k][part][count] for k in result["kinds"])
+                assert per_kind == row[part][count], (row["name"], part, count)
+    printed = capsys.readouterr().out
+    assert "per kind, tau (train / held-out)" in printed
+    assert all(kind in printed for kind in result["kinds"])
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"messages": [{"role": "user"}]}\n{"prompt": "b"}\n', "messages[0] needs string"),
+        ('{"prompt": "a", "kind": 3}\n{"prompt": "b"}\n', "'kind' must be a string"),
+        ('[1, 2]\n{"prompt": "b"}\n', ":1: a record must be a JSON object"),
+        ("\n\n", "has no prompts"),
+    ],
+)
+def test_a_bad_prompts_file_is_one_error_line_and_status_2(
+    tmp_path: Path, capsys, content: str, message: str
+):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(content, encoding="utf-8")
+    argv = ["tune", "--graph", str(tmp_path / "no-graph"), "--model", str(STORIES_MODEL)]
+    assert main([*argv, "--prompts", str(prompts)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "speculant tune: error: --prompts" in lines[0], lines
+    assert message in lines[0]
+
+
+def test_chat_records_for_a_model_without_a_chat_template_are_one_error_line(
+    tinystories_graph: Path, tmp_path: Path, capsys
+):
+    write_chat_prompts(tmp_path / "chat.jsonl", 2)
+    argv = ["tune", "--graph", str(tinystories_graph), "--model", str(STORIES_MODEL)]
+    assert main([*argv, "--prompts", str(tmp_path / "chat.jsonl")]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "prompt 1" in errors[0] and "chat template" in errors[0]
+    assert "Traceback" not in err
