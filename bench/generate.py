@@ -63,13 +63,22 @@ from typing import Any
 from bench.in_process import InProcessSystems
 from bench.machine import load_average, machine_info, self_peak_rss_bytes
 from bench.service_stack import ServiceStack, service_stack
-from bench.settings import SYSTEMS, BenchSettings, RunRecord, Variant, load_prompts, variants_for
+from bench.settings import (
+    SYSTEMS,
+    BenchSettings,
+    RunRecord,
+    Variant,
+    load_prompt_texts,
+    load_prompts,
+    variants_for,
+)
 from bench.summary import Runner, add_total_speedups, per_prompt_values, summarize_variant
 from speculant.affinity import pin_process, split_cores
+from speculant.prompt_records import PromptRecord, kinds_of
 
 
 def _runner(in_process: InProcessSystems, services: ServiceStack | None) -> Runner:
-    def run(variant: Variant, prompt: str, prompt_ids: list[int], seed: int) -> RunRecord:
+    def run(variant: Variant, prompt: PromptRecord, prompt_ids: list[int], seed: int) -> RunRecord:
         if variant.system in ("hf", "hf-lookup"):
             return in_process.run_hf(variant, prompt_ids, seed)
         if variant.system in ("embedded", "plain"):
@@ -89,7 +98,7 @@ def rotated(items: Sequence[Variant], shift: int) -> list[Variant]:
 def _interleave(
     run: Runner,
     variants: list[Variant],
-    prompts: list[str],
+    prompts: list[PromptRecord],
     prompt_ids: list[list[int]],
     settings: BenchSettings,
     progress: Callable[[str], None],
@@ -149,6 +158,7 @@ def run_benchmark(
     result = _result(
         settings, variants, records, prompt_lengths, service_processes, load_start, started
     )
+    result["by_kind"] = by_kind(result, [p.kind for p in prompts], settings.temperature)
     if learning:
         result["learning"] = learning
     result["services_chosen"] = service_notes  # what `up` chose for this host (services_as up)
@@ -174,7 +184,7 @@ def learn_warmup_prompts(settings: BenchSettings, graph_meta: Any) -> list[str]:
     """The prompts learn variants see before measuring: --learn-warmup-prompts, else
     prefixes of documents of the graph's own corpus (other text than the measured prompts)."""
     if settings.learn_warmup_prompts:
-        return load_prompts(settings.learn_warmup_prompts, settings.learn_warmup)
+        return load_prompt_texts(settings.learn_warmup_prompts, settings.learn_warmup)
     from distill.prompts import corpus_prompts, graph_corpus
 
     inputs, separator, text_field = graph_corpus(graph_meta.build_params)
@@ -258,6 +268,23 @@ def _result(
         "summary": summary,
         "per_prompt": per_prompt,
     }
+
+
+def by_kind(
+    result: dict[str, Any], kinds: list[str], temperature: float
+) -> dict[str, dict[str, Any]]:
+    """Every variant's summary over the prompts of each kind ({} when no prompt has a kind),
+    with speedups against hf on the same prompts."""
+    present = kinds_of([PromptRecord(text="-", kind=k) for k in kinds])
+    out: dict[str, dict[str, Any]] = {}
+    for kind in present:
+        summary = {}
+        for name, rows in result["per_prompt"].items():
+            mine = [row for row, k in zip(rows, kinds, strict=True) if k == kind]
+            summary[name] = {"prompts": len(mine), **summarize_variant(mine, temperature)}
+        add_total_speedups(summary)
+        out[kind] = summary
+    return out
 
 
 # --- output --------------------------------------------------------------------------------

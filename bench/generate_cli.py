@@ -16,15 +16,22 @@ from bench.generate import run_benchmark
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
 from bench.settings import (
+    DEFAULT_DRAFT_K,
+    DEFAULT_DRAFT_SIZE,
     DEFAULT_OVERLAY_WEIGHT,
     DEFAULT_TREE_NODES,
+    DEFAULT_VERIFY_COST,
     SERVICES_AS,
     SYSTEMS,
     BenchSettings,
     default_prompts_path,
+    load_prompts,
 )
-from gateway.cli import add_sampling_arguments, sampling_options
+from gateway.cli import add_sampling_arguments, check_verify_cost, sampling_options
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
+from speculant.errors import SpeculantError
+from speculant.prompt_records import PromptsError
+from speculant.types import DRAFT_SIZES
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
@@ -43,6 +50,12 @@ def _on_off(text: str) -> bool:
     return text == "on"
 
 
+def _draft_size(text: str) -> str:
+    if text not in DRAFT_SIZES:
+        raise ValueError(f"unknown draft size {text!r}; choose from {', '.join(DRAFT_SIZES)}")
+    return text
+
+
 def _system(text: str) -> str:
     if text not in SYSTEMS:
         raise ValueError(f"unknown system {text!r}; choose from {', '.join(SYSTEMS)}")
@@ -55,15 +68,32 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "generate",
         help="speculative decoding (embedded, services) against HF generate and prompt lookup",
     )
-    p.add_argument("--prompts", default=str(default_prompts_path()), help="JSON lines: prompt")
+    p.add_argument(
+        "--prompts",
+        default=str(default_prompts_path()),
+        help="JSON lines: prompt (text) or messages (chat, rendered with the model's chat "
+        "template), and an optional kind (figures are reported per kind too)",
+    )
     p.add_argument("--graph", required=True, help="graph directory")
     p.add_argument("--model", required=True, help="model name or folder")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     add_sampling_arguments(p, logprobs=False)
     p.add_argument("--seed", type=int, default=0, help="prompt i uses seed + i")
-    p.add_argument("--k", dest="ks", type=_csv(int), default=(4, 8), help="e.g. 4,8")
-    p.add_argument("--mix", dest="mixes", type=_csv(_on_off), default=(True, False), help="on,off")
+    p.add_argument(
+        "--k",
+        dest="ks",
+        type=_csv(int),
+        default=(DEFAULT_DRAFT_K,),
+        help=f"draft depths to compare, e.g. 4,8 (default {DEFAULT_DRAFT_K}, DraftConfig's)",
+    )
+    p.add_argument(
+        "--mix",
+        dest="mixes",
+        type=_csv(_on_off),
+        default=(True,),
+        help="attentive mixing on, off, or on,off (default on)",
+    )
     p.add_argument(
         "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
     )
@@ -111,6 +141,24 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         type=_csv(_on_off),
         default=(False,),
         help="adaptive draft length: off, on, or off,on to compare side by side (default off)",
+    )
+    p.add_argument(
+        "--draft-size",
+        dest="draft_sizes",
+        type=_csv(_draft_size),
+        default=(DEFAULT_DRAFT_SIZE,),
+        help="cost (verify the part of each draft that pays), fixed (verify every drafted "
+        f"token), or cost,fixed side by side (default {DEFAULT_DRAFT_SIZE})",
+    )
+    p.add_argument(
+        "--verify-cost",
+        dest="verify_costs",
+        type=_csv(str),
+        default=(DEFAULT_VERIFY_COST,),
+        metavar="measured|flat|FILE.json,...",
+        help="the cost profiles --draft-size cost uses, side by side: measured (the verifier's), "
+        "flat (every forward costs the same, as on a GPU), or a `bench cost --json` file "
+        f"(default {DEFAULT_VERIFY_COST})",
     )
     p.add_argument(
         "--pin-cpus",
@@ -197,6 +245,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         tree_nodes=tuple(args.tree_nodes),
         overlay_weights=tuple(args.overlay_weights),
         adaptive_ks=tuple(args.adaptive_ks),
+        draft_sizes=tuple(args.draft_sizes),
+        verify_costs=tuple(args.verify_costs),
         pin_cpus=args.pin_cpus,
         compare_graphs=tuple(args.compare_graphs),
         learns=tuple(args.learns),
@@ -240,6 +290,14 @@ def run_bench_generate(args: argparse.Namespace) -> int:
 
     if not settings.ks or not settings.mixes or not settings.systems:
         return usage_error("--k, --mix and --systems need at least one value")
+    if not settings.draft_sizes or not settings.verify_costs:
+        return usage_error("--draft-size and --verify-cost need at least one value")
+    try:
+        load_prompts(settings.prompts, settings.limit)  # a bad file fails now, not after loading
+        for spec in settings.verify_costs:
+            check_verify_cost(spec)
+    except (PromptsError, SpeculantError) as exc:
+        return usage_error(exc)
     if args.plot:
         try:
             require_matplotlib()  # fail before the run, not after it

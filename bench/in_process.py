@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.settings import BenchSettings, RunRecord, Variant
 from speculant.config import DraftConfig
+from speculant.prompt_records import PromptRecord
 from speculant.types import SamplingControls
 
 
@@ -100,8 +101,19 @@ class InProcessSystems:
                 shared.verifier,
                 shared.tokenizer,
                 draft_context_window=shared.draft_context_window,
+                verify_cost=self.cost_profile(variant.verify_cost),
             )
         return self._coordinators[variant]
+
+    def cost_profile(self, spec: str) -> Any:
+        """The cost profile of a variant: the verifier's own (refreshed as it verifies) for
+        "measured", else "flat" or a file's (see speculant.cost_profile)."""
+        from speculant.cost_profile import verify_cost_profile
+
+        verifier = self.decoder.verifier
+        if spec == "measured":
+            return verifier.cost_profile
+        return verify_cost_profile(spec, verifier.info)
 
     def warm_up_learning(self, variant: Variant, prompts: list[list[int]], seed: int) -> None:
         """Generate the warm-up prompts through the variant, its live layer learning each."""
@@ -127,10 +139,14 @@ class InProcessSystems:
     def tokenizer(self) -> Any:
         return self.decoder.tokenizer
 
-    def encode(self, prompt: str) -> list[int]:
+    def encode(self, prompt: PromptRecord | str) -> list[int]:
+        """The token ids of a prompt record (chat messages through the chat template) or a
+        text."""
         from speculant.prompting import encode_prompt
 
-        return encode_prompt(self.tokenizer, prompt)
+        if isinstance(prompt, str):
+            return encode_prompt(self.tokenizer, prompt)
+        return prompt.token_ids(self.tokenizer)
 
     def run_hf(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
         lookup = variant.k if variant.system == "hf-lookup" else None
@@ -158,6 +174,7 @@ class InProcessSystems:
             tree_nodes=variant.tree_nodes,
             adaptive_k=variant.adaptive_k,
             overlay_weight=variant.overlay_weight,
+            draft_size=variant.draft_size,
         )
         request = GenerationRequest(
             prompt_ids=prompt_ids,

@@ -441,7 +441,7 @@ def _print_report(report: dict[str, Any]) -> None:
 def run_http_load_command(args: argparse.Namespace) -> int:
     """`speculant load --http URL`."""
     from bench.load_http import check_http_target, print_http_report, run_http_load
-    from bench.settings import default_prompts_path, load_prompts
+    from bench.settings import default_prompts_path, load_prompt_texts
     from speculant.auth import load_token
     from speculant.cli_errors import fail, usage_error
     from speculant.errors import SpeculantError
@@ -452,7 +452,7 @@ def run_http_load_command(args: argparse.Namespace) -> int:
     try:
         report = run_http_load(
             args.http,
-            load_prompts(args.prompts or default_prompts_path()),
+            load_prompt_texts(args.prompts or default_prompts_path()),
             concurrency=args.concurrency,
             duration_s=args.duration,
             max_tokens=args.max_tokens,
@@ -474,7 +474,7 @@ def _report(report: dict[str, Any], show: Any, json_path: str | None) -> int:
 
 
 def run_load_command(args: argparse.Namespace) -> int:
-    from bench.settings import default_prompts_path, load_prompts
+    from bench.settings import default_prompts_path, load_prompt_texts
     from speculant.auth import bearer_metadata, load_token
     from speculant.cli_errors import fail, usage_error
     from speculant.errors import SpeculantError
@@ -503,7 +503,7 @@ def run_load_command(args: argparse.Namespace) -> int:
         if not is_loopback(address):
             return usage_error(f"{address} is not a loopback address (load tests stay local)")
     try:
-        prompts = load_prompts(args.prompts or default_prompts_path())
+        prompts = load_prompt_texts(args.prompts or default_prompts_path())
         report = run_load(
             args.gateway,
             prompts,

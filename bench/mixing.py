@@ -31,7 +31,13 @@ from typing import Any
 
 from bench.generate import rotated
 from bench.in_process import InProcessSystems
-from bench.settings import BenchSettings, RunRecord, Variant, default_prompts_path, load_prompts
+from bench.settings import (
+    BenchSettings,
+    RunRecord,
+    Variant,
+    default_prompts_path,
+    load_prompt_texts,
+)
 from bench.summary import per_prompt_values, summarize_variant
 from speculant.config import DEFAULT_TREE_NODES, MIXING_MODES
 from speculant.types import DraftParams
@@ -102,7 +108,7 @@ def run(settings: BenchSettings, variants: list[MixVariant]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(settings.torch_threads)
-    prompts = load_prompts(settings.prompts, settings.limit)
+    prompts = load_prompt_texts(settings.prompts, settings.limit)
     systems = InProcessSystems(settings)
     prompt_ids = [systems.encode(p) for p in prompts]
     coordinators: dict[MixVariant, Any] = {}

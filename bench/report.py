@@ -14,6 +14,7 @@ def _fmt(value: float | None, spec: str, scale: float = 1.0) -> str:
 TABLE_COLUMNS = (
     ("variant", 24, None, ""),
     ("tok/s", 7, "tokens_per_second_median", ".0f"),
+    ("total", 7, "tokens_per_second_total", ".1f"),
     ("speedup", 7, "speedup_median", ".2f"),
     ("tau", 5, "tau_median", ".2f"),
     ("accept", 6, "acceptance_rate_total", ".1%"),
@@ -27,14 +28,23 @@ TABLE_COLUMNS = (
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """One row per variant: medians over prompts (accept: total over prompts)."""
+    """One row per variant: medians over prompts (accept: total over prompts); then, when the
+    prompts have kinds, the same table for each kind."""
     title = "medians over prompts of per-prompt values; accept = accepted / drafted, all prompts"
+    tables = [_table(title, result["summary"])]
+    for kind, summary in result.get("by_kind", {}).items():
+        prompts = next(iter(summary.values()))["prompts"]
+        tables.append(_table(f"kind {kind!r} ({prompts} prompts)", summary))
+    return "\n\n".join(tables)
+
+
+def _table(title: str, summary: dict[str, Any]) -> str:
     header = "  ".join(
         name.rjust(width) if i else name.ljust(width)
         for i, (name, width, _, _) in enumerate(TABLE_COLUMNS)
     )
     lines = [title, header, "-" * len(header)]
-    for name, figures in result["summary"].items():
+    for name, figures in summary.items():
         cells = [name.ljust(TABLE_COLUMNS[0][1])]
         for _, width, key, spec in TABLE_COLUMNS[1:]:
             scale = 1e3 if key and key.endswith("seconds_median") else 1.0

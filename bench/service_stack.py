@@ -17,6 +17,7 @@ from typing import Any
 from bench.machine import free_port, peak_rss_bytes
 from bench.settings import RPC_TIMEOUT_S, BenchSettings, RunRecord, Variant
 from speculant.affinity import pin_process, split_cores
+from speculant.prompt_records import PromptRecord
 
 
 @dataclass
@@ -53,7 +54,8 @@ class ServiceStack:
         self.log_dir = log_dir
         self.children: list[ServiceProcess] = []
         self.channels: list[Any] = []
-        self.stubs: dict[tuple[str, bool, int], Any] = {}  # (graph, learn, prep) -> gateway
+        # Variant.gateway_key (graph, learn, prep, verify cost) -> its gateway's stub
+        self.stubs: dict[tuple[str, bool, int, str], Any] = {}
         self.drafts: dict[tuple[str, bool], ServiceProcess] = {}
         self.verifier: ServiceProcess | None = None
         self.notes: list[str] = []  # what `up` chose for this host (services_as "up")
@@ -120,7 +122,7 @@ class ServiceStack:
                 self._wait_ready(by_name["draft"])
                 self._wait_ready(by_name["verifier"])
         self._wait_ready(by_name["gateway"])
-        self.stubs[("", False, 0)] = self._gateway_stub(by_name["gateway"].address)
+        self.stubs[("", False, 0, "measured")] = self._gateway_stub(by_name["gateway"].address)
 
     def _wait_ready(self, child: ServiceProcess) -> None:
         from speculant.health import wait_until_serving
@@ -179,9 +181,13 @@ class ServiceStack:
             self._pin(child)
         for tier, draft in self.drafts.items():
             for prep in s.next_round_drafts:
-                several = len(s.next_round_drafts) > 1
-                name = self._tier_name("gateway", tier, prep if several else None)
-                self.stubs[(*tier, prep)] = self._gateway(name, draft, ["--no-learn"], prep)
+                for verify_cost in s.verify_costs:
+                    several = len(s.next_round_drafts) > 1
+                    name = self._tier_name("gateway", tier, prep if several else None)
+                    if len(s.verify_costs) > 1:
+                        name += f" cost={Path(verify_cost).name}"
+                    extra = ["--no-learn", "--verify-cost", verify_cost]
+                    self.stubs[(*tier, prep, verify_cost)] = self._gateway(name, draft, extra, prep)
 
     def _pin(self, child: ServiceProcess) -> None:
         if self._split is not None:
@@ -259,7 +265,7 @@ class ServiceStack:
         self.channels.append(channel)
         return channel
 
-    def run(self, variant: Variant, prompt: str, seed: int) -> RunRecord:
+    def run(self, variant: Variant, prompt: PromptRecord, seed: int) -> RunRecord:
         from google.protobuf import json_format
 
         from speculant.strategies import STRATEGY_TO_PROTO
@@ -267,7 +273,11 @@ class ServiceStack:
 
         strategy = STRATEGY_TO_PROTO[self.settings.strategy]
         request = gateway_pb2.GenerateRequest(
-            prompt=prompt,
+            prompt=prompt.text,
+            messages=[
+                gateway_pb2.ChatMessage(role=role, content=content)
+                for role, content in prompt.messages
+            ],
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             seed=seed,
@@ -279,10 +289,11 @@ class ServiceStack:
                 tree_nodes=variant.tree_nodes,
                 adaptive_k=variant.adaptive_k,
                 overlay_weight=variant.overlay_weight,
+                draft_size=variant.draft_size,
             ),
         )
         started = time.perf_counter()
-        stub = self.stubs[(*variant.draft_tier, variant.next_round_drafts or 0)]
+        stub = self.stubs[variant.gateway_key]
         response = stub.Generate(request, timeout=RPC_TIMEOUT_S)
         wall = time.perf_counter() - started
         stats = json_format.MessageToDict(

@@ -4,12 +4,13 @@ prompts, and one record per generation."""
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
+from speculant.prompt_records import PromptRecord, PromptsError
+from speculant.prompt_records import load_prompts as load_prompt_records
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DEV_PROMPTS = ROOT.parent / "shared" / "corpus" / "tinystories" / "dev_prompts.jsonl"
@@ -24,8 +25,11 @@ def default_prompts_path() -> Path:
     return SHARED_DEV_PROMPTS if SHARED_DEV_PROMPTS.is_file() else DEMO_PROMPTS
 
 
+DEFAULT_DRAFT_K: int = DraftConfig.model_fields["k"].default
 DEFAULT_TREE_NODES: int = DraftConfig.model_fields["tree_nodes"].default
 DEFAULT_OVERLAY_WEIGHT: float = DraftConfig.model_fields["overlay_weight"].default
+DEFAULT_DRAFT_SIZE: str = DraftConfig.model_fields["draft_size"].default
+DEFAULT_VERIFY_COST = "measured"
 
 
 @dataclass
@@ -40,8 +44,8 @@ class BenchSettings:
     # sampling controls (SamplingControls fields) of every system, hf included; empty: none
     sampling: dict[str, float] = field(default_factory=dict)
     seed: int = 0
-    ks: tuple[int, ...] = (4, 8)
-    mixes: tuple[bool, ...] = (True, False)
+    ks: tuple[int, ...] = (DEFAULT_DRAFT_K,)
+    mixes: tuple[bool, ...] = (True,)
     strategy: str = "greedy"
     systems: tuple[str, ...] = SYSTEMS
     limit: int | None = None
@@ -58,6 +62,10 @@ class BenchSettings:
     overlay_weights: tuple[float, ...] = (DEFAULT_OVERLAY_WEIGHT,)
     # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
     adaptive_ks: tuple[bool, ...] = (False,)
+    # draft sizes "cost" / "fixed" (see gateway.draft_sizing) and the cost profiles sizing
+    # uses ("measured", "flat" or a file), embedded and services
+    draft_sizes: tuple[str, ...] = (DEFAULT_DRAFT_SIZE,)
+    verify_costs: tuple[str, ...] = (DEFAULT_VERIFY_COST,)
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
     # more graphs (e.g. a distilled one), each drafting its own embedded / services rows
     compare_graphs: tuple[str, ...] = ()
@@ -86,6 +94,8 @@ class Variant:
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
     graph: str = ""  # "" = settings.graph, else one of settings.compare_graphs
     learn: bool = False  # drafts from a live layer warmed up on other prompts
+    draft_size: str = DEFAULT_DRAFT_SIZE  # "cost" or "fixed"
+    verify_cost: str = DEFAULT_VERIFY_COST  # the cost profile draft_size "cost" uses
 
     @property
     def name(self) -> str:
@@ -100,6 +110,10 @@ class Variant:
             name += f" ov={self.overlay_weight:g}"
         if self.adaptive_k:
             name += " adaptive"
+        if self.draft_size != DEFAULT_DRAFT_SIZE:
+            name += f" {self.draft_size}"
+        elif self.verify_cost != DEFAULT_VERIFY_COST:
+            name += f" cost={Path(self.verify_cost).name}"
         if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
             name += f" prep={self.next_round_drafts}"
         if self.graph:
@@ -112,6 +126,12 @@ class Variant:
     def draft_tier(self) -> tuple[str, bool]:
         """(graph, learn): the variants that share one drafter's graph and live layer."""
         return self.graph, self.learn
+
+    @property
+    def gateway_key(self) -> tuple[str, bool, int, str]:
+        """The services variants one gateway serves: its draft tier, --next-round-drafts and
+        --verify-cost."""
+        return (*self.draft_tier, self.next_round_drafts or 0, self.verify_cost)
 
 
 @dataclass
@@ -136,6 +156,11 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
         else:  # embedded, services: one row per draft shape (and gateway, for services)
             preps = settings.next_round_drafts if system == "services" else (None,)
+            sizes = [
+                (size, cost)
+                for size in settings.draft_sizes
+                for cost in (settings.verify_costs if size == "cost" else (DEFAULT_VERIFY_COST,))
+            ]
             rows.extend(
                 Variant(
                     system,
@@ -147,26 +172,38 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                     overlay_weight=overlay,
                     graph=graph,
                     learn=learn,
+                    draft_size=size,
+                    verify_cost=cost,
                 )
-                for graph, learn, k, mix, tree, overlay, prep, adaptive in itertools.product(
-                    ("", *settings.compare_graphs),
-                    settings.learns,
-                    settings.ks,
-                    settings.mixes,
-                    settings.tree_nodes,
-                    settings.overlay_weights,
-                    preps,
-                    settings.adaptive_ks,
+                for graph, learn, (size, cost), k, mix, tree, overlay, prep, adaptive in (
+                    itertools.product(
+                        ("", *settings.compare_graphs),
+                        settings.learns,
+                        sizes,
+                        settings.ks,
+                        settings.mixes,
+                        settings.tree_nodes,
+                        settings.overlay_weights,
+                        preps,
+                        settings.adaptive_ks,
+                    )
                 )
             )
     return rows
 
 
-def load_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """The `prompt` field of each JSON line, the first `limit` of them."""
-    with open(path, encoding="utf-8") as f:
-        prompts = [json.loads(line)["prompt"] for line in f if line.strip()]
-    return prompts[:limit] if limit else prompts
+def load_prompts(path: str | Path, limit: int | None = None) -> list[PromptRecord]:
+    """The prompt records of a JSON-lines file (text ``prompt`` or chat ``messages``, and an
+    optional ``kind``; see speculant.prompt_records), the first `limit` of them."""
+    return load_prompt_records(path, limit)
+
+
+def load_prompt_texts(path: str | Path, limit: int | None = None) -> list[str]:
+    """The text prompts of a JSON-lines file (PromptsError for a chat record)."""
+    records = load_prompt_records(path, limit)
+    if any(record.messages for record in records):
+        raise PromptsError(f"{path}: this command takes text prompts ('prompt'), not 'messages'")
+    return [record.text for record in records]
 
 
 # --- machine -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.settings import RunRecord, Variant
+from speculant.prompt_records import PromptRecord
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -139,4 +140,4 @@ def add_total_speedups(summary: dict[str, dict]) -> None:
 # --- the run -------------------------------------------------------------------------------
 
 
-Runner = Callable[[Variant, str, list[int], int], RunRecord]
+Runner = Callable[[Variant, PromptRecord, list[int], int], RunRecord]

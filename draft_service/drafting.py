@@ -50,6 +50,7 @@ Terms:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -133,9 +134,13 @@ class Drafter:
     ) -> DraftProposal:
         """Up to params.k draft tokens continuing context_ids, each with its q and matched order.
 
-        seed only affects the sampling strategy (None: nondeterministic).
+        seed only affects the sampling strategy (None: nondeterministic). The proposal's
+        ``seconds`` is the time this call took (what drafting costs, without any RPC).
         """
-        return self._propose(context_ids, self._checked(context_ids, params, seed), seed)
+        started = time.perf_counter()
+        proposal = self._propose(context_ids, self._checked(context_ids, params, seed), seed)
+        proposal.seconds = time.perf_counter() - started
+        return proposal
 
     def _checked(
         self, context_ids: Sequence[int] | np.ndarray, params: DraftParams, seed: int | None

@@ -93,6 +93,41 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
         help="adapt each round's draft length (1..k) to the request's acceptance history; "
         "the output is the same",
     )
+    parser.add_argument(
+        "--draft-size",
+        choices=["cost", "fixed"],
+        default=_DRAFT_DEFAULTS["draft_size"].default,
+        help="cost: verify, each round, the part of the draft that pays under the verifier's "
+        "cost profile (--k and --tree-nodes are limits; possibly nothing: a plain step); "
+        "fixed: verify every drafted token",
+    )
+
+
+def add_verify_cost_argument(parser: argparse.ArgumentParser) -> None:
+    """--verify-cost of generate (embedded), serve-gateway, up and bench generate."""
+    parser.add_argument(
+        "--verify-cost",
+        default="measured",
+        metavar="measured|flat|FILE.json",
+        help="the verifier cost profile that sizes drafts (--draft-size cost): measured (the "
+        "verifier's, measured at start-up and refreshed from real Verify timings), flat (every "
+        "forward costs the same, as on a GPU for small drafts) or a `speculant bench cost "
+        "--json` file (default: measured)",
+    )
+
+
+def check_verify_cost(spec: str) -> None:
+    """InvalidArgumentError naming --verify-cost unless it is measured, flat or a readable
+    cost profile file."""
+    from speculant.cost_profile import VERIFY_COST_MODES, CostProfile, CostProfileError
+    from speculant.errors import InvalidArgumentError
+
+    if spec in VERIFY_COST_MODES:
+        return
+    try:
+        CostProfile.load(spec)
+    except CostProfileError as exc:
+        raise InvalidArgumentError("--verify-cost", str(exc)) from None
 
 
 # The sampling-control flags: (name, type, help); default None = the model's
@@ -194,6 +229,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "file (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
     )
     add_draft_default_arguments(serve)
+    add_verify_cost_argument(serve)
     serve.add_argument(
         "--no-learn",
         action="store_true",
@@ -223,6 +259,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_client_tls_arguments(generate, "--tls", "the gateway")
     add_generation_arguments(generate)
+    add_verify_cost_argument(generate)
     generate.set_defaults(handler=run_generate)
 
     from gateway.demo import register_demo
@@ -300,6 +337,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
     server = metrics = None
     try:
         draft_defaults = draft_defaults_from_args(args)
+        check_verify_cost(args.verify_cost)
         metrics = metrics_from_args(args)
         if metrics is None and args.http_port:
             metrics = Metrics()  # served at the HTTP API's /metrics only
@@ -323,6 +361,7 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
             backend_tls=backend_tls,
             metrics=metrics,
             learn=not args.no_learn,
+            verify_cost=args.verify_cost,
         )
         http = None
         if args.http_port:
@@ -397,6 +436,7 @@ _DRAFT_FLAGS = (
     "overlay_weight",
     "tree_nodes",
     "adaptive_k",
+    "draft_size",
 )
 
 
@@ -413,6 +453,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     from speculant.errors import InvalidArgumentError
 
     try:
+        check_verify_cost(args.verify_cost)
         draft = DraftConfig(**_draft_options(args))
         generation = GenerationConfig(
             max_tokens=args.max_tokens,
@@ -431,6 +472,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         graph_path=args.graph,
         verifier_config=VerifierConfig(model_name=args.model),
         draft_config=draft,
+        verify_cost=args.verify_cost,
     )
     from gateway.http_answers import generate_response
 

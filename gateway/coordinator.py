@@ -8,8 +8,12 @@ One request:
 3. tokens are checked one by one against EOS, stop strings, max_tokens and the context length,
    and never emitted past them.
 
-With ``draft.adaptive_k`` the draft length of each round follows the request's acceptance
-history (:mod:`gateway.adaptive_k`), between 1 and draft.k; otherwise it is draft.k.
+With ``draft.draft_size`` "cost" (the default) each round's draft is sized by the verifier's
+cost profile and calibrated acceptance (:mod:`gateway.draft_sizing`): the drafter is asked for a
+budget of nodes, and only the best-first part of its draft that pays is verified (possibly
+nothing: then the round is a plain decoding step). With "fixed" every drafted token is
+verified. With ``draft.adaptive_k`` the draft length of each round follows the request's
+acceptance history (:mod:`gateway.adaptive_k`), between 1 and draft.k; otherwise it is draft.k.
 
 Drafts are only an optimisation: if the drafter fails, the round goes on with an empty draft
 (the verifier then emits exactly one token) and the output is unchanged.
@@ -27,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gateway.adaptive_k import next_draft_length
 from gateway.detokenizer import IncrementalDetokenizer
+from gateway.draft_sizing import RequestSizer, SizingModel
 from gateway.interfaces import (
     DraftCall,
     DraftSource,
@@ -36,6 +41,7 @@ from gateway.interfaces import (
 )
 from gateway.stats import GenerationStats
 from gateway.stopping import FinishReason, find_stop_string, safe_text_length
+from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.errors import InvalidArgumentError, OutOfRangeError
 from speculant.types import (
     DraftParams,
@@ -250,9 +256,14 @@ class Coordinator:
         draft_context_window: int = 16,
         next_round_drafts: int = 0,
         learner: GenerationLearner | None = None,
+        verify_cost: CostProfile | None = None,
     ) -> None:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
         with a request's draft.overlay_weight > 0 it sees the whole context instead.
+
+        verify_cost: the cost profile cost-aware draft sizes use (gateway.draft_sizing; a
+        measured one is refreshed from this coordinator's own Verify timings); None: the
+        verifier's measured profile (flat when it reports none).
 
         next_round_drafts: with a drafter that can prepare them
         (gateway.draft_client.GrpcDraftClient), ask it each round to prepare drafts for this
@@ -275,6 +286,7 @@ class Coordinator:
         self.eos_token_ids = set(info.eos_token_ids)
         self.max_context_length = info.max_context_length
         self.vocab_size = info.vocab_size
+        self.sizing = SizingModel(verify_cost or verify_cost_profile("measured", info))
 
     def generate(self, request: GenerationRequest, **kwargs: object) -> GenerationResult:
         """Run the request to completion and return the result."""
@@ -325,20 +337,28 @@ class Coordinator:
             prepared: dict[tuple[int, int], DraftProposal] = {}  # by (accepted, next token)
             outcome = (-1, -1)  # (accepted drafts, last emitted token) of the last round
             draft_length = request.draft.k  # with draft.adaptive_k: set round by round
+            sizer = self._sizer(request.draft)
             while output.finish_reason is None:
                 if cancelled is not None and cancelled():
                     log.info("generation cancelled after %d tokens", len(output.token_ids))
                     return
+                round_started = time.perf_counter()
                 k = min(draft_length, output.remaining - 1)
-                t0 = time.perf_counter()
+                params = request.draft
+                if sizer is not None:  # this round's budget (None: no draft)
+                    planned = sizer.plan(params, k)
+                    params, k = (params, 0) if planned is None else (planned, planned.k)
                 ready = prepared.get(outcome) if k > 0 else None  # prepared last round?
-                call = self._start_draft(context, request, k, stats, ready is not None)
+                call = self._start_draft(context, params, k, request.seed, stats, ready)
                 if ready is not None:
-                    proposal = ready.truncated(k)  # no waiting for a draft call this round
+                    drafted = ready.truncated(k)  # no waiting for a draft call this round
                     stats.prepared_drafts_used += 1
                 else:
-                    proposal = self._await_draft(call, stats)  # no call (k = 0): no draft
-                stats.draft_seconds += time.perf_counter() - t0
+                    drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
+                draft_s = time.perf_counter() - round_started
+                proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
+                stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
+                stats.rounds_without_draft += not proposal.token_ids
                 t0 = time.perf_counter()
                 sampled = request.draft.strategy == "sampling"
                 try:
@@ -350,13 +370,15 @@ class Coordinator:
                     if call is not None:
                         call.discard()
                     raise
-                stats.verify_seconds += time.perf_counter() - t0
+                verify_s = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 prepared = {
                     (d.accepted_count, d.next_token): d.proposal
                     for d in (call.next_round() if call is not None else ())
                 }
-                stats.draft_seconds += time.perf_counter() - t0
+                draft_s += time.perf_counter() - t0
+                stats.draft_seconds += draft_s
+                stats.verify_seconds += verify_s
                 outcome = (result.accepted_count, result.token_ids[-1])
                 # a chain's length, a tree's depth
                 positions = max(proposal.depths(), default=-1) + 1
@@ -370,10 +392,18 @@ class Coordinator:
                     draft_length = next_draft_length(
                         k, positions, result.accepted_count, request.draft.k
                     )
-                before = len(output.token_ids)
+                before, start = len(output.token_ids), len(context)
                 output.add(result.token_ids, result.logprobs)
                 context.extend(output.token_ids[before:])
+                if sizer is not None:
+                    round_s = time.perf_counter() - round_started
+                    timings = (draft_s, verify_s, round_s)
+                    sizer.observe(
+                        drafted if k > 0 else None, proposal, result, start, context, timings
+                    )
                 yield output.take_chunk()
+            if sizer is not None:
+                sizer.finish()
             output.finish()
             if prefilled:
                 prefilled = False
@@ -391,34 +421,47 @@ class Coordinator:
             if prefilled:
                 self._release(session_id)
 
+    def _sizer(self, params: DraftParams) -> RequestSizer | None:
+        """The request's cost-aware sizing: None with draft_size "fixed", and for sampled drafts
+        (their output for a seed depends on the draft, so its size must not depend on timings:
+        seeded requests repeat exactly)."""
+        if params.draft_size != "cost" or params.strategy == "sampling":
+            return None
+        return self.sizing.for_request(params)
+
     def _start_draft(
         self,
         context: list[int],
-        request: GenerationRequest,
+        params: DraftParams,
         k: int,
+        request_seed: int | None,
         stats: GenerationStats,
-        draft_known: bool,
+        ready: DraftProposal | None,
     ) -> DraftCall | None:
-        """Send this round's draft request; None when k is 0 or sending failed (an empty draft).
+        """Send this round's draft request (params, k deep); None when k is 0 or sending failed
+        (an empty draft).
 
         With a drafter that prepares drafts (a draft service) and next_round_drafts > 0, the
         request also asks for the next round's drafts, prepared while the verifier runs
-        (draft_known: only for those, this round's draft being one prepared last round).
+        (ready: this round's draft, prepared last round; then only those are asked for).
         """
         if k <= 0:
             return None
-        params = request.draft if k == request.draft.k else replace(request.draft, k=k)
+        params = params if k == params.k else replace(params, k=k)
         # the overlay reads the whole context; otherwise the graph's orders need only a tail
         window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
-        seed = _draft_seed(request.seed, stats.rounds)
+        seed = _draft_seed(request_seed, stats.rounds)
+        draft_known = ready is not None
         try:
             # next-round drafts are prepared for a chain's outcomes: not with trees
             prepares = self.next_round_drafts > 0 and not params.drafts_tree
             if prepares and self._preparing is not None:
-                next_seed = _draft_seed(request.seed, stats.rounds + 1)
+                next_seed = _draft_seed(request_seed, stats.rounds + 1)
                 return self._preparing.start(
                     window, params, seed, self.next_round_drafts, next_seed, draft_known
                 )
+            if draft_known:
+                return None
             return _ImmediateDraftCall(self.drafter, window, params, seed)
         except Exception as exc:  # drafts are an optimisation: go on without one
             stats.draft_failures += 1

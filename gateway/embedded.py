@@ -29,6 +29,7 @@ from gateway.coordinator import (
     StreamChunk,
 )
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
+from speculant.cost_profile import verify_cost_profile
 from speculant.graph_reader import NGramGraph
 from speculant.prompting import encode_prompt
 from speculant.types import DraftParams, SamplingControls
@@ -45,10 +46,17 @@ class SpeculativeDecoder:
         draft_config: DraftConfig | None = None,
         *,
         learn: bool = True,
+        verify_cost: str = "measured",
     ) -> None:
         """learn: the drafter learns from every finished generation (a live layer in this
         process, draft_service.live_layer: drafts improve as similar text is generated; the
-        output never changes). False: drafts from the graph alone."""
+        output never changes). False: drafts from the graph alone.
+
+        verify_cost: the cost profile that sizes drafts (draft_size "cost", the default; see
+        gateway.draft_sizing): "measured" (the verifier's, measured at start-up and refreshed
+        from every Verify), "flat" (every forward costs the same, as on a GPU for small drafts)
+        or the path of a ``speculant bench cost --json`` file (CostProfileError if unreadable).
+        """
         self.verifier_config = verifier_config or VerifierConfig()
         self.draft_config = draft_config or DraftConfig()
         self.graph = NGramGraph.open(graph_path)
@@ -63,12 +71,18 @@ class SpeculativeDecoder:
             info.tokenizer_fingerprint,
         )
         self.tokenizer = self.verifier.model.tokenizer
+        profile = (
+            self.verifier.cost_profile  # the verifier's own: refreshed as it verifies
+            if verify_cost == "measured"
+            else verify_cost_profile(verify_cost, info)
+        )
         self.coordinator = Coordinator(
             Drafter(self.graph, live=self.live),
             self.verifier,
             self.tokenizer,
             draft_context_window=meta.max_order,
             learner=self.live,
+            verify_cost=profile,
         )
 
     def _request(

@@ -44,6 +44,7 @@ from speculant.config import (
     DraftConfig,
     GenerationConfig,
 )
+from speculant.cost_profile import verify_cost_profile
 from speculant.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -110,14 +111,19 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
         next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
         metrics: GatewayMetrics | None = None,
         learner: GenerationLearner | None = None,
+        verify_cost: str = "measured",
     ) -> None:
         """max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
+        verify_cost: the cost profile that sizes drafts, "measured" (the verifier's, as
+        GetModelInfo reports it), "flat" or a cost profile file (see
+        speculant.cost_profile.verify_cost_profile).
         next_round_drafts: drafts the draft service prepares for the next round while the
         verifier runs (see Coordinator; 0 = off). metrics: count generations in it.
         learner: gets every finished generation (gateway.learning.LearnReporter; None: the
         draft tier learns nothing from this gateway)."""
         self.metrics = metrics
         self.learner = learner
+        self.verify_cost = verify_cost
         if next_round_drafts < 0:
             raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
         self.max_concurrent = max_concurrent
@@ -184,6 +190,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
             draft_context_window=graph.max_order if graph is not None else 1,
             next_round_drafts=self.next_round_drafts if graph is not None else 0,
             learner=self.learner,
+            verify_cost=verify_cost_profile(self.verify_cost, info),
         )
 
     def _load_tokenizer(self, verifier_tokenizer: str, fingerprint: str) -> object:
@@ -416,6 +423,7 @@ def start_gateway(
     backend_tls: ClientTls | None = None,
     metrics: Metrics | None = None,
     learn: bool = True,
+    verify_cost: str = "measured",
 ) -> tuple[ServiceServer, GatewayServicer]:
     """Start a gateway server; with check_backends, fail fast on a tokenizer mismatch.
     draft_defaults: for requests that leave a drafting field unset (default: DraftConfig()).
@@ -423,7 +431,8 @@ def start_gateway(
     tls: serve TLS; backend_tls: reach the draft and verifier services over TLS.
     verifier_timeout_s: the most a verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's).
-    learn: report every finished generation to the draft tier (gateway.learning)."""
+    learn: report every finished generation to the draft tier (gateway.learning).
+    verify_cost: the cost profile that sizes drafts (GatewayServicer's)."""
     drafter = GrpcDraftClient(
         draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
     )
@@ -436,6 +445,7 @@ def start_gateway(
         next_round_drafts=next_round_drafts,
         metrics=None if metrics is None else GatewayMetrics(metrics.registry),
         learner=LearnReporter(drafter) if learn else None,
+        verify_cost=verify_cost,
     )
     if check_backends:
         servicer.find_draft_tier()

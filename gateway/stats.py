@@ -28,6 +28,8 @@ class GenerationStats:
     accepted_from_overlay: int = 0
     accepted_from_both: int = 0
     prepared_drafts_used: int = 0  # rounds whose draft was prepared during the last verify
+    unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.draft_sizing)
+    rounds_without_draft: int = 0  # Verify rounds with no draft token (plain decoding steps)
 
     @property
     def acceptance_rate(self) -> float:
@@ -103,4 +105,6 @@ class GenerationStats:
             "accepted_from_both": self.accepted_from_both,
             "prepared_drafts_used": self.prepared_drafts_used,
             "wasted_draft_tokens": self.wasted_draft_tokens,
+            "unverified_draft_tokens": self.unverified_draft_tokens,
+            "rounds_without_draft": self.rounds_without_draft,
         }

@@ -93,6 +93,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
 
     add_http_arguments(gateway, default_port=DEFAULT_UP_HTTP_PORT)
     add_draft_default_arguments(up)
+    from gateway.cli import add_verify_cost_argument
+
+    add_verify_cost_argument(gateway)
     from draft_service.cli import add_learning_arguments
 
     add_learning_arguments(up.add_argument_group("learning (draft service and gateway)"))
@@ -244,6 +247,7 @@ def plan_up(args: argparse.Namespace) -> Plan:
             *_optional("--tls-key", args.tls_key),
             *_optional("--tls-client-ca", args.tls_client_ca),
             *_http_flags(args),
+            *("--verify-cost", args.verify_cost),
             *draft_default_argv(args),
             *_observability_args(args, 0),
         ],

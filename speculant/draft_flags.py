@@ -38,6 +38,15 @@ _FLAGS: dict[str, tuple[str, dict[str, object]]] = {
         "min_draft_prob",
         {"type": float, "help": "end a draft where its running probability falls below this"},
     ),
+    "--draft-size": (
+        "draft_size",
+        {
+            "choices": ["cost", "fixed"],
+            "help": "cost: verify, each round, the part of the draft that pays under the "
+            "verifier's cost profile (k and tree nodes are limits); fixed: verify every drafted "
+            "token",
+        },
+    ),
 }
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from speculant.config import (
     DEFAULT_DRAFT_K,
+    DEFAULT_OVERLAY_WEIGHT,
     DEFAULT_TREE_NODES,
     MAX_DRAFT_K,
     MAX_MIXING_WEIGHT,
@@ -35,6 +36,8 @@ from speculant.config import (
 from speculant.errors import InvalidArgumentError
 
 DraftStrategyName = Literal["greedy", "sampling"]
+DraftSizeName = Literal["cost", "fixed"]
+DRAFT_SIZES: tuple[str, ...] = ("cost", "fixed")
 
 # The mixing parameters a graph may carry tuned defaults for (``speculant tune``, stored in its
 # meta record under ``tuned.params``). In DraftParams they are None when the request did not
@@ -69,6 +72,9 @@ class DraftParams:
     :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
     ``adaptive_k`` (a gateway-side choice): the coordinator adapts each round's draft length to
     the request's acceptance history, between 1 and k (see :mod:`gateway.adaptive_k`).
+    ``draft_size`` (a gateway-side choice): "cost" sizes each round's draft by the verifier's
+    cost profile, with k and tree_nodes as limits, and verifies its best-first part that pays
+    (possibly none); "fixed" verifies every drafted token (see :mod:`gateway.draft_sizing`).
 
     The mixing parameters (TUNABLE_FIELDS) are None when not set: the drafter fills them with
     its graph's tuned defaults, else the built-in ones (:meth:`with_defaults`).
@@ -84,9 +90,10 @@ class DraftParams:
     mixing: MixingName | None = None
     escape_weight: float | None = None
     min_draft_prob: float = 0.0
-    overlay_weight: float = 0.0
+    overlay_weight: float = DEFAULT_OVERLAY_WEIGHT
     tree_nodes: int = DEFAULT_TREE_NODES
     adaptive_k: bool = False
+    draft_size: DraftSizeName = "cost"
 
     @property
     def drafts_tree(self) -> bool:
@@ -167,6 +174,10 @@ class DraftParams:
         if not 0 <= self.overlay_weight <= top:
             raise InvalidArgumentError(
                 "overlay_weight", f"must be a number in [0, {top:g}], got {self.overlay_weight}"
+            )
+        if self.draft_size not in DRAFT_SIZES:
+            raise InvalidArgumentError(
+                "draft_size", f"must be one of {', '.join(DRAFT_SIZES)}, got {self.draft_size!r}"
             )
         return self
 
@@ -328,6 +339,12 @@ class DraftProposal:
     # A draft tree: parents[i] is the index of token i's parent (< i), or -1 when token i follows
     # the context directly. Empty: a chain (token i follows token i - 1).
     parents: list[int] = field(default_factory=list)
+    # The drafter's confidence: path_probs[i] = q(t_1) * ... * q(t_i) along token i's path (the
+    # mixed q of each token before a greedy draft reports its point mass), so token i's own
+    # q given its parent is path_probs[i] / path_probs[parent]. May be empty (older servers).
+    path_probs: list[float] = field(default_factory=list)
+    # Seconds the drafter spent making the draft (its own work, no RPC); 0 when unknown.
+    seconds: float = 0.0
 
     def depths(self) -> list[int]:
         """The draft position (0-based) of each token: its depth in the tree."""
@@ -358,6 +375,8 @@ class DraftProposal:
             pick(self.matched_orders),
             pick(self.sources),
             [new_index.get(self.parents[i], -1) for i in keep] if self.parents else [],
+            pick(self.path_probs),
+            self.seconds,
         )
 
 
@@ -397,6 +416,8 @@ class ModelInfo:
     max_context_length: int
     device: str
     dtype: str
+    # [n - 1]: seconds of one forward over n new tokens (speculant.cost_profile); [] = unknown
+    verify_cost_seconds: list[float] = field(default_factory=list)
 
 
 @dataclass

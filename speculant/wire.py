@@ -46,9 +46,11 @@ def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
 
 
 # The drafting fields DraftOptions and ProposeRequest carry under DraftParams' names (strategy,
-# an enum, apart); adaptive_k is the gateway's choice, not sent to the draft service.
+# an enum, apart); adaptive_k and draft_size are the gateway's choices, not sent to the draft
+# service.
+GATEWAY_SIDE_FIELDS = ("adaptive_k", "draft_size")
 _OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
-_PROPOSE_FIELDS = tuple(name for name in _OPTION_FIELDS if name != "adaptive_k")
+_PROPOSE_FIELDS = tuple(name for name in _OPTION_FIELDS if name not in GATEWAY_SIDE_FIELDS)
 
 
 # a request's strategy: unset (None: the receiver's default) or a name
@@ -113,8 +115,10 @@ def _fill_draft(
     message.draft_token_ids.extend(proposal.token_ids)
     message.matched_orders.extend(proposal.matched_orders)
     message.draft_sources.extend(proposal.sources)
+    message.draft_path_probs.extend(proposal.path_probs)
     if isinstance(message, draft_pb2.ProposeResponse):
         message.draft_parents.extend(proposal.parents)
+        message.draft_seconds = proposal.seconds
     for dist in proposal.distributions if with_distributions else ():
         message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
 
@@ -149,6 +153,8 @@ def proposal_from_pb(
         matched_orders=list(message.matched_orders),
         sources=list(message.draft_sources),
         parents=list(getattr(message, "draft_parents", ())),
+        path_probs=list(message.draft_path_probs),
+        seconds=getattr(message, "draft_seconds", 0.0),
     )
 
 
@@ -214,7 +220,13 @@ def model_info_to_pb(info: ModelInfo) -> verifier_pb2.GetModelInfoResponse:
 
 def model_info_from_pb(message: verifier_pb2.GetModelInfoResponse) -> ModelInfo:
     values = {f.name: getattr(message, f.name) for f in fields(ModelInfo)}
-    return ModelInfo(**{**values, "eos_token_ids": list(message.eos_token_ids)})
+    return ModelInfo(
+        **{
+            **values,
+            "eos_token_ids": list(message.eos_token_ids),
+            "verify_cost_seconds": list(message.verify_cost_seconds),
+        }
+    )
 
 
 def verifier_stats_to_pb(stats: VerifierStats) -> verifier_pb2.GetStatsResponse:

@@ -230,12 +230,18 @@ def sample_pairs(
     overlay_weight: float = 0.0,
     runs: int = RUNS,
     sampling=None,
+    draft_size: str = "cost",
 ) -> Counter:
     """(first, second) generated token counts over RUNS seeds; tree_nodes > 0: the second
     token comes from verifying a draft tree (one level: up to 3 sibling drafts);
-    overlay_weight > 0: drafts mix in the request's own context."""
+    overlay_weight > 0: drafts mix in the request's own context; draft_size "cost" (the
+    default: the sizer decides what is verified) or "fixed" (every drafted token is)."""
     draft = DraftParams(
-        k=4, strategy=strategy, tree_nodes=tree_nodes, overlay_weight=overlay_weight
+        k=4,
+        strategy=strategy,
+        tree_nodes=tree_nodes,
+        overlay_weight=overlay_weight,
+        draft_size=draft_size,
     )
     return sample_pairs_embedded(decoder, prompt_ids, temperature, draft, sampling, runs).counts
 

@@ -23,7 +23,8 @@ from tests.fixtures.graphs import CORE_CHAINS, CORE_VOCAB
 
 # These tests pin the seed's attentive formula ("seed" mixing), which the DESIGN's formula and
 # parameters describe; the default mixing is Witten-Bell (tests/test_mixing.py).
-SeedParams = partial(DraftParams, mixing="seed", tree_nodes=0)  # chains, unless a test says
+# chains without the context overlay, unless a test says
+SeedParams = partial(DraftParams, mixing="seed", tree_nodes=0, overlay_weight=0.0)
 
 
 @pytest.fixture

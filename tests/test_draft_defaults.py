@@ -22,7 +22,7 @@ def parse(*argv: str):
 def test_flags_set_only_what_is_given():
     args = parse("serve-gateway", "--draft", "d:1", "--verifier", "v:2", "--k", "3")
     config = draft_defaults_from_args(parse("serve-draft", "--graph", "g"))
-    assert config.k == 8 and "k" not in config.model_fields_set  # built-in default
+    assert config.k == 16 and "k" not in config.model_fields_set  # built-in default
     config = draft_defaults_from_args(args)
     assert config.k == 3 and config.model_fields_set == {"k"}
     args = parse("up", "--graph", "g", "--model", "m", "--tree-nodes", "0", "--no-attentive-mix")

@@ -16,9 +16,10 @@ from speculant.cli import _subparsers, build_parser
 from speculant.config import DraftConfig
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2
+from speculant.wire import GATEWAY_SIDE_FIELDS
 
 PROTOS = Path(__file__).resolve().parent.parent / "protos" / "speculant" / "v1"
-GATEWAY_ONLY = {"adaptive_k"}  # the coordinator's choice: not sent to the draft service
+GATEWAY_ONLY = set(GATEWAY_SIDE_FIELDS)  # the coordinator's choices: not sent to the draft service
 OPTIONS = common_pb2.DraftOptions.DESCRIPTOR.fields_by_name
 PROPOSE = draft_pb2.ProposeRequest.DESCRIPTOR.fields_by_name
 

@@ -106,7 +106,9 @@ def test_propose_defaults_are_greedy_with_mixing(stub) -> None:
 
 
 def test_propose_sampling_is_seeded_and_reports_q(stub) -> None:
-    request = draft_pb2.ProposeRequest(context_token_ids=[20, 20], k=3, strategy=SAMPLING, seed=11)
+    request = draft_pb2.ProposeRequest(
+        context_token_ids=[20, 20], k=3, strategy=SAMPLING, seed=11, overlay_weight=0.0
+    )
     first = stub.Propose(request, timeout=5)
     assert stub.Propose(request, timeout=5) == first
     dist = first.distributions[0]
@@ -123,6 +125,7 @@ def test_propose_explicit_zero_means_zero(stub) -> None:
         reliability_weight=0.0,
         entropy_penalty=0.0,
         tree_nodes=0,
+        overlay_weight=0.0,
     )
     assert list(stub.Propose(request, timeout=5).draft_token_ids) == [11]  # an exact tie
 

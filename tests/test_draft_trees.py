@@ -15,7 +15,7 @@ import torch
 from scipy.stats import chisquare
 
 import verifier_service.batching as batching_module
-from draft_service.tree import TREE_WIDTH
+from draft_service.tree import SAMPLED_TREE_WIDTH, TREE_WIDTH
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams, DraftProposal
@@ -80,7 +80,9 @@ def test_a_tree_with_the_overlay_holds_the_overlay_chain(tinystories_drafter):
         node = _child(tree, node, token)
         assert node is not None
     assert {tree.sources[_child(tree, -1, 501)]} <= {"overlay", "both"}
-    without = tinystories_drafter.propose(context, DraftParams(k=K, tree_nodes=TREE))
+    without = tinystories_drafter.propose(
+        context, DraftParams(k=K, tree_nodes=TREE, overlay_weight=0.0)
+    )
     assert _child(without, -1, 501) is None  # the graph alone never drafts it
     with pytest.raises(InvalidArgumentError, match="tree_nodes"):
         DraftParams(tree_nodes=65).validate()
@@ -98,7 +100,7 @@ def test_a_sampled_tree_draws_siblings_without_replacement(tinystories_drafter):
     for index, parent in enumerate(tree.parents):
         siblings.setdefault(parent, []).append(index)
     for group in siblings.values():
-        assert len(group) <= TREE_WIDTH
+        assert len(group) <= SAMPLED_TREE_WIDTH
         drawn: list[int] = []
         for index in group:  # q_i: the node's q without the earlier siblings, renormalised
             q = tree.distributions[index]
@@ -200,13 +202,14 @@ def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
     references16,
     overlay_weight,
 ):
-    draft = DraftConfig(k=K, tree_nodes=TREE, overlay_weight=overlay_weight)
+    # fixed sizes: every drafted node is verified (tree against chain, not the cost model)
+    draft = DraftConfig(k=K, tree_nodes=TREE, overlay_weight=overlay_weight, draft_size="fixed")
     mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     rounds, tokens = totals(stats)
     assert_parallel(rounds, tokens, "greedy")
     # a chain of k (tree_nodes=0: DraftConfig's default draft is itself a tree, of 12)
-    chain_draft = DraftConfig(k=K, tree_nodes=0, overlay_weight=overlay_weight)
+    chain_draft = DraftConfig(k=K, tree_nodes=0, overlay_weight=overlay_weight, draft_size="fixed")
     chain = generate_embedded(embedded_decoder, prompts16, references16, chain_draft)[1]
     assert rounds < 0.9 * totals(chain)[0], "trees should need fewer verifier forwards"
 
@@ -344,7 +347,10 @@ def test_a_wrong_tree_rule_is_caught(embedded_decoder, monkeypatch):
     monkeypatch.setattr(batching_module, "tree_sample", wrong_tree_sample)
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
     joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
-    counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "greedy", tree_nodes=8)
+    # fixed sizes: every run verifies its tree, so the wrong rule is exercised in every run
+    counts = sample_pairs(
+        embedded_decoder, prompt_ids, 1.0, "greedy", tree_nodes=8, draft_size="fixed"
+    )
     p_value = chi_square_p_value(joint, counts)
     assert p_value < 1e-6, f"the test failed to catch a wrong rule (p = {p_value:.2e})"
 

@@ -46,7 +46,8 @@ def test_stream_text_equals_unary_text(services):
     messages = list(services.gateway.GenerateStream(request, timeout=60))
     final = messages[-1]
     assert final.finish_reason == unary.finish_reason != gateway_pb2.FINISH_REASON_UNSPECIFIED
-    assert final.stats.rounds == unary.stats.rounds
+    # (the rounds may differ: cost-aware sizing verifies what pays as the timings go)
+    assert final.stats.generated_tokens == unary.stats.generated_tokens > 0
     assert "".join(m.text_delta for m in messages) == unary.text
     assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
     assert len(messages) > 3  # tokens were streamed as they were accepted

@@ -48,7 +48,10 @@ WB_AFTER_45 = {7: Fraction(1, 2), 8: Fraction(1, 5), 6: Fraction(3, 10)}
 
 # Unless a test says otherwise: the seed formula and classic Witten-Bell (escape_weight 1), the
 # values the hand computations below use; the library defaults are checked on their own.
-ClassicParams = partial(DraftParams, mixing="seed", escape_weight=1.0, tree_nodes=0)  # chains
+# chains from the graph alone (no context overlay)
+ClassicParams = partial(
+    DraftParams, mixing="seed", escape_weight=1.0, tree_nodes=0, overlay_weight=0.0
+)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache
 from gateway.coordinator import GenerationRequest
-from speculant.config import DraftConfig
+from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
@@ -53,11 +53,13 @@ def graph(tmp_path_factory: pytest.TempPathFactory) -> NGramGraph:
     opened.close()
 
 
-CHAIN_OF_1 = DraftParams(k=1, tree_nodes=0)
+CHAIN_OF_1 = DraftParams(k=1, tree_nodes=0, overlay_weight=0.0)
 
 
 def params(**changes: object) -> DraftParams:
-    return DraftParams(**{"k": 1, "strategy": "sampling", "tree_nodes": 0, **changes}).validate()
+    """One sampled draft token from the graph alone, unless changes say otherwise."""
+    defaults = {"k": 1, "strategy": "sampling", "tree_nodes": 0, "overlay_weight": 0.0}
+    return DraftParams(**{**defaults, **changes}).validate()
 
 
 def q_of(drafter: Drafter, context: list[int], p: DraftParams) -> dict[int, float]:
@@ -244,8 +246,9 @@ def test_validation_names_overlay_weight(value: float) -> None:
     assert info.value.field == "draft.overlay_weight"
 
 
-def test_overlay_weight_travels_and_defaults_off() -> None:
-    assert DraftParams().overlay_weight == DraftConfig().overlay_weight == 0.0
+def test_overlay_weight_travels_and_has_one_default() -> None:
+    assert DraftParams().overlay_weight == DraftConfig().overlay_weight == DEFAULT_OVERLAY_WEIGHT
+    assert DEFAULT_OVERLAY_WEIGHT > 0  # on by default; the sizer drops it where it does not pay
     request = draft_pb2.ProposeRequest(context_token_ids=[1], overlay_weight=2.5)
     assert draft_params_from_pb(request, DraftParams())[0].overlay_weight == 2.5
     options = common_pb2.DraftOptions(overlay_weight=3.0)
@@ -257,7 +260,9 @@ def test_overlay_weight_travels_and_defaults_off() -> None:
 def test_coordinator_sends_the_whole_context_only_with_the_overlay(tokenizer) -> None:
     for weight, window in ((0.0, 5), (1.0, None)):
         coordinator, _, drafter, prompt, _ = setup(tokenizer, wrong_at=1)
-        run(coordinator, prompt, max_tokens=40, draft=DraftParams(k=4, overlay_weight=weight))
+        # fixed sizes: the sizer would draft some rounds the other way (overlay on / off)
+        draft = DraftParams(k=4, overlay_weight=weight, draft_size="fixed")
+        run(coordinator, prompt, max_tokens=40, draft=draft)
         assert len(drafter.contexts) > 2
         if window is None:  # prompt + everything generated so far, growing round by round
             assert all(c[: len(prompt)] == prompt for c in drafter.contexts)

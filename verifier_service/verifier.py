@@ -20,9 +20,11 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -42,6 +44,7 @@ from speculant.types import (
     check_top_logprobs,
 )
 from verifier_service.batching import VerifyBatcher, VerifyJob, run_job
+from verifier_service.cost_probe import measure_cost_profile
 from verifier_service.model import LoadedModel
 from verifier_service.processing import TargetProcessor, count_tokens, token_logprobs
 from verifier_service.rejection import RejectionOutput, sample_token
@@ -100,6 +103,12 @@ class LocalVerifier:
             if config.max_batch > 1 and can_batch
             else None
         )
+        # What a forward over n new tokens costs here, measured now and refreshed by every
+        # Verify (speculant.cost_profile; reported in GetModelInfo, metrics and the log).
+        self.cost_profile = self._on_model(
+            lambda: measure_cost_profile(self.model, config.cost_probe_s)
+        )
+        log.info("%s: %s", self.model.name, self.cost_profile.summary())
         self._stats_lock = threading.Lock()
         self._forward_passes = 0
         self._draft_tokens = 0
@@ -118,7 +127,8 @@ class LocalVerifier:
 
     @property
     def info(self) -> ModelInfo:
-        return self._info
+        """The model's description, with the cost profile as it stands now."""
+        return replace(self._info, verify_cost_seconds=self.cost_profile.copy().seconds)
 
     @property
     def batcher(self) -> VerifyBatcher | None:
@@ -367,10 +377,12 @@ class LocalVerifier:
             counts=session.counts,
             top_logprobs=session.top_logprobs,
         )
+        started = time.perf_counter()
         if self._batcher is not None:
             out = self._batcher.run(job)
         else:
             out = self._on_model(lambda: run_job(self.model, job))
+        self.cost_profile.observe(len(job.input_ids), time.perf_counter() - started)
         if session.counts is not None:  # the pending token and the accepted drafts are cached
             count_tokens(session.counts, [session.pending_token, *out.token_ids[:-1]])
         session.length += 1 + out.accepted_count

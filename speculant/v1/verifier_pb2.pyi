@@ -90,7 +90,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "eos_token_ids", "max_context_length", "device", "dtype")
+    __slots__ = ("model_name", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "eos_token_ids", "max_context_length", "device", "dtype", "verify_cost_seconds")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,7 @@ class GetModelInfoResponse(_message.Message):
     MAX_CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COST_SECONDS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     tokenizer_name: str
     tokenizer_fingerprint: str
@@ -107,7 +108,8 @@ class GetModelInfoResponse(_message.Message):
     max_context_length: int
     device: str
     dtype: str
-    def __init__(self, model_name: _Optional[str] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...
+    verify_cost_seconds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, model_name: _Optional[str] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_context_length: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., verify_cost_seconds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

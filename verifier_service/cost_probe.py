@@ -1,0 +1,64 @@
+"""Measuring the verifier's cost profile at start-up (speculant.cost_profile).
+
+The probe times chain forwards of n new tokens appended to a scratch KV cache of CACHE_TOKENS
+random tokens, through the verifier's own forward path (``LoadedModel.forward``, as Verify runs
+it; the cache is cropped back after each), n ascending on PROBE_GRID, REPEATS times each after
+one untimed warm-up forward (the fastest counts: the least disturbed by other load). It stops
+when the next grid point would take the probe past its time budget; the profile extrapolates
+past the last measured point (linearly, from the last two), and the verifier refreshes it from
+real Verify timings later. On a GPU the device is synchronised around each forward.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from speculant.cost_profile import MAX_FORWARD_TOKENS, CostProfile
+from verifier_service.model import LoadedModel
+
+PROBE_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, MAX_FORWARD_TOKENS)
+CACHE_TOKENS = 128
+REPEATS = 3
+DEFAULT_BUDGET_S = 2.0  # what the probe may take at start-up, at most about
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_cost_profile(model: LoadedModel, budget_s: float = DEFAULT_BUDGET_S) -> CostProfile:
+    """The model's cost profile, measured within about budget_s seconds (at least cost(1) and
+    cost(2) are measured, whatever the budget); refreshed by later observations."""
+    cache_tokens = min(CACHE_TOKENS, max(1, model.max_context - MAX_FORWARD_TOKENS - 1))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(
+        3, model.vocab_size, (cache_tokens + MAX_FORWARD_TOKENS,), generator=generator
+    )
+    ids = ids.to(model.device)
+    cache = model.new_cache()
+    model.forward(cache, ids[:cache_tokens], 0, logits_to_keep=1)
+    points: dict[int, float] = {}
+    started = time.perf_counter()
+    for n in PROBE_GRID:
+        if n > model.max_context - cache_tokens:
+            break
+        samples = []
+        for repeat in range(REPEATS + 1):  # the first one warms up this shape
+            _synchronize(model.device)
+            begun = time.perf_counter()
+            model.forward(cache, ids[cache_tokens : cache_tokens + n], cache_tokens, n)
+            _synchronize(model.device)
+            elapsed = time.perf_counter() - begun
+            model.crop(cache, cache_tokens)
+            if repeat:
+                samples.append(elapsed)
+        points[n] = min(samples)  # the least disturbed by other load
+        spent = time.perf_counter() - started
+        # the next point costs about (REPEATS + 1) forwards of its size: stop before the budget
+        next_cost = (REPEATS + 1) * points[n] * 1.6
+        if len(points) >= 2 and spent + next_cost > budget_s:
+            break
+    return CostProfile.from_points(points, "measured", refresh=True)
