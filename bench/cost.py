@@ -39,7 +39,6 @@ import os
 import platform
 import random
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -144,13 +143,6 @@ def device_name(device: Any) -> str:
 # --- measuring -----------------------------------------------------------------------------
 
 
-def _synchronize(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _shuffled(values: Sequence[int], rng: random.Random) -> list[int]:
     order = list(values)
     rng.shuffle(order)
@@ -168,6 +160,8 @@ def time_forwards(
     """Seconds of each timed forward, per new-token count (see the module docstring)."""
     import torch
 
+    from verifier_service.cost_probe import timed_forward
+
     generator = torch.Generator().manual_seed(seed)
     total = cache_tokens + max(new_tokens)
     ids = torch.randint(3, loaded.vocab_size, (total,), generator=generator).to(loaded.device)
@@ -177,12 +171,7 @@ def time_forwards(
     rng = random.Random(seed)
     for rep in range(warmup + repeats):
         for n in _shuffled(new_tokens, rng):
-            _synchronize(loaded.device)
-            started = time.perf_counter()
-            loaded.forward(cache, ids[cache_tokens : cache_tokens + n], cache_tokens, n)
-            _synchronize(loaded.device)
-            elapsed = time.perf_counter() - started
-            loaded.crop(cache, cache_tokens)
+            elapsed = timed_forward(loaded, cache, ids, cache_tokens, n)
             if rep >= warmup:
                 samples[n].append(elapsed)
     return samples

@@ -15,8 +15,10 @@ token (``draft_size`` "fixed": tau under a flat cost profile, the figure that ca
 ``tests/test_tune.py`` checks it) at the cost of the drafting alone, so many draft settings can
 be scored against one set of continuations (:func:`greedy_traces` computes them, for
 ``speculant tune`` and ``speculant bench distill`` alike). A request's ``draft_size`` "cost"
-(verifying only the part of a draft that pays on the verifier's cost profile) is not replayed:
-:func:`verify_all` gives the params replayed.
+(verifying only the part of a draft that pays on the verifier's cost profile) is replayed too
+when :func:`simulate` is given a :class:`gateway.draft_sizing.SizingModel`: its Verify calls
+then cost what the model's cost profile says (``flat``: every forward the same) and its drafts
+what the drafter really took; otherwise :func:`verify_all` gives the params replayed.
 
 Terms: *tau* = generated tokens / verifier forwards (the prefill included); *acceptance* =
 accepted / drafted; *wasted* = drafted - accepted.
@@ -30,9 +32,10 @@ from typing import Any
 
 from draft_service.drafting import Drafter
 from gateway.adaptive_k import next_draft_length
+from gateway.draft_sizing import SizingModel
 from speculant.errors import InvalidArgumentError
 from speculant.prompt_records import PromptRecord
-from speculant.types import DraftParams, DraftProposal, SamplingControls
+from speculant.types import DraftParams, DraftProposal, SamplingControls, VerifyResult
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,18 @@ def simulate(
     max_tokens: int,
     window: int,
     max_context_length: int | None = None,
+    sizing: SizingModel | None = None,
 ) -> SimResult:
     """The rounds the coordinator takes for trace at temperature 0 with these greedy drafts,
     chains or trees (params.adaptive_k included); window: the context tokens the drafter sees
-    (the graph's max order; the whole context with an overlay)."""
+    (the graph's max order; the whole context with an overlay). sizing: replay draft_size
+    "cost" with this model's cost profile (see the module docstring); None: every drafted token
+    is verified."""
     if params.strategy != "greedy":
         raise InvalidArgumentError("draft", "the replay covers greedy drafts only")
+    sizer = (
+        sizing.for_request(params) if sizing is not None and params.draft_size == "cost" else None
+    )
     emitted = list(trace.tokens[:max_tokens])
     ends_with_eos = trace.ended_by_eos and len(emitted) == len(trace.tokens)
     total = len(emitted) + (1 if ends_with_eos else 0)  # tokens the verifier emits, EOS too
@@ -113,20 +122,35 @@ def simulate(
     length = params.k
     while done < total and done < limit:
         k = min(length, limit - done - 1)
-        proposal = DraftProposal()
+        ask = params
+        if sizer is not None:  # this round's budget (None: no draft)
+            planned = sizer.plan(params, k)
+            ask, k = (params, 0) if planned is None else (planned, planned.k)
+        drafted = DraftProposal()
         if k > 0:
-            ask = params if k == params.k else replace(params, k=k)
-            tail = context if params.overlay_weight > 0 else context[-window:]
-            proposal = drafter.propose(tail, ask)
-        accepted = accepted_length(proposal, emitted[done:])
+            ask = ask if k == ask.k else replace(ask, k=k)
+            tail = context if ask.overlay_weight > 0 else context[-window:]
+            drafted = drafter.propose(tail, ask)
+        proposal = drafted if sizer is None else sizer.cut(drafted, drafted.seconds)
+        path = accepted_nodes(proposal, emitted[done:])
+        accepted = len(path)
         result.forwards += 1
         result.drafted += len(proposal.token_ids)
         result.accepted += accepted
+        start = len(context)
         context.extend(emitted[done : done + accepted + 1])
         done += accepted + 1
+        if sizer is not None:
+            assert sizing is not None
+            verify_s = sizing.profile.cost(len(proposal.token_ids) + 1)
+            outcome = VerifyResult(accepted, [], path if proposal.parents else [], [])
+            timings = (drafted.seconds, verify_s, drafted.seconds + verify_s)
+            sizer.observe(drafted if k > 0 else None, proposal, outcome, start, context, timings)
         if params.adaptive_k and k > 0:
             positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
             length = next_draft_length(k, positions, accepted, params.k)
+    if sizer is not None:
+        sizer.finish()
     result.tokens = min(done, len(emitted))
     return result
 
@@ -135,30 +159,35 @@ def accepted_length(proposal: DraftProposal, continuation: Sequence[int]) -> int
     """How many draft tokens the verifier accepts at temperature 0 when the model's greedy
     continuation is `continuation`: the longest chain prefix, or the longest root path of a
     tree, that matches it."""
+    return len(accepted_nodes(proposal, continuation))
+
+
+def accepted_nodes(proposal: DraftProposal, continuation: Sequence[int]) -> list[int]:
+    """The indices of the draft tokens the verifier accepts at temperature 0 (see
+    :func:`accepted_length`): a chain's prefix, or a tree's path from the root."""
+    tokens = proposal.token_ids
     if not proposal.parents:
-        tokens = proposal.token_ids
         accepted = 0
         limit = min(len(tokens), len(continuation))
         while accepted < limit and tokens[accepted] == continuation[accepted]:
             accepted += 1
-        return accepted
-    node, accepted = -1, 0  # -1: the root (the context)
-    while accepted < len(continuation):
-        wanted = continuation[accepted]
+        return list(range(accepted))
+    path: list[int] = []
+    node = -1  # the root (the context)
+    while len(path) < len(continuation):
+        wanted = continuation[len(path)]
         node = next(
             (
                 i
-                for i, (token, parent) in enumerate(
-                    zip(proposal.token_ids, proposal.parents, strict=True)
-                )
+                for i, (token, parent) in enumerate(zip(tokens, proposal.parents, strict=True))
                 if parent == node and token == wanted
             ),
             -2,
         )
         if node == -2:
             break
-        accepted += 1
-    return accepted
+        path.append(node)
+    return path
 
 
 def simulate_all(
@@ -168,11 +197,13 @@ def simulate_all(
     max_tokens: int,
     window: int,
     max_context_length: int | None = None,
+    sizing: SizingModel | None = None,
 ) -> SimResult:
-    """The totals of :func:`simulate` over traces."""
+    """The totals of :func:`simulate` over traces (one sizing model for them all, as one
+    coordinator serves many requests)."""
     total = SimResult()
     for trace in traces:
-        total.add(simulate(drafter, params, trace, max_tokens, window, max_context_length))
+        total.add(simulate(drafter, params, trace, max_tokens, window, max_context_length, sizing))
     return total
 
 

@@ -50,16 +50,19 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     return info
 
 
-def _distilled_line(record: dict[str, Any]) -> str:
+def distilled_line(record: dict[str, Any]) -> str:
     """One line describing a ``speculant distill`` run (a source record's ``distilled``)."""
     source = record.get("prompt_source", {})
+    corpus = " ".join(source.get("corpus", []))
     if "prompts_file" in source:
         prompts = f"prompts from {source['prompts_file']}"
+    elif source.get("type") == "passages":
+        words = source.get("passage_words", ["?", "?"])
+        templates = ", ".join(source.get("templates", {}))
+        prompts = f"prompts: {words[0]}-{words[1]} word passages of {corpus} ({templates})"
     else:
         words = source.get("prefix_words", ["?", "?"])
-        prompts = (
-            f"prompts: {words[0]}-{words[1]} word prefixes of {' '.join(source.get('corpus', []))}"
-        )
+        prompts = f"prompts: {words[0]}-{words[1]} word prefixes of {corpus}"
     return (
         f"distilled: {record.get('generations', 0):,} continuations of up to "
         f"{record.get('max_tokens', '?')} tokens ({record.get('tokens', 0):,} tokens, weight "
@@ -101,7 +104,7 @@ def format_info(info: dict[str, Any]) -> str:
                 f"  v{src['version']}: {src['documents']:,} documents, {src['tokens']:,} tokens "
                 f"from {' '.join(src['inputs'])} ({src['built_at']})"
             )
-            lines += [f"      {_distilled_line(d)}" for d in src.get("distilled", [])]
+            lines += [f"      {distilled_line(d)}" for d in src.get("distilled", [])]
     tuned = info.get("tuned") or {}
     if tuned.get("params"):
         values = " ".join(f"{k}={v}" for k, v in sorted(tuned["params"].items()))

@@ -174,7 +174,8 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=None,
         metavar="N",
-        help="torch threads (default: 1 on a CPU, torch's own on a GPU)",
+        help="torch threads (default on a CPU: every usable core for a model of 50M parameters "
+        "or more, else 1; torch's own on a GPU)",
     )
     p.add_argument(
         "--seed", type=int, default=0, metavar="S", help="prompts and sampling (default 0)"

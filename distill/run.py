@@ -11,7 +11,6 @@ an interrupted or killed run publishes nothing and the previous graph keeps bein
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from collections import Counter
@@ -224,6 +223,8 @@ def prepare(options: DistillOptions) -> Prepared:
             torch_threads=options.torch_threads or _default_threads(options.device),
         )
     )
+    if options.torch_threads is None:
+        _use_every_core_for_a_large_model(loaded)
     room = loaded.max_context - options.max_tokens
     if room < 1:
         raise BuildError(
@@ -315,6 +316,22 @@ def _default_threads(device: str) -> int | None:
     return defaults.CPU_THREADS if on_cpu else None
 
 
+def _use_every_core_for_a_large_model(loaded: Any) -> None:
+    """On a CPU, a model of LARGE_MODEL_PARAMETERS or more gets every usable core: its batched
+    steps are large matrix products that threads share well (a small model's steps are not,
+    and spinning threads slow them down; see distill.defaults)."""
+    import os
+
+    import torch
+
+    parameters = sum(p.numel() for p in loaded.model.parameters())
+    if loaded.device.type != "cpu" or parameters < defaults.LARGE_MODEL_PARAMETERS:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, cores or 1))
+    log.info("%s: %.0fM parameters, %d torch threads", loaded.name, parameters / 1e6, cores)
+
+
 def _prompts(
     options: DistillOptions, meta: GraphMeta, kind: str, records: list[Prompt] | None
 ) -> tuple[dict[str, Any], list[Prompt]]:
@@ -392,11 +409,13 @@ def continuations(job: Prepared) -> Iterator[Generation]:
         label=f"distilling ({loaded.device})",
     )
     log.info(
-        "distilling %d prompts (%s) on %s: batches of %d, up to %d tokens each, temperature %g",
+        "distilling %d prompts (%s) on %s: batches of up to %d (within a %d MiB KV cache), up to "
+        "%d tokens each, temperature %g",
         len(prompt_ids),
         job.prompt_source.get("type", "?"),
         loaded.device,
         options.batch_size,
+        defaults.KV_CACHE_BUDGET_BYTES >> 20,
         options.max_tokens,
         options.temperature,
     )
@@ -433,7 +452,7 @@ class Progress:
         from tqdm import tqdm
 
         self.total, self.batch_size, self.max_tokens = total, batch_size, max_tokens
-        self.batches = math.ceil(total / batch_size)
+        self.last_rows = 0  # rows of the last batch (batches shrink for long prompts)
         self.mode, self.every = mode, every
         self.begun = self.last_line = time.perf_counter()
         self.done = self.tokens = self.batches_done = 0
@@ -450,6 +469,7 @@ class Progress:
         self.done += generations
         self.tokens += tokens
         self.batches_done += 1
+        self.last_rows = generations
         elapsed = max(time.perf_counter() - self.begun, 1e-9)
         self.bar.update(generations)
         self.bar.set_postfix_str(
@@ -476,7 +496,7 @@ class Progress:
         """generations done / total, rates, elapsed time and ETA (with the batch in progress
         at its step-th token)."""
         elapsed = max(time.perf_counter() - self.begun, 1e-9)
-        rows = min(self.total - self.done, self.batch_size)  # in the batch in progress
+        rows = min(self.total - self.done, self.last_rows or self.batch_size)  # in progress
         equivalent = self.done + rows * min(step / self.max_tokens, 1.0)
         rate = equivalent / elapsed
         eta = (self.total - equivalent) / rate if rate > 0 else None
@@ -487,9 +507,7 @@ class Progress:
             f"elapsed, ETA {duration(eta) if eta is not None else '?'}"
         )
         if step:
-            text += (
-                f" (batch {self.batches_done + 1}/{self.batches} at token {step}/{self.max_tokens})"
-            )
+            text += f" (batch {self.batches_done + 1} at token {step}/{self.max_tokens})"
         return text
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ from speculant.types import DraftParams, DraftProposal, SparseDistribution
 class ChainDrafter:
     """Chains of drafts from one graph's successors; greedy steps kept in a StepCache keyed by
     (tail, mix_key) or, with overlay or live counts, (tail, mix_key, overlay weight, overlay
-    counts, live signature) -> (token, matched order, q(token) or NaN[, source])."""
+    counts, live signature) -> (token, matched order, q(token)[, source])."""
 
     successors: Successors
     cache: StepCache
@@ -80,8 +80,8 @@ class ChainDrafter:
                     dist = point_mass(token)
             elif greedy:
                 step = cache.get((tail, key_of_mix)) if cache is not None else None
-                if step is None or (min_prob and step[2] != step[2]):  # missing, or NaN q
-                    step = successors.greedy_step(tail, txn, dbs, params, with_prob=min_prob > 0)
+                if step is None:  # q(argmax) too: the draft's path probabilities need it
+                    step = successors.greedy_step(tail, txn, dbs, params, with_prob=True)
                     if cache is not None:
                         remember((tail, key_of_mix), step)
                 token, order, prob = step
@@ -104,6 +104,7 @@ class ChainDrafter:
             proposal.distributions.append(dist)
             proposal.matched_orders.append(order)
             proposal.sources.append(source)
+            proposal.path_probs.append(running)
             tail = extend_tail(tail, token, max_order)
         return proposal
 

@@ -44,7 +44,7 @@ class Combined:
     """The combined counts of the matching orders, highest order first (each order's ids
     distinct), and which source listed which successors (for :meth:`source_of`)."""
 
-    __slots__ = ("_graph_ids", "_overlay_ids", "counts", "ids", "orders")
+    __slots__ = ("_graph_ids", "_overlay_ids", "_overlay_set", "counts", "ids", "orders")
 
     def __init__(
         self,
@@ -59,15 +59,18 @@ class Combined:
         self.counts = counts
         self._graph_ids = graph_ids
         self._overlay_ids = overlay_ids
+        self._overlay_set: set[int] | None = None  # the overlay's successors, made on demand
 
     def source_of(self, token: int) -> str:
         """ "graph", "overlay" or "both": which sources list token as a successor at one of the
-        orders q was mixed from (where its probability mass came from)."""
+        orders q was mixed from (where its probability mass came from). A token q gives mass
+        to is listed by one of them at least, so one the overlay does not list is the graph's."""
+        if self._overlay_set is None:  # the context's few successors: a set, once
+            self._overlay_set = {x for ids in self._overlay_ids for x in ids.tolist()}
+        if token not in self._overlay_set:
+            return "graph"
         in_graph = any(bool((ids == token).any()) for ids in self._graph_ids)
-        in_overlay = any(bool((ids == token).any()) for ids in self._overlay_ids)
-        if in_graph and in_overlay:
-            return "both"
-        return "overlay" if in_overlay else "graph"
+        return "both" if in_graph else "overlay"
 
 
 Extra = tuple[tuple[int, np.ndarray, np.ndarray], ...]  # ((order, ids [u], counts [u]), ...)

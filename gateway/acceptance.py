@@ -52,6 +52,11 @@ MAX_PENDING = 64  # drafts of one request awaiting their outcome (older ones are
 Counts = dict[tuple[int, int], list[int]]  # (group, bin) -> [tried, accepted]
 
 
+def confidence_bin(confidence: float) -> int:
+    """The bin of a node's confidence (BIN_EDGES are the bins' upper edges)."""
+    return bisect.bisect_right(BIN_EDGES, confidence)
+
+
 @dataclass(frozen=True)
 class NodeFeatures:
     """What calibration needs of each node of a draft: its parent (a chain's i - 1), its group
@@ -73,7 +78,7 @@ class NodeFeatures:
             groups = [CONTEXT if s == "overlay" or s == "both" else GRAPH for s in sources]
         probs = proposal.path_probs
         if len(probs) != n:
-            return cls(parents, groups, [bisect.bisect_right(BIN_EDGES, 0.5)] * n)
+            return cls(parents, groups, [confidence_bin(0.5)] * n)
         bins = []
         for prob, parent in zip(probs, parents, strict=True):
             above = probs[parent] if parent >= 0 else 1.0

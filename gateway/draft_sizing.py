@@ -33,30 +33,43 @@ seeded request gives the same tokens whatever was drafted. Sampled drafts keep t
 distribution the verifier corrects against, and their output for a seed depends on the draft,
 which must then not depend on timings.
 
-The overlay (``overlay_weight`` > 0) is used where it pays: its value per round is the tokens
-accepted from nodes only the request's context listed, worth 1 / R seconds each (R the rate the
-last cut expected), against the extra drafting time it costs per round (both measured, shared
-by the coordinator's requests; every EXPLORE_EVERY-th round of a request drafts the other way,
-so both stay measured).
+The draft's *shape* is measured too: a tree (when the request's tree_nodes allow one) or a
+chain (a tree one node wide: cheaper to draft and to verify), with or without the context
+overlay (when overlay_weight > 0). Each round drafts the shape whose drafting rounds have
+emitted the most tokens per second (shared by the coordinator's requests; each shape is tried
+MIN_SAMPLES rounds first, and every EXPLORE_EVERY-th round of a request tries another, so all
+stay measured): where the overlay or a tree does not pay its drafting time, it is not used.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections import defaultdict
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gateway.acceptance import NodeFeatures, PendingDrafts, RequestAcceptance, SharedAcceptance
 from speculant.cost_profile import CostProfile
 from speculant.types import DraftParams, DraftProposal, VerifyResult
 
 MAX_SKIP = 16  # rounds without drafting between two probes, at most
+QUIET_ROUNDS = 8  # rounds in a row where no draft paid before a request stops drafting
 SKIP_FRACTION = 0.02  # drafting cheaper than this share of a plain step never stops
 FIRST_BUDGET = 12  # nodes the first round of the first request drafts (then: learned)
 GROW = 1.5  # next budget = GROW * (the size that paid best) + MARGIN
 MARGIN = 2
 EXPLORE_EVERY = 16  # every so many rounds a request drafts the other way (overlay on / off)
 EMA = 0.1  # weight of one round in the moving averages
+SHAPE_EMA = 0.02  # the same in the shapes' tokens and seconds per round (they are noisy)
+MIN_SAMPLES = 8  # rounds each shape drafts before the choice follows the measurements
+
+
+class Shape(NamedTuple):
+    """How a round drafts: a tree (else a chain), with the context overlay (else without)."""
+
+    tree: bool
+    overlay: bool
 
 
 class _Average:
@@ -95,11 +108,13 @@ class SizingModel:
         self.other_seconds = _Average()  # the coordinator's own time per round
         # what a Verify call costs beyond the profile's forward (sampling, the RPC)
         self.verify_overhead = _Average()
-        # the drafter's own seconds per drafted node, by overlay use, and what a draft call
-        # costs beyond them (the RPC)
-        self.node_seconds = {False: _Average(), True: _Average()}
+        # by draft shape: the drafter's own seconds per drafted node, and the tokens emitted
+        # and seconds taken per drafting round; what a draft call costs beyond the drafter's
+        # own time (the RPC)
+        self.node_seconds: dict[Shape, _Average] = defaultdict(_Average)
+        self.round_tokens: dict[Shape, _Average] = defaultdict(_Average)
+        self.round_seconds: dict[Shape, _Average] = defaultdict(_Average)
         self.call_overhead = _Average()
-        self.overlay_gain = _Average()  # tokens accepted from context-only nodes per round
         self.first_budget = _Average(FIRST_BUDGET)
         self._lock = threading.Lock()
 
@@ -128,20 +143,22 @@ class RequestSizer:
         self.budget = max(1, min(self.limit, round(model.first_budget.value)))
         self.acceptance = RequestAcceptance(model.acceptance)
         self.pending = PendingDrafts(self.acceptance)
-        self.overlay_wanted = params.overlay_weight > 0
+        trees = (True, False) if params.drafts_tree else (False,)
+        overlays = (True, False) if params.overlay_weight > 0 else (False,)
+        self.shapes: list[Shape] = [Shape(t, o) for t in trees for o in overlays]
+        self.shape = self.shapes[0]  # this round's
         self.rounds = 0
-        self.quiet = 0  # rounds in a row whose cut verified nothing
+        self.quiet = 0  # rounds in a row where no draft paid
         self.skip = 0  # rounds left without drafting
         self.rate = 0.0  # tokens per second the last cut expected
-        self.overlay_now = False  # whether this round drafts with the overlay
-        self._planned: dict[tuple[int, int, bool], DraftParams] = {}
+        self._planned: dict[tuple[int, int, Shape], DraftParams] = {}
         self.last_cut = Cut([], 0.0, [])
 
     # -- before drafting ----------------------------------------------------------------------
 
     def plan(self, params: DraftParams, depth: int) -> DraftParams | None:
-        """This round's draft parameters (a node budget, a depth of at most `depth`, the overlay
-        on or off), or None: no draft this round."""
+        """This round's draft parameters (its shape, a node budget, a depth of at most
+        `depth`), or None: no draft this round."""
         self.rounds += 1
         if depth <= 0:
             return None
@@ -149,32 +166,33 @@ class RequestSizer:
             self.skip -= 1
             return None
         nodes = min(self.limit, self.budget)
-        self.overlay_now = self.overlay_wanted and self._overlay_pays()
-        key = (max(1, min(depth, params.k, nodes)), nodes, self.overlay_now)
+        self.shape = shape = self._choose_shape()
+        key = (max(1, min(depth, params.k, nodes)), nodes, shape)
         planned = self._planned.get(key)
-        if planned is None:  # a few shapes per request: made once each
+        if planned is None:  # a few per request: made once each
             changes: dict[str, object] = {"k": key[0]}
             if params.drafts_tree:
-                changes["tree_nodes"] = nodes
-            if self.overlay_wanted and not self.overlay_now:
+                changes["tree_nodes"] = nodes if shape.tree else 0
+            if params.overlay_weight > 0 and not shape.overlay:
                 changes["overlay_weight"] = 0.0
             planned = self._planned[key] = replace(params, **changes)
         return planned
 
-    def _overlay_pays(self) -> bool:
-        """Whether this round drafts with the overlay: where its measured gain is worth its
-        measured extra drafting time (both ways measured first; every EXPLORE_EVERY-th round
-        the other way)."""
-        model = self.model
-        with_, without = model.node_seconds[True], model.node_seconds[False]
-        if without.samples < 3 or with_.samples < 3:
-            return without.samples >= with_.samples  # measure both: alternate
-        if self.rate <= 0:
-            choice = True
-        else:
-            extra = max(0.0, with_.value - without.value) * (self.budget + 1)
-            choice = model.overlay_gain.value / self.rate >= extra
-        return choice != (self.rounds % EXPLORE_EVERY == 0)
+    def _choose_shape(self) -> Shape:
+        """The draft shape whose drafting rounds have emitted the most tokens per second (each
+        measured MIN_SAMPLES rounds first, in turn; then every EXPLORE_EVERY-th round of a
+        request tries the least measured other one, so all stay measured)."""
+        if len(self.shapes) == 1:
+            return self.shapes[0]
+        tokens, seconds = self.model.round_tokens, self.model.round_seconds
+        least = min(self.shapes, key=lambda s: tokens[s].samples)
+        if tokens[least].samples < MIN_SAMPLES:
+            return least
+        best = max(self.shapes, key=lambda s: tokens[s].value / max(seconds[s].value, 1e-9))
+        if self.rounds % EXPLORE_EVERY:
+            return best
+        others = [s for s in self.shapes if s != best]
+        return min(others, key=lambda s: tokens[s].samples)
 
     # -- after drafting -----------------------------------------------------------------------
 
@@ -232,11 +250,11 @@ class RequestSizer:
             self.pending.add(drafted, start, nodes)
             size = len(drafted.token_ids)
             own = drafted.seconds if 0 < drafted.seconds <= draft_s else draft_s
-            model.node_seconds[self.overlay_now].add(own / max(1, size))
+            model.node_seconds[self.shape].add(own / max(1, size))
             model.call_overhead.add(draft_s - own)
-            if self.overlay_now:
-                accepted = [verified.sources[i] for i in _accepted_indices(verified, result)]
-                model.overlay_gain.add(float(accepted.count("overlay")))
+            if len(self.shapes) > 1:
+                model.round_tokens[self.shape].add(result.accepted_count + 1.0, SHAPE_EMA)
+                model.round_seconds[self.shape].add(round_s, SHAPE_EMA)
             paying = self._best_budget(self.last_cut.ranked)
             self._next_budget(size, paying)
             self._maybe_skip(paying, draft_s)
@@ -249,7 +267,7 @@ class RequestSizer:
         T the rest of a round (N = 0: no draft call at all)."""
         model = self.model
         verify, other = model.verify_table(len(ranked)), model.other_seconds.value
-        per_node = model.node_seconds[self.overlay_now].value
+        per_node = model.node_seconds[self.shape].value
         fixed = other + model.call_overhead.value
         best_n, best = 0, 1.0 / (other + verify[0])
         expected = 1.0
@@ -276,19 +294,10 @@ class RequestSizer:
             return
         self.quiet += 1
         plain_step = self.model.verify_seconds(0)
-        if self.quiet >= 2 and draft_seconds > SKIP_FRACTION * plain_step:
-            self.skip = min(MAX_SKIP, 2 ** (self.quiet - 2))
+        if self.quiet >= QUIET_ROUNDS and draft_seconds > SKIP_FRACTION * plain_step:
+            self.skip = min(MAX_SKIP, 2 ** (self.quiet - QUIET_ROUNDS))
 
     def finish(self) -> None:
         """The request ended: its last budget joins the first-round budget of later ones."""
         with self.model._lock:
             self.model.first_budget.add(float(self.budget))
-
-
-def _accepted_indices(verified: DraftProposal, result: VerifyResult) -> list[int]:
-    """Indices into `verified` of the accepted nodes (a tree's path, or a chain's prefix)."""
-    if not verified.sources:
-        return []
-    if verified.parents:
-        return list(result.accepted_nodes)
-    return list(range(result.accepted_count))

@@ -11,6 +11,10 @@
   token at draft position 1, 2, ... (acceptance at position p = accepted / drafted);
 - ``speculant_gateway_draft_failures_total``: rounds whose draft call failed or timed out
   (they verify without a draft);
+- ``speculant_gateway_rounds_without_draft_total``: Verify rounds with no draft token (the
+  cost-aware sizing found that nothing paid, or the drafter had nothing: plain decoding steps);
+- ``speculant_gateway_unverified_draft_tokens_total``: draft tokens drafted but not verified
+  (cut by the sizing as not worth their verify cost);
 - ``speculant_gateway_tokens_per_second``: histogram of each generation's generated tokens
   per second.
 """
@@ -49,6 +53,12 @@ class GatewayMetrics:
             "accepted_by_position", "Draft tokens accepted at this position", ("position",)
         )
         self.draft_failures = counter("draft_failures", "Rounds whose draft call failed")
+        self.rounds_without_draft = counter(
+            "rounds_without_draft", "Verify rounds with no draft token (plain decoding steps)"
+        )
+        self.unverified_draft_tokens = counter(
+            "unverified_draft_tokens", "Draft tokens drafted but not sent to the verifier"
+        )
         self.tokens_per_second = Histogram(
             "speculant_gateway_tokens_per_second",
             "Generated tokens per second of each generation",
@@ -69,5 +79,7 @@ class GatewayMetrics:
         for position, count in enumerate(stats.accepted_by_position, start=1):
             self.accepted_by_position.labels(str(position)).inc(count)
         self.draft_failures.inc(stats.draft_failures)
+        self.rounds_without_draft.inc(stats.rounds_without_draft)
+        self.unverified_draft_tokens.inc(stats.unverified_draft_tokens)
         if stats.total_seconds > 0:
             self.tokens_per_second.observe(stats.tokens_per_second)

@@ -269,6 +269,7 @@ def validate_plan(plan: Plan, args: argparse.Namespace) -> None:
     """Check everything a child would refuse, before any child starts: CommandError (exit 2
     for a flag, 1 for a port in use)."""
     from draft_service.cli import learning_from_args
+    from gateway.cli import check_verify_cost
     from speculant.auth import load_token
     from speculant.cli import build_parser
     from speculant.draft_flags import draft_defaults_from_args
@@ -295,6 +296,7 @@ def validate_plan(plan: Plan, args: argparse.Namespace) -> None:
         learning_from_args(args)
         load_token(args.auth_token_file)
         server_tls_from_args(parsed["gateway"])
+        check_verify_cost(args.verify_cost)
     except (InvalidArgumentError, ValueError) as exc:
         raise CommandError(exc, EXIT_USAGE) from None
     for flag, value, low in (

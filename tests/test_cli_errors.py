@@ -44,6 +44,11 @@ def error_lines(completed: subprocess.CompletedProcess[str], command: str) -> li
             "--temperature",
         ),
         (["--model", str(STORIES_MODEL)], 2, "--graph and --model"),
+        (
+            ["--graph", "{graph}", "--model", str(STORIES_MODEL), "--verify-cost", "/no/c.json"],
+            2,
+            "--verify-cost: cannot read cost profile /no/c.json",
+        ),
         (["--gateway", "127.0.0.1:1"], 1, "gateway 127.0.0.1:1"),
     ],
 )

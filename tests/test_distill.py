@@ -29,6 +29,7 @@ import pytest
 from graph_factory import write_graph
 
 from builder.errors import BuildError
+from builder.info import distilled_line
 from distill.prompts import PASSAGE_TEMPLATES, corpus_passages, file_prompts
 from distill.run import (
     DistillOptions,
@@ -235,7 +236,7 @@ def test_a_prompts_file_gets_one_generation_per_prompt_and_logs_progress(
     # with --progress-every 0), then the end line
     lines = [line for line in done.stderr.splitlines() if "progress: " in line]
     assert lines and all("/3 generations" in line and "ETA" in line for line in lines)
-    assert any("tokens/s" in line and "(batch 1/2 at token" in line for line in lines)
+    assert any("tokens/s" in line and "(batch 1 at token" in line for line in lines)
     assert "generated 3/3 continuations" in done.stderr
 
 
@@ -298,6 +299,7 @@ def test_a_chat_model_distills_passage_prompts(
     )  # fmt: skip
     assert file_prompts(saved) == expected
     assert all(p.messages[0][0] == "user" and len(p.messages) == 1 for p in expected)
+    assert "40-120 word passages of" in distilled_line(record)  # graph-info's text
 
 
 def test_which_prompts_a_model_gets(graph_copy: Path, chat_model: Path, tmp_path: Path) -> None:
@@ -336,7 +338,7 @@ def test_progress_lines_come_every_so_often(caplog: pytest.LogCaptureFixture) ->
     often = lines(0)
     assert len(often) == 3 * 8 + 2 + 1  # every step, after the first two batches, the end
     assert often[0].startswith("progress: 0/10 generations (0%)")
-    assert "(batch 1/3 at token 1/8)" in often[0] and "ETA" in often[0]
+    assert "(batch 1 at token 1/8)" in often[0] and "ETA" in often[0]
     assert often[-1].startswith("generated 10/10 continuations (60 tokens)")
     rarely = lines(3600)  # none due within the hour: the end line only
     assert len(rarely) == 1 and rarely[0].startswith("generated 10/10 continuations")

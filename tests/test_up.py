@@ -153,6 +153,8 @@ def run_up(
         (["--tls-cert", "/nonexistent/cert.pem"], "--tls-key"),
         (["--metrics-port-base", "70000"], "--metrics-port-base"),
         (["--device", "gpu"], "--device"),
+        (["--verify-cost", "/nonexistent/cost.json"], "--verify-cost"),
+        (["--draft-size", "huge"], "--draft-size"),
     ],
 )
 def test_up_refuses_bad_flags_before_starting_anything(monkeypatch, capsys, extra, message):

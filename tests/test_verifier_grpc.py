@@ -285,3 +285,13 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_get_model_info_reports_the_cost_profile(served):
+    _, verifier, stub = served
+    info = stub.GetModelInfo(verifier_pb2.GetModelInfoRequest(), timeout=10)
+    assert len(info.verify_cost_seconds) == 65  # a forward over 1..65 new tokens
+    assert all(s > 0 for s in info.verify_cost_seconds)
+    assert list(info.verify_cost_seconds) == pytest.approx(
+        verifier.cost_profile.copy().seconds, rel=0.5
+    )

@@ -12,6 +12,7 @@ real Verify timings later. On a GPU the device is synchronised around each forwa
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -27,6 +28,19 @@ DEFAULT_BUDGET_S = 2.0  # what the probe may take at start-up, at most about
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed_forward(model: LoadedModel, cache: Any, ids: torch.Tensor, start: int, n: int) -> float:
+    """Seconds of one forward over ids[start : start + n] appended to a cache of `start`
+    tokens (as Verify runs it), the device synchronised around it; the cache is cropped back
+    to `start` after it (not timed)."""
+    _synchronize(model.device)
+    begun = time.perf_counter()
+    model.forward(cache, ids[start : start + n], start, n)
+    _synchronize(model.device)
+    elapsed = time.perf_counter() - begun
+    model.crop(cache, start)
+    return elapsed
 
 
 def measure_cost_profile(model: LoadedModel, budget_s: float = DEFAULT_BUDGET_S) -> CostProfile:
@@ -45,16 +59,8 @@ def measure_cost_profile(model: LoadedModel, budget_s: float = DEFAULT_BUDGET_S)
     for n in PROBE_GRID:
         if n > model.max_context - cache_tokens:
             break
-        samples = []
-        for repeat in range(REPEATS + 1):  # the first one warms up this shape
-            _synchronize(model.device)
-            begun = time.perf_counter()
-            model.forward(cache, ids[cache_tokens : cache_tokens + n], cache_tokens, n)
-            _synchronize(model.device)
-            elapsed = time.perf_counter() - begun
-            model.crop(cache, cache_tokens)
-            if repeat:
-                samples.append(elapsed)
+        timed_forward(model, cache, ids, cache_tokens, n)  # warms up this shape
+        samples = [timed_forward(model, cache, ids, cache_tokens, n) for _ in range(REPEATS)]
         points[n] = min(samples)  # the least disturbed by other load
         spent = time.perf_counter() - started
         # the next point costs about (REPEATS + 1) forwards of its size: stop before the budget

@@ -4,7 +4,10 @@
 - ``speculant_verifier_sessions_created_total``, ``..._released_total``, ``..._expired_total``;
 - ``speculant_verifier_forward_passes_total``: model forward passes (prefills and verifies);
 - ``speculant_verifier_draft_tokens_total``, ``speculant_verifier_accepted_tokens_total``:
-  draft tokens verified and accepted.
+  draft tokens verified and accepted;
+- ``speculant_verifier_forward_cost_seconds{new_tokens="n"}``: the cost profile, seconds of
+  one forward over n new tokens (measured at start-up, refreshed from real Verify timings; see
+  speculant.cost_profile), at n = 1, 2, 4, 8, 16, 32 and 65.
 """
 
 from __future__ import annotations
@@ -26,13 +29,28 @@ _COUNTERS = (
 )
 
 
-class VerifierCollector(Collector):
-    """Reports a verifier's stats() as gauges and counters."""
+COST_POINTS = (1, 2, 4, 8, 16, 32, 65)  # new-token counts the cost profile is reported at
 
-    def __init__(self, stats: Callable[[], VerifierStats]) -> None:
+
+class VerifierCollector(Collector):
+    """Reports a verifier's stats() as gauges and counters, and its cost profile."""
+
+    def __init__(
+        self, stats: Callable[[], VerifierStats], cost: Callable[[int], float] | None = None
+    ) -> None:
         self._stats = stats
+        self._cost = cost
 
     def collect(self) -> Iterator[Metric]:
+        if self._cost is not None:
+            family = GaugeMetricFamily(
+                "speculant_verifier_forward_cost_seconds",
+                "Seconds of one forward over new_tokens new tokens (the cost profile)",
+                labels=["new_tokens"],
+            )
+            for n in COST_POINTS:
+                family.add_metric([str(n)], self._cost(n))
+            yield family
         stats = self._stats()
         yield GaugeMetricFamily(
             "speculant_verifier_live_sessions",

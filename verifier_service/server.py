@@ -226,7 +226,7 @@ def start_server(
         raise
     servicer.verifier = verifier
     if metrics is not None:
-        metrics.registry.register(VerifierCollector(verifier.stats))
+        metrics.registry.register(VerifierCollector(verifier.stats, verifier.cost_profile.cost))
     verifier.warm_up()
     server.set_serving()
     log.info("verifier serving %s on %s", verifier.info.model_name, server.address)

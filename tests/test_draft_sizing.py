@@ -1,0 +1,273 @@
+"""Cost-aware draft sizes (gateway.draft_sizing): the cost profile, calibrated acceptance and
+the sizer's decisions, on hand-made drafts and timings; the round loop with a scripted verifier
+(outputs never change); the profile a real verifier measures and reports.
+
+Exactness with the sizer on is tested where exactness is (tests/test_exactness.py and the
+chi-square tests run with the default draft_size "cost"); here the decisions themselves."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+
+from gateway.acceptance import (
+    BINS,
+    CONTEXT,
+    GRAPH,
+    NodeFeatures,
+    PendingDrafts,
+    RequestAcceptance,
+    SharedAcceptance,
+    confidence_bin,
+)
+from gateway.coordinator import Coordinator
+from gateway.draft_sizing import MAX_SKIP, SizingModel
+from speculant.cost_profile import (
+    MAX_FORWARD_TOKENS,
+    CostProfile,
+    CostProfileError,
+    verify_cost_profile,
+)
+from speculant.types import DraftParams, DraftProposal, ModelInfo, VerifyResult
+from tests.scripted_round import EOS, OracleDrafter, ScriptedVerifier, run
+
+# -- the cost profile --------------------------------------------------------------------------
+
+
+def test_a_profile_interpolates_extrapolates_and_never_decreases():
+    profile = CostProfile.from_points({1: 0.010, 3: 0.014, 8: 0.040, 4: 0.012})
+    assert profile.cost(1) == pytest.approx(0.010)
+    assert profile.cost(2) == pytest.approx(0.012)  # halfway between 1 and 3
+    assert profile.cost(4) == pytest.approx(0.014)  # 0.012 measured: never below cost(3)
+    assert profile.cost(6) == pytest.approx(0.012 + 2 * (0.040 - 0.012) / 4)
+    slope = (0.040 - 0.012) / 4  # past the last point: along the last segment
+    assert profile.cost(MAX_FORWARD_TOKENS) == pytest.approx(0.040 + slope * 57)
+    assert profile.cost(0) == profile.cost(1) and profile.cost(500) == profile.cost(65)
+    costs = profile.costs(MAX_FORWARD_TOKENS)
+    assert all(a <= b for a, b in itertools.pairwise(costs))
+
+
+def test_observations_move_a_measured_profile_slowly_and_a_fixed_one_not_at_all():
+    measured = CostProfile.from_points({1: 0.010, 65: 0.010}, refresh=True)
+    measured.observe(5, 1.0)  # a burst of load: clipped to twice the value, then averaged
+    assert 0.010 < measured.cost(5) < 0.0106
+    for _ in range(300):
+        measured.observe(5, 0.020)
+    assert measured.cost(5) == pytest.approx(0.020, rel=0.01)
+    assert measured.cost(4) == pytest.approx(0.010)  # other sizes keep their own value
+    flat = CostProfile.flat(0.010)
+    flat.observe(5, 1.0)
+    assert flat.cost(5) == 0.010
+
+
+def test_verify_cost_modes_and_files(tmp_path):
+    seconds = [0.001 * (1 + n / 10) for n in range(MAX_FORWARD_TOKENS)]
+    info = ModelInfo("m", "t", "fp", 10, [2], 512, "cpu", "float32", seconds)
+    measured = verify_cost_profile("measured", info)
+    assert measured.cost(10) == pytest.approx(seconds[9]) and measured.source == "measured"
+    flat = verify_cost_profile("flat", info)
+    assert flat.cost(1) == flat.cost(65) == pytest.approx(seconds[0])
+    unknown = ModelInfo("m", "t", "fp", 10, [2], 512, "cpu", "float32")  # an older verifier
+    assert verify_cost_profile("measured", unknown).source == "flat"
+    # `speculant bench cost --json`: the model named like the verifier's, else the first
+    bench = {
+        "models": [
+            {"model": "/x/other", "forward": {"1": {"median_ms": 9.0}, "2": {"median_ms": 9.0}}},
+            {"model": "/y/m", "forward": {"1": {"median_ms": 2.0}, "9": {"median_ms": 4.0}}},
+        ]
+    }
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(bench))
+    from_file = verify_cost_profile(str(path), info)
+    assert from_file.cost(1) == pytest.approx(0.002) and from_file.cost(5) == pytest.approx(0.003)
+    assert from_file.source == f"file:{path}"
+    own = tmp_path / "own.json"
+    own.write_text(json.dumps(measured.to_json()))
+    assert CostProfile.load(own).cost(10) == pytest.approx(seconds[9])
+    bad = tmp_path / "bad.json"
+    for text in ("{", "[]", '{"models": [{"model": "m", "forward": {"1": {}}}]}'):
+        bad.write_text(text)
+        with pytest.raises(CostProfileError, match=str(bad)):
+            CostProfile.load(bad)
+
+
+# -- calibrated acceptance ---------------------------------------------------------------------
+
+
+def tree(tokens, parents, probs, sources=None) -> DraftProposal:
+    return DraftProposal(
+        list(tokens),
+        parents=list(parents),
+        path_probs=list(probs),
+        sources=list(sources or ["graph"] * len(tokens)),
+    )
+
+
+def test_node_features_take_each_nodes_own_confidence_and_group():
+    draft = tree([5, 6, 7], [-1, 0, -1], [0.8, 0.4, 0.1], ["graph", "both", "overlay"])
+    nodes = NodeFeatures.of(draft)
+    assert nodes.parents == [-1, 0, -1]
+    assert nodes.groups == [GRAPH, CONTEXT, CONTEXT]
+    assert nodes.bins == [confidence_bin(0.8), confidence_bin(0.5), confidence_bin(0.1)]
+    chain = NodeFeatures.of(DraftProposal([5, 6]))  # no path probabilities: an older server
+    assert chain.parents == [-1, 0] and chain.bins == [confidence_bin(0.5)] * 2
+
+
+def test_drafts_are_resolved_against_the_output_verified_or_not():
+    """A tree's nodes are tried where the output reached their parent, and accepted where the
+    output has their token; deeper nodes wait for later output."""
+    acceptance = RequestAcceptance(SharedAcceptance())
+    pending = PendingDrafts(acceptance)
+    # after position 3: {5 -> {6, 9 -> 4}, 8}; the output continues 5, 9, 4, ...
+    draft = tree([5, 8, 6, 9, 4], [-1, -1, 0, 0, 3], [0.9, 0.05, 0.5, 0.3, 0.2])
+    nodes = NodeFeatures.of(draft)
+    pending.add(draft, 3, nodes)
+    pending.resolve([0, 1, 2, 5])  # one token known: 5 accepted, 8 rejected
+    tried = acceptance.shared.snapshot()["tried"][GRAPH]
+    assert sum(tried) == 2
+    pending.resolve([0, 1, 2, 5, 9, 4, 7])  # then 9 (not 6) and 4: every node resolved
+    snapshot = acceptance.shared.snapshot()
+    assert sum(snapshot["tried"][GRAPH]) == 5 and sum(snapshot["accepted"][GRAPH]) == 3
+    pending.resolve([0, 1, 2, 5, 9, 4, 7, 7])
+    assert sum(acceptance.shared.snapshot()["tried"][GRAPH]) == 5  # nothing counted twice
+
+
+def test_estimates_move_from_the_prior_to_what_was_observed():
+    shared = SharedAcceptance()
+    b = confidence_bin(0.95)
+    prior = shared.rate(GRAPH, b)
+    assert prior < 0.95  # corpus-only drafts start below their q
+    for _ in range(50):
+        shared.add({(GRAPH, b): [10, 10]})
+    assert shared.rate(GRAPH, b) > 0.97  # the model accepts them all
+    request = RequestAcceptance(shared)
+    request.add({(GRAPH, b): [20, 0]})  # but never in this request
+    assert request.rate(GRAPH, b) < 0.5 < shared.rate(GRAPH, b)
+    assert all(0 <= shared.rate(g, x) < 1 for g in (GRAPH, CONTEXT) for x in range(BINS))
+
+
+# -- the sizer's decisions ---------------------------------------------------------------------
+
+
+def confident(n: int) -> DraftProposal:
+    """A chain of n nodes the calibration (after teach) trusts."""
+    return DraftProposal(list(range(10, 10 + n)), path_probs=[0.97**i for i in range(1, n + 1)])
+
+
+def teach(model: SizingModel, accepted: bool, rounds: int = 200) -> None:
+    b = confidence_bin(0.97)
+    for _ in range(rounds):
+        model.acceptance.add({(GRAPH, b): [10, 10 if accepted else 0]})
+
+
+def test_with_flat_costs_every_trusted_node_is_verified_and_the_budget_grows():
+    model = SizingModel(CostProfile.flat(0.05))
+    teach(model, accepted=True)
+    sizer = model.for_request(DraftParams(k=16, tree_nodes=0, overlay_weight=0.0))
+    first = sizer.budget
+    planned = sizer.plan(DraftParams(k=16, tree_nodes=0, overlay_weight=0.0), 16)
+    draft = confident(planned.k)
+    cut = sizer.cut(draft, 1e-4)
+    assert cut.token_ids == draft.token_ids  # the verify cost does not grow: keep them all
+    outcome = VerifyResult(len(draft.token_ids), [*draft.token_ids, 3])
+    context = [1, 2, *draft.token_ids, 3]
+    sizer.observe(draft, cut, outcome, 2, context, (1e-4, 0.05, 0.051))
+    assert sizer.budget == min(16, 2 * first)
+
+
+def test_where_verify_cost_grows_fast_untrusted_drafts_are_cut_and_drafting_pauses():
+    steep = CostProfile.from_points({1: 0.010, 2: 0.030, 65: 1.0})
+    model = SizingModel(steep)
+    teach(model, accepted=False)
+    params = DraftParams(k=8, tree_nodes=0, overlay_weight=0.0)
+    sizer = model.for_request(params)
+    skipped = 0
+    for position in range(30):
+        planned = sizer.plan(params, 8)
+        if planned is None:
+            skipped += 1
+            context = list(range(position + 3))
+            sizer.observe(None, DraftProposal(), VerifyResult(0, [1]), 0, context, (0, 0.01, 0.01))
+            continue
+        draft = confident(planned.k)
+        cut = sizer.cut(draft, 0.002)  # drafting costs 20% of a plain step here
+        assert cut.token_ids == []  # nothing pays: a plain decoding step
+        context = [*range(position + 2), 99]
+        sizer.observe(
+            draft, cut, VerifyResult(0, [99]), position + 2, context, (0.002, 0.01, 0.012)
+        )
+    assert skipped > 0 and sizer.skip <= MAX_SKIP
+
+
+def test_a_sampled_or_fixed_size_request_is_not_sized(tokenizer):
+    coordinator, _, _, _ = scripted(tokenizer)
+    assert coordinator._sizer(DraftParams(strategy="sampling")) is None
+    assert coordinator._sizer(DraftParams(draft_size="fixed")) is None
+    assert coordinator._sizer(DraftParams()) is not None
+
+
+def test_the_shape_with_the_best_measured_rate_wins_and_the_others_stay_measured():
+    model = SizingModel(CostProfile.flat(0.01))
+    params = DraftParams(k=8, tree_nodes=12, overlay_weight=4.0)
+    sizer = model.for_request(params)
+    chosen = []
+    for position in range(400):
+        planned = sizer.plan(params, 8)
+        shape = sizer.shape
+        chosen.append(shape)
+        draft = confident(4) if not shape.tree else tree([10, 11], [-1, 0], [0.9, 0.8])
+        cut = sizer.cut(draft, 1e-4)
+        # chains without the overlay emit 3 tokens a round here, every other shape 1
+        tokens = 3 if shape == (False, False) else 1
+        outcome = VerifyResult(tokens - 1, [7] * tokens)
+        context = [*range(position + 2), 7]
+        sizer.observe(draft, cut, outcome, position + 2, context, (1e-4, 0.01, 0.011))
+        assert planned.tree_nodes == (planned.tree_nodes if shape.tree else 0)
+        assert (planned.overlay_weight > 0) == shape.overlay
+    late = chosen[200:]
+    assert late.count((False, False)) > 0.85 * len(late)
+    assert len(set(late)) == 4  # every shape is still tried now and then
+
+
+# -- the round loop ------------------------------------------------------------------------------
+
+
+def scripted(tokenizer, profile: CostProfile | None = None):
+    prompt = tokenizer("Hello").input_ids
+    text = "Once upon a time, there was a little girl named Lily. She loved to play outside."
+    script = [*tokenizer(text, add_special_tokens=False).input_ids, EOS]
+    verifier = ScriptedVerifier(script)
+    drafter = OracleDrafter(verifier, wrong_at=1)
+    coordinator = Coordinator(
+        drafter, verifier, tokenizer, draft_context_window=5, verify_cost=profile
+    )
+    return coordinator, verifier, prompt, script
+
+
+def test_sized_rounds_give_the_same_output_and_count_what_they_cut(tokenizer):
+    steep = CostProfile.from_points({1: 1e-3, 2: 5.0, 65: 9.0})  # a draft never pays
+    coordinator, verifier, prompt, script = scripted(tokenizer, steep)
+    _, result = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    assert result.token_ids == script[:-1]
+    assert result.stats.draft_tokens == 0 and result.stats.unverified_draft_tokens > 0
+    assert result.stats.rounds_without_draft == len(verifier.verify_calls)
+    coordinator, verifier, prompt, script = scripted(tokenizer, CostProfile.flat(1e-3))
+    _, flat = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    assert flat.token_ids == script[:-1]
+    assert flat.stats.draft_tokens > 0 and flat.stats.accepted_tokens > 0
+    assert flat.stats.rounds < result.stats.rounds
+
+
+# -- a real verifier's profile -------------------------------------------------------------------
+
+
+def test_the_verifier_measures_its_profile_and_reports_it(embedded_decoder):
+    verifier = embedded_decoder.verifier
+    profile = verifier.cost_profile
+    assert profile.source == "measured" and profile.refresh
+    assert 0 < profile.cost(1) <= profile.cost(8) <= profile.cost(65) < 1.0
+    reported = verifier.info.verify_cost_seconds
+    assert len(reported) == MAX_FORWARD_TOKENS and all(math.isfinite(s) for s in reported)
