@@ -261,9 +261,9 @@ class Coordinator:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
         with a request's draft.overlay_weight > 0 it sees the whole context instead.
 
-        verify_cost: the cost profile cost-aware draft sizes use (gateway.draft_sizing; a
-        measured one is refreshed from this coordinator's own Verify timings); None: the
-        verifier's measured profile (flat when it reports none).
+        verify_cost: the cost profile cost-aware draft sizes use (gateway.draft_sizing; the
+        coordinator adds what its Verify calls cost beyond it, as it measures them); None: the
+        verifier's profile as its info reports it (flat when it reports none).
 
         next_round_drafts: with a drafter that can prepare them
         (gateway.draft_client.GrpcDraftClient), ask it each round to prepare drafts for this

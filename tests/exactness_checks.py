@@ -21,6 +21,10 @@ def plain_greedy_outputs(decoder, prompts: list[str], max_tokens: int) -> list[l
 # Verification is parallel: clearly fewer verifier forwards than generated tokens. Sampled drafts
 # are accepted less often by a greedy (temperature 0) target than argmax drafts, hence two bounds.
 MAX_ROUNDS_PER_TOKEN = {"greedy": 0.6, "sampling": 0.9}
+# With cost-aware sizes (the default for greedy drafts) what is verified follows measured
+# timings, which a busy test machine inflates (a plain step then often pays best): verification
+# must still be parallel, but the bound is looser. Sampled drafts are never sized.
+SIZED_MAX_ROUNDS_PER_TOKEN = 0.95
 
 
 def assert_drafts_served(stats: list) -> None:
@@ -32,8 +36,12 @@ def assert_drafts_served(stats: list) -> None:
     assert failures <= max(1, rounds // 100), f"{failures} draft failures in {rounds} rounds"
 
 
-def assert_parallel(rounds: int, tokens: int, strategy: str) -> None:
+def assert_parallel(rounds: int, tokens: int, strategy: str, sized: bool = True) -> None:
+    """Fewer verifier forwards than tokens; sized: the drafts were cost-aware (draft_size
+    "cost", the default)."""
     bound = MAX_ROUNDS_PER_TOKEN[strategy]
+    if sized and strategy == "greedy":
+        bound = SIZED_MAX_ROUNDS_PER_TOKEN
     assert rounds < bound * tokens, f"{rounds} verifier forwards for {tokens} tokens"
 
 

