@@ -9,9 +9,10 @@ A profile holds cost(n) for n = 1..MAX_FORWARD_TOKENS (a dense table). It comes 
 
 - a measurement: the verifier times forwards at start-up (verifier_service.cost_probe) on a
   grid of n, and the table is filled by linear interpolation between the grid points and
-  extrapolation past the last one; then :meth:`observe` refreshes it from real timings (an
-  exponential moving average per n, each sample clipped to [1/2, 2] x the current value so a
-  burst of load moves it slowly);
+  extrapolation past the last one (along the steeper of the last segment and the average
+  slope: an unknown cost is rather over- than under-estimated); then :meth:`observe`
+  refreshes it from real timings (an exponential moving average per n, each sample clipped to
+  [1/2, 2] x the current value so a burst of load moves it slowly);
 - ``flat``: every forward costs the same (as on a GPU for small drafts);
 - a file: ``speculant bench cost --json`` output (the first model's medians, or the one whose
   name matches), or a profile's own JSON (:meth:`to_json`).
@@ -152,13 +153,18 @@ def _matching_model(models: list[Any], model_name: str) -> dict[str, Any]:
 
 
 def _interpolate(known: list[tuple[int, float]], n: int) -> float:
+    """Linear between known points; past the last one along the steeper of the last segment
+    and the average slope from the first point (an unknown cost is rather over- than
+    under-estimated: a draft that looks cheap but is not would cost more than plain decoding)."""
     if n <= known[0][0] or len(known) == 1:
         return known[0][1] if n <= known[0][0] else max(known[-1][1], known[0][1])
     for (x0, y0), (x1, y1) in itertools.pairwise(known):
         if n <= x1:
             return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
     (x0, y0), (x1, y1) = known[-2], known[-1]
-    return max(y1, y1 + (y1 - y0) * (n - x1) / (x1 - x0))
+    (first_x, first_y) = known[0]
+    slope = max((y1 - y0) / (x1 - x0), (y1 - first_y) / (x1 - first_x), 0.0)
+    return y1 + slope * (n - x1)
 
 
 def _running_max(values: list[float]) -> list[float]:
