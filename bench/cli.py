@@ -35,7 +35,10 @@ def register(
     tune.add_argument("--graph", required=True, help="graph directory")
     tune.add_argument("--model", required=True, help="the verifier model (name or folder)")
     tune.add_argument(
-        "--prompts", required=True, help='JSON-lines file, one {"prompt": ...} a line'
+        "--prompts",
+        required=True,
+        help="JSON lines: prompt (text) or messages (chat, the model's chat template), and an "
+        "optional kind (figures per kind)",
     )
     tune.add_argument("--max-prompts", type=int, default=32, help="prompts read (train + held out)")
     tune.add_argument("--max-tokens", type=int, default=64, help="greedy tokens per prompt")
@@ -150,7 +153,8 @@ def register(
         "--eval-prompts",
         default=None,
         metavar="FILE.jsonl",
-        help="held-out prompts (JSON lines, prompt; default: the tinystories dev prompts in "
+        help="held-out prompts (JSON lines: prompt or messages, optional kind; default: the "
+        "tinystories dev prompts in "
         "../shared, else the demo prompts)",
     )
     b.add_argument(
@@ -163,6 +167,13 @@ def register(
     b.add_argument("--limit", type=positive, default=None, metavar="N", help="first N prompts")
     b.add_argument("--json", default=None, metavar="OUT", help="write every figure here")
     b.add_argument("--plot", default=None, metavar="OUT.png", help="draw the curve (matplotlib)")
+    b.add_argument(
+        "--save-graph",
+        default=None,
+        metavar="DIR",
+        help="keep the graph of the largest budget here (what `speculant distill --generations "
+        "N` writes for that N; DIR must not exist)",
+    )
     b.set_defaults(handler=run_bench_distill)
 
     register_load(subparsers)

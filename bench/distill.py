@@ -138,6 +138,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     budgets = args.budgets
     options = options_from_args(args, max(max(budgets), 1))
+    save_graph = Path(args.save_graph) if getattr(args, "save_graph", None) else None
+    if save_graph is not None and save_graph.exists():
+        raise CommandError(f"--save-graph {save_graph}: already exists", EXIT_USAGE)
     prompts_path, prompts = eval_prompts(args.eval_prompts, args.limit)
     labels = kind_labels(prompts)
     params = default_drafts()
@@ -167,6 +170,9 @@ def run_bench(args: argparse.Namespace) -> int:
             )
             rows.append(row)
             _progress(f"budget {budget}: tau {row['tau_median']:.2f} (median)")
+            if save_graph is not None and budget == max(budgets):
+                shutil.copytree(graph, save_graph)
+                _progress(f"budget {budget}: graph kept at {save_graph}")
             if graph != job.graph:
                 shutil.rmtree(graph, ignore_errors=True)
     kinds = list(dict.fromkeys(label for label in labels if label))

@@ -129,6 +129,42 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
     assert "peak RSS" in format_footer(result)
 
 
+def test_bench_sizes_costs_and_kinds(tinystories_graph, tmp_path) -> None:
+    """--draft-size cost,fixed and --verify-cost measured,flat give a row each; prompts with a
+    kind get a table per kind, whose counts add up to the whole run's."""
+    prompts = tmp_path / "prompts.jsonl"
+    texts = [json.loads(line)["prompt"] for line in DEMO_PROMPTS.read_text().splitlines()][:4]
+    prompts.write_text(
+        "".join(json.dumps({"prompt": t, "kind": "ab"[i % 2]}) + "\n" for i, t in enumerate(texts))
+    )
+    settings = BenchSettings(
+        graph=str(tinystories_graph),
+        model=str(STORIES_MODEL),
+        prompts=str(prompts),
+        max_tokens=16,
+        temperature=0.0,
+        ks=(4,),
+        mixes=(True,),
+        systems=("hf", "embedded"),
+        draft_sizes=("cost", "fixed"),
+        verify_costs=("measured", "flat"),
+        warmup=1,
+    )
+    result = run_benchmark(settings)
+    names = {"hf", "embedded k=4 mix=on", "embedded k=4 mix=on cost=flat"}
+    names.add("embedded k=4 mix=on fixed")
+    assert set(result["summary"]) == names
+    assert set(result["by_kind"]) == {"a", "b"}
+    for name, figures in result["summary"].items():
+        assert figures["exact_mismatches"] == 0
+        kinds = [result["by_kind"][k][name] for k in ("a", "b")]
+        assert [k["prompts"] for k in kinds] == [2, 2]
+        assert sum(k["tokens_total"] for k in kinds) == figures["tokens_total"]
+        assert sum(k["rounds_total"] for k in kinds) == figures["rounds_total"]
+    table = format_table(result)
+    assert "kind 'a' (2 prompts)" in table and "kind 'b' (2 prompts)" in table
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("services_as", ["bench", "up", "serve"])
 def test_bench_services(tinystories_graph, services_as) -> None:

@@ -126,3 +126,28 @@ def test_chat_records_for_a_model_without_a_chat_template_are_one_error_line(
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "prompt 1" in errors[0] and "chat template" in errors[0]
     assert "Traceback" not in err
+
+
+def test_the_saved_graph_is_what_distill_writes_for_that_budget(
+    graph_copy: Path, tmp_path: Path
+) -> None:
+    """--save-graph keeps the largest budget's graph: the n-gram counts `speculant distill
+    --generations 4` writes to another copy of the corpus graph, with the same options."""
+    import shutil
+
+    from tests.test_distill import meta_of
+
+    other = tmp_path / "other"
+    shutil.copytree(graph_copy, other)
+    kept = tmp_path / "kept"
+    argv = bench_distill(graph_copy, STORIES_MODEL, DEMO_PROMPTS, "--budgets", "0,4")
+    assert main([*argv, "--limit", "2", "--eval-max-tokens", "8", "--save-graph", str(kept)]) == 0
+    distill = [
+        "distill", "--graph", str(other), "--model", str(STORIES_MODEL),
+        "--prompts", str(DEMO_PROMPTS), "--device", "cpu", "--max-tokens", "8",
+        "--batch-size", "4", "--generations", "4", "--quiet",
+    ]  # fmt: skip
+    assert main(distill) == 0
+    assert meta_of(kept).orders == meta_of(other).orders
+    assert meta_of(kept).orders != meta_of(graph_copy).orders  # the generations were appended
+    assert main([*argv, "--save-graph", str(kept)]) == 2  # never over an existing directory
