@@ -142,10 +142,11 @@ def test_the_saved_graph_is_what_distill_writes_for_that_budget(
     kept = tmp_path / "kept"
     argv = bench_distill(graph_copy, STORIES_MODEL, DEMO_PROMPTS, "--budgets", "0,4")
     assert main([*argv, "--limit", "2", "--eval-max-tokens", "8", "--save-graph", str(kept)]) == 0
+    # not --quiet: in this process it would quieten the loggers of the tests that follow
     distill = [
         "distill", "--graph", str(other), "--model", str(STORIES_MODEL),
         "--prompts", str(DEMO_PROMPTS), "--device", "cpu", "--max-tokens", "8",
-        "--batch-size", "4", "--generations", "4", "--quiet",
+        "--batch-size", "4", "--generations", "4",
     ]  # fmt: skip
     assert main(distill) == 0
     assert meta_of(kept).orders == meta_of(other).orders
