@@ -48,7 +48,8 @@ def timed_forward(model: LoadedModel, cache: Any, ids: torch.Tensor, start: int,
 
 def measure_cost_profile(model: LoadedModel, budget_s: float = DEFAULT_BUDGET_S) -> CostProfile:
     """The model's cost profile, measured within about budget_s seconds (cost(1) and cost(2) are
-    measured whatever the budget); refreshed by later observations."""
+    measured whatever the budget; the largest size, measured last, may take it to twice that);
+    refreshed by later observations."""
     cache_tokens = min(CACHE_TOKENS, max(1, model.max_context - MAX_FORWARD_TOKENS - 1))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(
