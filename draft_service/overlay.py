@@ -99,8 +99,8 @@ def combine(
     """The counts c_graph,o + weight * c_extra,o (float64) of every matching order.
 
     every_order=False keeps only the highest matching order (backoff). Both inputs are highest
-    order first; each order's ids are distinct in either. Where both list successors, the
-    result's ids are sorted (a merge: O(n log n)); an order only one of them has keeps its own.
+    order first; each order's ids are distinct in either. An order only one of them has keeps
+    its own ids; where both list successors, see :func:`merge_order` (ids not sorted).
     """
     by_order: dict[int, list] = {}
     for o, ids, counts in zip(graph_orders, graph_ids, graph_counts, strict=True):
@@ -128,12 +128,46 @@ def combine(
             out_counts.append(e_counts * weight)
             continue
         from_graph.append(g_ids)
+        ids, counts = merge_order(g_ids, g_counts, e_ids, e_counts, weight)
+        out_ids.append(ids)
+        out_counts.append(counts)
+    return Combined(orders, out_ids, out_counts, from_graph, from_extra)
+
+
+# merge_order compares every extra id with every graph id up to this many pairs; beyond, it
+# sorts the union instead (O(n log n)).
+PAIRWISE_LIMIT = 16_384
+
+
+def merge_order(
+    g_ids: np.ndarray,
+    g_counts: np.ndarray,
+    e_ids: np.ndarray,
+    e_counts: np.ndarray,
+    weight: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [U], counts [U] float64): the union of one order's graph successors g ([T] each)
+    and extra successors e ([u] each), with counts g + weight * e (0 where one has none).
+
+    The extra side is small (a request's own context, a live layer's few successors): the ids
+    of e compared with those of g pairwise ([u, T]) give the graph's ids in their order, then
+    the extra ids the graph lacks; a large pair (u * T > PAIRWISE_LIMIT) takes a sorted union.
+    Either way each count is the same sum, g + weight * e, in the same float64 operations.
+    """
+    if e_ids.size * g_ids.size > PAIRWISE_LIMIT:
         ids = np.concatenate([g_ids.astype(np.int64), e_ids])  # [T + u]
         counts = np.concatenate([g_counts.astype(np.float64), e_counts * weight])  # [T + u]
         union, where = np.unique(ids, return_inverse=True)  # [U], [T + u]
-        out_ids.append(union)
-        out_counts.append(np.bincount(where, weights=counts, minlength=union.size))
-    return Combined(orders, out_ids, out_counts, from_graph, from_extra)
+        return union, np.bincount(where, weights=counts, minlength=union.size)
+    same = e_ids[:, None] == g_ids[None, :]  # [u, T]
+    listed = same.any(axis=1)  # [u] e's ids the graph lists too
+    counts = g_counts.astype(np.float64)  # [T] a copy
+    counts[same[listed].argmax(axis=1)] += e_counts[listed] * weight  # e's ids are distinct
+    new = ~listed
+    if not new.any():
+        return g_ids, counts
+    ids = np.concatenate([g_ids.astype(np.int64), e_ids[new]])  # [U]
+    return ids, np.concatenate([counts, e_counts[new] * weight])  # [U]
 
 
 class ContextIndex:

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from graph_factory import write_graph
 
+from draft_service import overlay
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
-from draft_service.overlay import ContextIndex, ContextIndexCache
+from draft_service.overlay import ContextIndex, ContextIndexCache, merge_order
 from gateway.coordinator import GenerationRequest
 from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig
 from speculant.errors import InvalidArgumentError
@@ -173,6 +174,33 @@ def test_overlay_adds_weighted_context_counts_at_a_shared_order(graph: NGramGrap
     plain = q_of(drafter, context, params(mixing="witten-bell", escape_weight=1.0))
     w_high, w_low = witten_bell_weights([1.0, 4.0], [1, 2], 1.0)
     assert plain[3] == pytest.approx(w_low * 1 / 4, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_merging_one_order_pairwise_equals_the_sorted_union(seed: int, monkeypatch) -> None:
+    """merge_order's pairwise merge (small inputs) and its sorted union (large ones) give each
+    id the same count, g + w * e bit for bit, and every id once."""
+    rng = np.random.default_rng(seed)
+    g_ids = rng.choice(60, size=int(rng.integers(1, 40)), replace=False).astype(np.uint32)
+    g_counts = rng.integers(1, 50, size=g_ids.size).astype(np.uint32)
+    e_ids = rng.choice(60, size=int(rng.integers(1, 12)), replace=False).astype(np.int64)
+    e_counts = rng.integers(1, 5, size=e_ids.size).astype(np.float64)
+    weight = float(rng.choice([0.5, 3.0, 64.0]))
+
+    def merged() -> dict[int, float]:
+        ids, counts = merge_order(g_ids, g_counts, e_ids, e_counts, weight)
+        assert ids.size == np.unique(ids).size == len(set(g_ids.tolist()) | set(e_ids.tolist()))
+        return dict(zip(ids.tolist(), counts.tolist(), strict=True))
+
+    pairwise = merged()
+    monkeypatch.setattr(overlay, "PAIRWISE_LIMIT", 0)
+    assert merged() == pairwise
+    graph_counts = dict(zip(g_ids.tolist(), g_counts.tolist(), strict=True))
+    extra_counts = dict(zip(e_ids.tolist(), e_counts.tolist(), strict=True))
+    for token, count in pairwise.items():
+        g, e = graph_counts.get(token), extra_counts.get(token)
+        expected = float(g) if e is None else e * weight if g is None else g + e * weight
+        assert count == expected
 
 
 def test_overlay_matches_a_context_the_graph_never_saw(graph: NGramGraph) -> None:
