@@ -60,8 +60,13 @@ class PlainDecoder:
         self.eos_token_ids = eos_token_ids
 
     @classmethod
-    def load(cls, model_name: str, eos_token_ids: list[int]) -> PlainDecoder:
-        model = AutoModelForCausalLM.from_pretrained(model_name)
+    def load(
+        cls, model_name: str, eos_token_ids: list[int], dtype: torch.dtype = torch.float32
+    ) -> PlainDecoder:
+        """The model on the CPU, in float32 by default: the verifier's dtype there ("auto" is
+        float32 on a CPU). Hugging Face's own default is the checkpoint's dtype (bfloat16 for
+        SmolLM2), whose greedy tokens differ from float32's wherever two logits nearly tie."""
+        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype)
         model.eval()
         return cls(model, eos_token_ids)
 

@@ -10,6 +10,7 @@ prompts (one of each kind); `-m slow` runs twelve, longer."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
 from gateway.baseline import PlainDecoder
@@ -72,6 +73,8 @@ def chat_prompts(count: int) -> list:
 def references(tokenizer, prompts, max_tokens: int) -> list[list[int]]:
     """Plain greedy decoding with Hugging Face generate, per prompt."""
     plain = PlainDecoder.load(str(SMOLLM2), [2])  # EOS <|im_end|>
+    # the verifier's dtype on a CPU (the checkpoint's bfloat16 greedy differs on near ties)
+    assert plain.model.dtype == torch.float32
     return [plain.generate(p.token_ids(tokenizer), max_tokens).token_ids for p in prompts]
 
 
