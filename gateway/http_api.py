@@ -56,6 +56,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.coordinator import GenerationResult
 from gateway.http_answers import ResponseWriter, generate_response
 from gateway.http_runs import ChoiceRuns
+from gateway.json_depth import TooDeep, check_depth
 from gateway.openai_format import (
     ApiRequest,
     parse_generate_request,
@@ -153,7 +154,8 @@ def _refuse_constant(name: str) -> None:
 
 
 async def read_json(request: Request) -> Any:
-    """The request body as JSON (400 if it is not; 413 over MAX_BODY_BYTES)."""
+    """The request body as JSON (400 if it is not, or if it nests deeper than
+    gateway.json_depth allows; 413 over MAX_BODY_BYTES)."""
     too_large = HttpError(413, "invalid_request_error", f"body over {MAX_BODY_BYTES} bytes")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
@@ -163,6 +165,10 @@ async def read_json(request: Request) -> Any:
         data += part
         if len(data) > MAX_BODY_BYTES:
             raise too_large
+    try:
+        check_depth(data)
+    except TooDeep as exc:
+        raise HttpError(400, "invalid_request_error", str(exc), exc.field or None) from exc
     try:
         return json.loads(data, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:

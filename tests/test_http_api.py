@@ -564,6 +564,9 @@ def _error_table_checks(http: Http) -> dict[str, Callable[[], tuple[int, dict | 
         "not-a-number": lambda: _request(
             completions, b'{"prompt": "Once", "temperature": NaN}', json_headers
         ),
+        "too-deep": lambda: _request(
+            completions, b'{"prompt": ' + b"[" * 2000 + b"1" + b"]" * 2000 + b"}", json_headers
+        ),
         "not-an-object": lambda: _post(completions, ["not", "an", "object"]),
         "unknown-field": lambda: _post(completions, {"prompt": PROMPT, "frobnicate": 1}),
         "wrong-type": lambda: _post(completions, {"prompt": PROMPT, "max_tokens": "ten"}),
