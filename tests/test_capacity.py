@@ -13,14 +13,21 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.server import start_gateway
-from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc, verifier_pb2
+from speculant.v1 import (
+    common_pb2,
+    draft_pb2,
+    draft_pb2_grpc,
+    gateway_pb2,
+    gateway_pb2_grpc,
+    verifier_pb2,
+)
 from tests.fixtures.e2e import verifier_config
 
 ANSWER_WITHIN_S = 1.0
@@ -61,13 +68,19 @@ def draft_server(tinystories_graph):
 
 
 @pytest.fixture
-def verifier_server() -> Iterator[object]:
+def verifier_service() -> Iterator[tuple[object, object]]:
+    """(the verifier server, the LocalVerifier it serves)."""
     from verifier_service.server import start_server
 
     server, verifier = start_server(verifier_config(), port=0)  # default threads and caps
-    yield server
+    yield server, verifier
     server.stop(0)
     verifier.close()
+
+
+@pytest.fixture
+def verifier_server(verifier_service) -> object:
+    return verifier_service[0]
 
 
 def open_unread_streams(stub: draft_pb2_grpc.DraftServiceStub, count: int) -> list:
@@ -101,11 +114,36 @@ def test_unread_streams_past_the_workers_leave_the_draft_service_answering(draft
                 call.cancel()
 
 
-def burst(stub: gateway_pb2_grpc.GatewayServiceStub, count: int, max_tokens: int) -> Counter:
-    """`count` concurrent Generate calls; their status codes."""
+class HeldStarts:
+    """Wraps a verifier's `start` (a generation's prefill): each waits until `release()`, so
+    the generations a gateway admits stay in flight until the test lets them go."""
+
+    def __init__(self, verifier, wait_s: float) -> None:
+        self._start = verifier.start
+        self._released = threading.Event()
+        self._wait_s = wait_s
+        verifier.start = self
+
+    def __call__(self, *args, **kwargs):
+        self._released.wait(self._wait_s)
+        return self._start(*args, **kwargs)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+def burst(
+    stub: gateway_pb2_grpc.GatewayServiceStub,
+    count: int,
+    max_tokens: int,
+    on_refusals: tuple[int, Callable[[], None]],
+) -> Counter:
+    """`count` concurrent Generate calls; their status codes. on_refusals: (n, call), call() is
+    called once n of them have been refused as over capacity."""
     codes: Counter = Counter()
     lock = threading.Lock()
     start = threading.Barrier(count)  # every call sent at once, however slowly threads start
+    refusals, call = on_refusals
 
     def one() -> None:
         request = gateway_pb2.GenerateRequest(
@@ -119,6 +157,8 @@ def burst(stub: gateway_pb2_grpc.GatewayServiceStub, count: int, max_tokens: int
             code = exc.code().name
         with lock:
             codes[code] += 1
+            if code == "RESOURCE_EXHAUSTED" and codes[code] == refusals:
+                call()
 
     threads = [threading.Thread(target=one) for _ in range(count)]
     for thread in threads:
@@ -129,15 +169,22 @@ def burst(stub: gateway_pb2_grpc.GatewayServiceStub, count: int, max_tokens: int
 
 
 def test_after_a_burst_past_the_limit_every_service_answers_and_a_second_gateway_serves(
-    draft_server, verifier_server
+    draft_server, verifier_service
 ):
+    verifier_server, verifier = verifier_service
     # A busy draft host (20 ms a proposal): the gateway's generations wait on drafts at once.
     draft_server.servicer.drafter = SlowDrafter(draft_server.servicer.drafter, 0.02)
+    # The gateway admits 64 (its default limit): those wait in their prefill until the other 36
+    # have been refused, so none ends (and frees its slot) while calls are still arriving,
+    # however slowly a busy machine sends them. (A gateway that admitted more would never
+    # refuse 36: the held prefills then go on after 30 s and the counts show it.)
+    held = HeldStarts(verifier, wait_s=30)
     first, _ = start_gateway([draft_server.address], verifier_server.address, port=0)
     second = None
     try:
         with grpc.insecure_channel(first.address) as channel:
-            codes = burst(gateway_pb2_grpc.GatewayServiceStub(channel), 100, max_tokens=24)
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            codes = burst(stub, 100, max_tokens=24, on_refusals=(36, held.release))
         assert codes == {"OK": 64, "RESOURCE_EXHAUSTED": 36}, codes
         for address in (draft_server.address, verifier_server.address, first.address):
             assert health(address) == "SERVING", address
@@ -149,7 +196,11 @@ def test_after_a_burst_past_the_limit_every_service_answers_and_a_second_gateway
         with grpc.insecure_channel(second.address) as channel:
             response = gateway_pb2_grpc.GatewayServiceStub(channel).Generate(
                 gateway_pb2.GenerateRequest(
-                    prompt="Once upon a time", max_tokens=24, temperature=0.0
+                    prompt="Once upon a time",
+                    max_tokens=24,
+                    temperature=0.0,
+                    # every draft verified: cost-aware sizes may skip drafts this slow
+                    draft=common_pb2.DraftOptions(draft_size="fixed"),
                 ),
                 timeout=30,
             )
