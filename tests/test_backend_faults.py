@@ -17,7 +17,7 @@ from gateway.baseline import PlainDecoder
 from gateway.http_api import HttpApiServer
 from gateway.server import start_gateway
 from speculant.health import health_status
-from speculant.v1 import gateway_pb2, gateway_pb2_grpc
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL
 from tests.processes import free_ports, start_verifier_process
 
@@ -74,7 +74,10 @@ def test_a_gateway_started_with_its_draft_tier_down_serves_exact_output(
     draft = None
     try:
         assert health_status(gateway.address) == "SERVING"  # drafts are an optimisation
-        request = gateway_pb2.GenerateRequest(prompt=PROMPT, max_tokens=48, temperature=0.0)
+        fixed = common_pb2.DraftOptions(draft_size="fixed")  # every draft is verified
+        request = gateway_pb2.GenerateRequest(
+            prompt=PROMPT, max_tokens=48, temperature=0.0, draft=fixed
+        )
         expected = greedy_reference(PROMPT, 48)
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)

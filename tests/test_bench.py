@@ -49,6 +49,8 @@ SPECULATIVE_FIGURES = (
 
 
 def _settings(graph: object, systems: tuple[str, ...]) -> BenchSettings:
+    """Fixed draft sizes: every draft is verified whole, so tau and acceptance by position follow
+    the graph alone (with the default cost-aware sizes they follow the machine's timings)."""
     return BenchSettings(
         graph=str(graph),
         model=str(STORIES_MODEL),
@@ -60,6 +62,7 @@ def _settings(graph: object, systems: tuple[str, ...]) -> BenchSettings:
         systems=systems,
         limit=2,
         warmup=1,
+        draft_sizes=("fixed",),
     )
 
 
@@ -108,8 +111,8 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
         "hf",
         "hf-lookup k=4",
         "plain",
-        "embedded k=4 mix=on",
-        "embedded k=4 mix=off",
+        "embedded k=4 mix=on fixed",
+        "embedded k=4 mix=off fixed",
     }
     assert summary["hf"]["tau_total"] == pytest.approx(1.0)
     assert summary["hf"]["speedup_total"] == pytest.approx(1.0)
@@ -117,7 +120,7 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
     # plain: one token per forward through the verifier's own path, the same tokens as hf
     assert summary["plain"]["exact_mismatches"] == 0
     assert summary["plain"]["tau_total"] == pytest.approx(1.0)
-    for name in ("embedded k=4 mix=on", "embedded k=4 mix=off"):
+    for name in ("embedded k=4 mix=on fixed", "embedded k=4 mix=off fixed"):
         _check_speculative(summary[name])
         assert len(result["per_prompt"][name]) == 2
     assert result["machine"]["torch_threads"] == 1
@@ -125,7 +128,7 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
     assert result["memory"]["bench_process_peak_rss_bytes"] > 0
     assert result["settings"]["max_tokens"] == 16
     table = format_table(result)
-    assert "embedded k=4 mix=off" in table and "speedup" in table
+    assert "embedded k=4 mix=off fixed" in table and "speedup" in table
     assert "peak RSS" in format_footer(result)
 
 
@@ -171,7 +174,7 @@ def test_bench_services(tinystories_graph, services_as) -> None:
     settings = _settings(tinystories_graph, ("hf", "services"))
     settings.services_as = services_as
     result = run_benchmark(settings)
-    for name in ("services k=4 mix=on", "services k=4 mix=off"):
+    for name in ("services k=4 mix=on fixed", "services k=4 mix=off fixed"):
         _check_speculative(result["summary"][name])
     services = result["memory"]["services"]
     assert set(services) == {"draft", "verifier", "gateway"}
@@ -246,7 +249,10 @@ def test_bench_cost_and_projection(small_run) -> None:
     for figures in model["forward"].values():
         assert figures["median_ms"] > 0 and figures["p10_ms"] <= figures["p90_ms"]
     rows = project_all(small_run["summary"], cost, small_run["settings"]["model"])
-    assert {r["variant"] for r in rows} == {"embedded k=4 mix=on", "embedded k=8 mix=on"}
+    assert {r["variant"] for r in rows} == {
+        "embedded k=4 mix=on fixed",
+        "embedded k=8 mix=on fixed",
+    }
     for row in rows:
         for key in PROJECTION_FIELDS:
             assert key in row, key

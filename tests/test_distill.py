@@ -40,7 +40,7 @@ from distill.run import (
     prepare,
     prompt_kind,
 )
-from gateway import GenerationConfig, SpeculativeDecoder
+from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder
 from gateway.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta, verify_manifest
 from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR
@@ -147,9 +147,10 @@ def test_greedy_output_with_a_distilled_graph_is_plain_greedy(graph_copy: Path) 
     decoder = SpeculativeDecoder(graph_copy, verifier_config())
     plain = PlainDecoder.load(str(STORIES_MODEL), decoder.verifier.info.eos_token_ids)
     config = GenerationConfig(max_tokens=64, temperature=0)
+    fixed = DraftConfig(draft_size="fixed")  # every draft is verified (not sized by timings)
     for prompt in PROMPTS:
         expected = plain.generate(decoder.tokenizer(prompt).input_ids, 64).token_ids
-        result = decoder.generate(prompt, generation_config=config)
+        result = decoder.generate(prompt, generation_config=config, draft_config=fixed)
         assert result.token_ids == expected
         assert result.stats.rounds < len(expected)  # drafts were accepted
 

@@ -207,7 +207,7 @@ def test_greedy_tree_output_is_plain_greedy_decoding_embedded(
     mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     rounds, tokens = totals(stats)
-    assert_parallel(rounds, tokens, "greedy", sized=False)
+    assert_parallel(rounds, tokens, "greedy")
     # a chain of k (tree_nodes=0: DraftConfig's default draft is itself a tree, of 12)
     chain_draft = DraftConfig(k=K, tree_nodes=0, overlay_weight=overlay_weight, draft_size="fixed")
     chain = generate_embedded(embedded_decoder, prompts16, references16, chain_draft)[1]
@@ -235,13 +235,14 @@ def test_tree_output_is_plain_greedy_decoding_over_services(
     references16,
     strategy,
 ):
-    draft = common_pb2.DraftOptions(k=K, strategy=strategy, tree_nodes=TREE)
+    draft = common_pb2.DraftOptions(k=K, strategy=strategy, tree_nodes=TREE, draft_size="fixed")
     mismatches, stats = generate_over_gateway(
         services.gateway, prompts16[:8], references16[:8], draft
     )
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
-    assert_parallel(*totals(stats), "greedy")
+    greedy = strategy == common_pb2.DRAFT_STRATEGY_GREEDY
+    assert_parallel(*totals(stats), "greedy" if greedy else "sampling")
 
 
 def test_tree_size_is_validated_by_the_gateway(services):

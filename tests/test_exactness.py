@@ -17,6 +17,7 @@ from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from tests.conftest import dev_prompt_sets, load_dev_prompts
 from tests.exactness_checks import (
     MAX_TOKENS,
+    assert_drafted,
     assert_drafts_served,
     assert_parallel,
     generate_embedded,
@@ -78,7 +79,13 @@ def test_greedy_identical_embedded(
     attentive_mix,
     tree_nodes,
 ):
-    draft = DraftConfig(k=K, strategy=strategy, attentive_mix=attentive_mix, tree_nodes=tree_nodes)
+    draft = DraftConfig(
+        k=K,
+        strategy=strategy,
+        attentive_mix=attentive_mix,
+        tree_nodes=tree_nodes,
+        draft_size="fixed",  # all of each draft is verified (the default's sizes: below)
+    )
     mismatches, stats = generate_embedded(embedded_decoder, dev_prompts, reference_outputs, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_parallel(*totals(stats), strategy)
@@ -98,7 +105,11 @@ def test_greedy_identical_over_services(
         "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
     }[strategy]
     draft = common_pb2.DraftOptions(
-        k=K, strategy=strategy_enum, attentive_mix=attentive_mix, tree_nodes=tree_nodes
+        k=K,
+        strategy=strategy_enum,
+        attentive_mix=attentive_mix,
+        tree_nodes=tree_nodes,
+        draft_size="fixed",
     )
     mismatches, stats = generate_over_gateway(
         services.gateway, dev_prompts, reference_outputs, draft
@@ -122,7 +133,10 @@ def test_greedy_identical_embedded_while_learning(
     mismatches, stats = generate_embedded(learning_decoder, dev_prompts, reference_outputs, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert learning_decoder.live.stats().learned_documents == before + len(dev_prompts)
-    assert_parallel(*totals(stats), strategy)
+    if strategy == "greedy":  # sized by cost, the default
+        assert_drafted(stats)
+    else:
+        assert_parallel(*totals(stats), strategy)
 
 
 def test_greedy_identical_over_services_while_learning(
@@ -136,6 +150,7 @@ def test_greedy_identical_over_services_while_learning(
     )
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
     assert_drafts_served(stats)
+    assert_drafted(stats)
     with grpc.insecure_channel(learning_services.draft_address) as channel:
         stub = draft_pb2_grpc.DraftServiceStub(channel)
         deadline = time.monotonic() + 30
@@ -151,4 +166,4 @@ def test_greedy_identical_with_a_distilled_graph(distilled_graph, dev_prompts, r
     decoder = SpeculativeDecoder(distilled_graph, verifier_config(), learn=False)
     mismatches, stats = generate_embedded(decoder, dev_prompts, reference_outputs, DraftConfig())
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
-    assert_parallel(*totals(stats), "greedy")
+    assert_drafted(stats)

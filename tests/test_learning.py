@@ -26,7 +26,7 @@ from draft_service.learning import MAX_LEARN_TOKENS, LearningConfig
 from draft_service.server import start_server as start_draft
 from gateway import GenerationConfig, SpeculativeDecoder
 from gateway.server import start_gateway
-from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
+from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import ROOT
 from tests.fixtures.e2e import DRAFT_TIMEOUT_S, verifier_config
 
@@ -139,7 +139,9 @@ def test_a_prompt_generated_again_drafts_what_was_learned(services, replicas):
     gateway, servicer = start_gateway(
         [replicas[0].address], services.verifier_address, port=0, draft_timeout_s=DRAFT_TIMEOUT_S
     )
-    request = gateway_pb2.GenerateRequest(prompt=PROMPT, max_tokens=96, temperature=0)
+    # fixed sizes: every draft is verified (cost-aware sizes follow the machine's timings)
+    fixed = common_pb2.DraftOptions(draft_size="fixed")
+    request = gateway_pb2.GenerateRequest(prompt=PROMPT, max_tokens=96, temperature=0, draft=fixed)
     try:
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)

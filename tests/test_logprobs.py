@@ -175,7 +175,7 @@ def _request(prompt_ids, name: str, top_logprobs: int | None = TOP) -> Generatio
         max_tokens=MAX_TOKENS,
         temperature=temperature,
         seed=7,
-        draft=DraftParams(k=4, strategy=strategy, tree_nodes=tree_nodes),
+        draft=DraftParams(k=4, strategy=strategy, tree_nodes=tree_nodes, draft_size="fixed"),
         sampling=SamplingControls(**controls),
         top_logprobs=top_logprobs,
     )
@@ -221,7 +221,9 @@ def _pb_request(prompt_ids, name: str, top_logprobs: int | None = TOP):
         max_tokens=MAX_TOKENS,
         temperature=temperature,
         seed=7,
-        draft=common_pb2.DraftOptions(k=4, strategy=STRATEGY_PB[strategy], tree_nodes=tree_nodes),
+        draft=common_pb2.DraftOptions(
+            k=4, strategy=STRATEGY_PB[strategy], tree_nodes=tree_nodes, draft_size="fixed"
+        ),
         sampling=common_pb2.SamplingControls(**controls),
         top_logprobs=top_logprobs,
     )

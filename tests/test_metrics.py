@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from speculant.health import wait_until_serving
 from speculant.metrics import Metrics
 from speculant.request_context import REQUEST_ID_HEADER, log_handler
-from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.conftest import ROOT
 from tests.fixtures.e2e import verifier_config
 
@@ -127,7 +127,8 @@ def test_generate_is_counted_on_every_service(observed):
     before = [
         scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
     ]
-    stats = _generate(observed).stats
+    # fixed sizes: every round drafts and verifies (cost-aware sizes follow the timings)
+    stats = _generate(observed, draft=common_pb2.DraftOptions(draft_size="fixed")).stats
     gateway, draft, verifier = (
         scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
     )

@@ -44,6 +44,7 @@ def test_greedy_identical_embedded(
         mixing=mixing,
         escape_weight=escape_weight,
         min_draft_prob=min_draft_prob,
+        draft_size="fixed",  # all of each draft is verified
     )
     mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     assert not mismatches, f"prompts {mismatches} differ from plain greedy decoding"
@@ -56,7 +57,7 @@ def test_greedy_identical_over_services_with_witten_bell_and_threshold(
     references16,
 ):
     draft = common_pb2.DraftOptions(
-        k=K, mixing="witten-bell", escape_weight=8.0, min_draft_prob=0.2
+        k=K, mixing="witten-bell", escape_weight=8.0, min_draft_prob=0.2, draft_size="fixed"
     )
     mismatches, stats = generate_over_gateway(services.gateway, prompts16, references16, draft)
     assert_drafts_served(stats)

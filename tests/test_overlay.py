@@ -315,7 +315,9 @@ def test_greedy_identical_embedded_with_overlay(
     mixing,
     overlay_weight,
 ):
-    draft = DraftConfig(k=K, strategy=strategy, mixing=mixing, overlay_weight=overlay_weight)
+    draft = DraftConfig(
+        k=K, strategy=strategy, mixing=mixing, overlay_weight=overlay_weight, draft_size="fixed"
+    )
     mismatches, stats = generate_embedded(embedded_decoder, prompts16, references16, draft)
     for s in stats:
         assert s.accepted_from_graph + s.accepted_from_overlay + s.accepted_from_both == (
@@ -334,7 +336,7 @@ def test_greedy_identical_over_services_with_overlay(
     references16,
 ):
     draft = common_pb2.DraftOptions(
-        k=K, mixing="witten-bell", escape_weight=8.0, overlay_weight=4.0
+        k=K, mixing="witten-bell", escape_weight=8.0, overlay_weight=4.0, draft_size="fixed"
     )
     mismatches, stats = generate_over_gateway(services.gateway, prompts16, references16, draft)
     for s in stats:
