@@ -69,7 +69,7 @@ class ServiceStack:
         cores: frozenset[int] | None = None,
     ) -> ServiceProcess:
         """Start `speculant ARGS` (on a free port, or at `address` that ARGS name already)."""
-        from gateway.up import _child_setup
+        from gateway.up import child_setup
 
         host = "127.0.0.1"
         command = [sys.executable, "-m", "speculant.cli", *args]
@@ -89,7 +89,7 @@ class ServiceStack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=_child_setup(cores),
+                preexec_fn=child_setup(cores),
             )
         child = ServiceProcess(name, address, process, log_path)
         self.children.append(child)

@@ -262,10 +262,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_verify_cost_argument(generate)
     generate.set_defaults(handler=run_generate)
 
-    from gateway.demo import register_demo
     from gateway.up import register_up
 
-    register_demo(subparsers)
     register_up(subparsers)
 
 

@@ -366,7 +366,10 @@ def listens_on(pid: int, port: int) -> bool:
     )
 
 
-def _child_setup(cores: frozenset[int] | None) -> Callable[[], None]:
+def child_setup(cores: frozenset[int] | None) -> Callable[[], None]:
+    """preexec_fn for a child process: it gets SIGTERM when its parent dies (Linux), and runs
+    on `cores` when given (None: wherever the parent may)."""
+
     def setup() -> None:
         # Not on Linux: `up` still stops its children when it exits normally.
         with contextlib.suppress(OSError, AttributeError):
@@ -380,7 +383,7 @@ def _child_setup(cores: frozenset[int] | None) -> Callable[[], None]:
 
 def _die_with_parent() -> None:
     """preexec_fn for a child that must not outlive this process (Linux)."""
-    _child_setup(None)()
+    child_setup(None)()
 
 
 @dataclass
@@ -394,7 +397,7 @@ class Child:
 
 def _start(plan: ChildPlan) -> Child:
     command = [sys.executable, "-m", "speculant.cli", *plan.argv]
-    process = subprocess.Popen(command, preexec_fn=_child_setup(plan.cores))
+    process = subprocess.Popen(command, preexec_fn=child_setup(plan.cores))
     return Child(plan.name, plan.address, process, plan.port, plan.other_ports)
 
 
