@@ -40,16 +40,21 @@ CONFIGS = [
 # Over the services the default suite runs the default drafts and sampled ones; the same
 # configurations as embedded, all of them, with `-m slow`.
 SLOW_OVER_SERVICES = {"greedy-mix-chain", "greedy-backoff-chain", "sampling-backoff"}
-# On the 56 prompts past the demo kit's 8, the default suite runs the default drafts and sampled
-# mixed ones; the backoff drafts there, and sampled drafts over the services or while learning,
-# run with `-m slow` (every configuration runs on the demo kit's 8; tests/conftest.py reads
-# this).
+# On the 56 prompts past the demo kit's 8, the default suite runs a draft tree embedded, and the
+# default drafts (cost-aware sizes) while learning, from a distilled graph and over the services
+# while learning; the other configurations there run with `-m slow` (every configuration runs on
+# the demo kit's 8; tests/conftest.py reads this).
 SLOW_CASES = {
     "test_greedy_identical_embedded": {
+        "prompts8-all-greedy-mix-chain",
         "prompts8-all-greedy-backoff-chain",
+        "prompts8-all-sampling-mix",
         "prompts8-all-sampling-backoff",
     },
-    "test_greedy_identical_over_services": {"prompts8-all-sampling-mix"},
+    "test_greedy_identical_over_services": {
+        "prompts8-all-greedy-mix-tree",
+        "prompts8-all-sampling-mix",
+    },
     "test_greedy_identical_embedded_while_learning": {"prompts8-all-sampling"},
 }
 SERVICE_CONFIGS = [
