@@ -136,7 +136,7 @@ class RequestAcceptance:
         self.shared = shared
         self._tried = [[0] * BINS for _ in GROUP_PRIOR]
         self._accepted = [[0] * BINS for _ in GROUP_PRIOR]
-        self._rates: list[list[float]] | None = None  # made again after each add
+        self._rates: dict[tuple[int, int], float] | None = None  # by (group, bin); reset by add
 
     def rate(self, group: int, b: int) -> float:
         tried = self._tried[group][b]
@@ -156,12 +156,15 @@ class RequestAcceptance:
 
     def survival(self, nodes: NodeFeatures) -> list[float]:
         """Each node's survival (see the module docstring), in the draft's order."""
-        if self._rates is None:
-            self._rates = [[self.rate(g, b) for b in range(BINS)] for g in range(len(GROUP_PRIOR))]
         rates = self._rates
+        if rates is None:  # the rates of the cells this draft uses (a few of the table's)
+            rates = self._rates = {}
         out: list[float] = []
         for parent, group, b in zip(nodes.parents, nodes.groups, nodes.bins, strict=True):
-            out.append((out[parent] if parent >= 0 else 1.0) * rates[group][b])
+            rate = rates.get((group, b))
+            if rate is None:
+                rate = rates[group, b] = self.rate(group, b)
+            out.append((out[parent] if parent >= 0 else 1.0) * rate)
         return out
 
 

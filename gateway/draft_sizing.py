@@ -14,12 +14,13 @@ to verify. Each round of a request (gateway.coordinator) asks its :class:`Reques
    plus the coordinator's own time per round. The cut takes the n (0 included: a plain decoding
    step) that maximises expected tokens per second, (1 + s_1 + ... + s_n) / (T + V(n));
 3. **observe** (after verifying): the round's timings and outcome, which refresh the Verify
-   call's overhead, the drafting cost per node, the calibration and the next round's budget.
+   call's overhead, the drafting cost, the calibration and the next round's budget.
 
 The next budget is the draft size that would have paid best this round if verified whole: the
-N maximising (1 + s_1 + ... + s_N) / (T' + d N + V(N)), with d the drafter's own seconds per
-node (measured by the drafter, without the RPC) and T' the coordinator's time plus the draft
-call's overhead (N = 0: no draft call at all). The next round drafts 1.5 N + 2 nodes (twice
+N maximising (1 + s_1 + ... + s_N) / (T' + a + b N + V(N)), with a + b N the drafter's own
+seconds for N nodes (measured by the drafter, without the RPC: a per call, b per node, fitted
+over rounds of varied sizes) and T' the coordinator's time plus the draft call's overhead
+(N = 0: no draft call at all). The next round drafts 1.5 N + 2 nodes (twice
 the budget instead when all of a full-budget draft paid), within the request's limits (``k``
 deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid twice in a row a request
 stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless drafting costs less
@@ -37,8 +38,10 @@ The draft's *shape* is measured too: a tree (when the request's tree_nodes allow
 chain (a tree one node wide: cheaper to draft and to verify), with or without the context
 overlay (when overlay_weight > 0). Each round drafts the shape whose drafting rounds have
 emitted the most tokens per second (shared by the coordinator's requests; each shape is tried
-MIN_SAMPLES rounds first, and every EXPLORE_EVERY-th round of a request tries another, so all
-stay measured): where the overlay or a tree does not pay its drafting time, it is not used.
+MIN_SAMPLES rounds first; then one whose rate is a fraction f of the best's is tried again
+every EXPLORE_EVERY / f^2 rounds, MAX_EXPLORE_EVERY at most, so all stay measured and a poor
+shape's trials cost little): where the overlay or a tree does not pay its drafting time, it is
+not used.
 """
 
 from __future__ import annotations
@@ -59,10 +62,12 @@ SKIP_FRACTION = 0.02  # drafting cheaper than this share of a plain step never s
 FIRST_BUDGET = 12  # nodes the first round of the first request drafts (then: learned)
 GROW = 1.5  # next budget = GROW * (the size that paid best) + MARGIN
 MARGIN = 2
-EXPLORE_EVERY = 16  # every so many rounds a request drafts the other way (overlay on / off)
+EXPLORE_EVERY = 16  # rounds between two tries of another shape as good as the best, ...
+MAX_EXPLORE_EVERY = 256  # ... and of one however much worse it measures
 EMA = 0.1  # weight of one round in the moving averages
 SHAPE_EMA = 0.02  # the same in the shapes' tokens and seconds per round (they are noisy)
 MIN_SAMPLES = 8  # rounds each shape drafts before the choice follows the measurements
+MIN_SIZE_VARIANCE = 1.0  # draft sizes must vary this much (nodes squared) to split their cost
 
 
 class Shape(NamedTuple):
@@ -73,7 +78,8 @@ class Shape(NamedTuple):
 
 
 class _Average:
-    """An exponential moving average that starts at its first sample."""
+    """An exponential moving average that is the plain mean of its first 1 / weight samples
+    (so no one early sample, a cold start's, weighs more than the others)."""
 
     __slots__ = ("samples", "value")
 
@@ -82,8 +88,43 @@ class _Average:
         self.samples = 0
 
     def add(self, sample: float, weight: float = EMA) -> None:
-        self.value = sample if not self.samples else self.value + weight * (sample - self.value)
         self.samples += 1
+        self.value += max(weight, 1.0 / self.samples) * (sample - self.value)
+
+
+class _DraftCost:
+    """The drafter's own seconds for a draft of n nodes, a + b n: a the work of a call whatever
+    its size (reading the context, the first steps), b that of one more node. Fitted by
+    exponentially weighted least squares over rounds (each round one weight EMA); while the
+    sizes seen barely vary the two cannot be told apart and the model is the mean seconds per
+    node times n (no fixed part: the cautious split, which makes big drafts look dearest). Each
+    round weighs EMA, except that the first 1 / EMA rounds are a plain mean."""
+
+    __slots__ = ("mean_n", "mean_nn", "mean_nt", "mean_t", "samples")
+
+    def __init__(self) -> None:
+        self.mean_n = self.mean_t = self.mean_nn = self.mean_nt = 0.0
+        self.samples = 0
+
+    def add(self, nodes: int, seconds: float, weight: float = EMA) -> None:
+        self.samples += 1
+        w = max(weight, 1.0 / self.samples)  # the plain mean of the first 1 / weight rounds
+        self.mean_n += w * (nodes - self.mean_n)
+        self.mean_t += w * (seconds - self.mean_t)
+        self.mean_nn += w * (nodes * nodes - self.mean_nn)
+        self.mean_nt += w * (nodes * seconds - self.mean_nt)
+
+    def split(self) -> tuple[float, float]:
+        """(a, b): seconds per call, seconds per node."""
+        if self.mean_n <= 0:
+            return 0.0, 0.0
+        per_node = self.mean_t / self.mean_n
+        variance = self.mean_nn - self.mean_n**2
+        if variance < MIN_SIZE_VARIANCE:
+            return 0.0, per_node
+        slope = (self.mean_nt - self.mean_n * self.mean_t) / variance
+        slope = min(max(slope, 0.0), per_node)  # a >= 0, b >= 0
+        return self.mean_t - slope * self.mean_n, slope
 
 
 class SizingModel:
@@ -108,13 +149,15 @@ class SizingModel:
         self.other_seconds = _Average()  # the coordinator's own time per round
         # what a Verify call costs beyond the profile's forward (sampling, the RPC)
         self.verify_overhead = _Average()
-        # by draft shape: the drafter's own seconds per drafted node, and the tokens emitted
+        # by draft shape: the drafter's own seconds by drafted nodes, and the tokens emitted
         # and seconds taken per drafting round; what a draft call costs beyond the drafter's
         # own time (the RPC)
-        self.node_seconds: dict[Shape, _Average] = defaultdict(_Average)
+        self.draft_cost: dict[Shape, _DraftCost] = defaultdict(_DraftCost)
         self.round_tokens: dict[Shape, _Average] = defaultdict(_Average)
         self.round_seconds: dict[Shape, _Average] = defaultdict(_Average)
         self.call_overhead = _Average()
+        self.shape_rounds = 0  # drafting rounds, and the last one of each shape
+        self.last_tried: dict[Shape, int] = defaultdict(int)
         self.first_budget = _Average(FIRST_BUDGET)
         self._lock = threading.Lock()
 
@@ -167,6 +210,8 @@ class RequestSizer:
             return None
         nodes = min(self.limit, self.budget)
         self.shape = shape = self._choose_shape()
+        self.model.shape_rounds += 1
+        self.model.last_tried[shape] = self.model.shape_rounds
         key = (max(1, min(depth, params.k, nodes)), nodes, shape)
         planned = self._planned.get(key)
         if planned is None:  # a few per request: made once each
@@ -180,19 +225,27 @@ class RequestSizer:
 
     def _choose_shape(self) -> Shape:
         """The draft shape whose drafting rounds have emitted the most tokens per second (each
-        measured MIN_SAMPLES rounds first, in turn; then every EXPLORE_EVERY-th round of a
-        request tries the least measured other one, so all stay measured)."""
+        measured MIN_SAMPLES rounds first, in turn). The others stay measured: one whose rate
+        is a fraction f of the best is tried again once EXPLORE_EVERY / f^2 drafting rounds of
+        the coordinator (MAX_EXPLORE_EVERY at most) have passed since its last try, so the
+        worse a shape measures, the less its trials cost."""
         if len(self.shapes) == 1:
             return self.shapes[0]
-        tokens, seconds = self.model.round_tokens, self.model.round_seconds
+        model = self.model
+        tokens, seconds = model.round_tokens, model.round_seconds
         least = min(self.shapes, key=lambda s: tokens[s].samples)
         if tokens[least].samples < MIN_SAMPLES:
             return least
-        best = max(self.shapes, key=lambda s: tokens[s].value / max(seconds[s].value, 1e-9))
-        if self.rounds % EXPLORE_EVERY:
-            return best
-        others = [s for s in self.shapes if s != best]
-        return min(others, key=lambda s: tokens[s].samples)
+        rates = {s: tokens[s].value / max(seconds[s].value, 1e-9) for s in self.shapes}
+        best = max(self.shapes, key=rates.__getitem__)
+        now = model.shape_rounds
+        for shape in sorted(self.shapes, key=lambda s: model.last_tried[s]):  # longest untried
+            if shape == best:
+                continue
+            share = max(rates[shape] / max(rates[best], 1e-9), 1e-3) ** 2
+            if now - model.last_tried[shape] >= min(MAX_EXPLORE_EVERY, EXPLORE_EVERY / share):
+                return shape
+        return best
 
     # -- after drafting -----------------------------------------------------------------------
 
@@ -250,7 +303,7 @@ class RequestSizer:
             self.pending.add(drafted, start, nodes)
             size = len(drafted.token_ids)
             own = drafted.seconds if 0 < drafted.seconds <= draft_s else draft_s
-            model.node_seconds[self.shape].add(own / max(1, size))
+            model.draft_cost[self.shape].add(size, own)
             model.call_overhead.add(draft_s - own)
             if len(self.shapes) > 1:
                 model.round_tokens[self.shape].add(result.accepted_count + 1.0, SHAPE_EMA)
@@ -262,13 +315,14 @@ class RequestSizer:
 
     def _best_budget(self, ranked: list[float]) -> int:
         """The draft size that would have paid best this round, verified whole: the N
-        maximising (1 + s_1 + ... + s_N) / (T + d N + V(N)) over N = 0 .. the nodes drafted,
-        with s_i the ranked survivals, d the drafter's seconds per node, V the verify call and
-        T the rest of a round (N = 0: no draft call at all)."""
+        maximising (1 + s_1 + ... + s_N) / (T + a + b N + V(N)) over N = 0 .. the nodes
+        drafted, with s_i the ranked survivals, a + b N the drafter's own seconds for N nodes
+        (_DraftCost), V the verify call and T the rest of a round with the draft call's
+        overhead (N = 0: no draft call at all)."""
         model = self.model
         verify, other = model.verify_table(len(ranked)), model.other_seconds.value
-        per_node = model.node_seconds[self.shape].value
-        fixed = other + model.call_overhead.value
+        per_call, per_node = model.draft_cost[self.shape].split()
+        fixed = other + model.call_overhead.value + per_call
         best_n, best = 0, 1.0 / (other + verify[0])
         expected = 1.0
         for n, survival in enumerate(ranked, start=1):

@@ -96,7 +96,7 @@ class CostProfile:
             old = self.seconds[tokens - 1]
             sample = min(max(seconds, old / CLIP), old * CLIP)
             self.seconds[tokens - 1] = old + REFRESH_WEIGHT * (sample - old)
-            self._envelope = _running_max(self.seconds)
+            _refresh_running_max(self._envelope, self.seconds, tokens - 1)
 
     def copy(self, refresh: bool | None = None) -> CostProfile:
         """An independent copy (refresh: override whether it refreshes)."""
@@ -168,11 +168,19 @@ def _interpolate(known: list[tuple[int, float]], n: int) -> float:
 
 
 def _running_max(values: list[float]) -> list[float]:
-    out, top = [], 0.0
-    for value in values:
-        top = max(top, value)
-        out.append(top)
-    return out
+    """[max(values[:1]), max(values[:2]), ...]."""
+    return list(itertools.accumulate(values, max))
+
+
+def _refresh_running_max(envelope: list[float], values: list[float], changed: int) -> None:
+    """Make envelope _running_max(values) again after values[changed] changed (in place, from
+    `changed` on, up to the first entry that stays: once per verify call, so a step or two)."""
+    top = envelope[changed - 1] if changed > 0 else 0.0
+    for i in range(changed, len(values)):
+        top = max(top, values[i])
+        if i > changed and envelope[i] == top:
+            return  # it and every later entry stay as they were
+        envelope[i] = top
 
 
 VERIFY_COST_MODES = ("measured", "flat")  # or a path to a JSON file

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 
 import pytest
 
@@ -24,7 +25,7 @@ from gateway.acceptance import (
     confidence_bin,
 )
 from gateway.coordinator import Coordinator
-from gateway.draft_sizing import MAX_SKIP, SizingModel
+from gateway.draft_sizing import MAX_SKIP, Shape, SizingModel, _Average, _DraftCost
 from speculant.cost_profile import (
     MAX_FORWARD_TOKENS,
     CostProfile,
@@ -61,6 +62,61 @@ def test_observations_move_a_measured_profile_slowly_and_a_fixed_one_not_at_all(
     flat = CostProfile.flat(0.010)
     flat.observe(5, 1.0)
     assert flat.cost(5) == 0.010
+
+
+def test_refreshed_costs_stay_the_running_maximum_of_what_was_measured():
+    rng = random.Random(0)
+    profile = CostProfile.from_points({1: 0.010, 8: 0.020, 65: 0.050}, refresh=True)
+    for _ in range(2000):  # each observation updates the envelope in place, from its size on
+        profile.observe(rng.randint(1, MAX_FORWARD_TOKENS), rng.uniform(0.001, 0.1))
+        assert profile.costs(MAX_FORWARD_TOKENS) == list(itertools.accumulate(profile.seconds, max))
+
+
+def test_a_moving_average_is_a_plain_mean_until_its_weight_takes_over():
+    average = _Average()
+    for sample in (10.0, 1.0, 1.0, 1.0):  # a cold first sample weighs no more than the others
+        average.add(sample, weight=0.02)
+    assert average.value == pytest.approx(13.0 / 4)
+    for _ in range(2000):
+        average.add(2.0, weight=0.02)
+    assert average.value == pytest.approx(2.0)
+
+
+def test_drafting_cost_splits_into_a_call_and_its_nodes():
+    cost = _DraftCost()
+    for nodes in [2, 5, 9, 3, 12, 7] * 20:  # 300 us a call, 10 us a node
+        cost.add(nodes, 300e-6 + 10e-6 * nodes)
+    per_call, per_node = cost.split()
+    assert per_call == pytest.approx(300e-6) and per_node == pytest.approx(10e-6)
+    same = _DraftCost()
+    for _ in range(50):  # one size only: no split, the cautious per-node mean
+        same.add(8, 400e-6)
+    assert same.split() == (0.0, pytest.approx(50e-6))
+
+
+def test_a_shape_that_measures_much_worse_is_tried_more_rarely():
+    model = SizingModel(CostProfile.flat(0.01))
+    params = DraftParams(k=8, tree_nodes=12, overlay_weight=4.0)
+    sizer = model.for_request(params)
+    rates = {Shape(False, False): 3.0, Shape(True, False): 2.4, Shape(False, True): 0.6}
+    rates[Shape(True, True)] = 0.6
+    chosen = []
+    for position in range(3000):
+        sizer.plan(params, 8)
+        shape = sizer.shape
+        chosen.append(shape)
+        draft = confident(4)
+        cut = sizer.cut(draft, 1e-4)
+        model.round_tokens[shape].add(rates[shape], 0.02)  # tokens a round: the shape's rate
+        model.round_seconds[shape].add(1.0, 0.02)
+        sizer.observe(
+            None, cut, VerifyResult(0, [7]), position + 2, [7] * (position + 3), (0, 0, 0)
+        )
+    late = chosen[1000:]
+    near, poor = late.count(Shape(True, False)), late.count(Shape(False, True))
+    assert late.count(Shape(False, False)) > 0.9 * len(late)
+    # tried every 16 / 0.8^2 = 25 and every 16 / 0.2^2 = 400 (capped at 256) rounds
+    assert 60 <= near <= 100 and 5 <= poor <= 10
 
 
 def test_verify_cost_modes_and_files(tmp_path):
