@@ -21,8 +21,21 @@ import json
 import logging
 import sys
 
+from builder.heartbeat import PROGRESS_SECONDS
+
 MAX_ORDER_LIMIT = 10  # speculant.graph_format.MAX_SUPPORTED_ORDER (not imported: keep it light)
 DEFAULT_MAX_ORDER = 5
+
+
+def non_negative_seconds(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 of seconds, got {text}")
+    return value
 
 
 def parse_escapes(text: str) -> str:
@@ -177,6 +190,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="add the corpus to the graph at --out (same tokenizer and max order) and publish "
         "the sum as its next version, atomically",
     )
+    build.add_argument(
+        "--progress-every",
+        type=non_negative_seconds,
+        default=PROGRESS_SECONDS,
+        metavar="S",
+        help="when stderr is not a terminal, log a progress line every S seconds while "
+        f"tokenizing and counting (default {PROGRESS_SECONDS:g}; 0: none); on a terminal a "
+        "progress bar shows instead",
+    )
     build.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
     build.set_defaults(handler=run_build)
 
@@ -319,7 +341,11 @@ def run_build(args: argparse.Namespace) -> int:
             from builder.publish import check_output
 
             check_output(_absolute(args.out))
-        builder = GraphBuilder(**builder_kwargs(args), progress=False if args.quiet else None)
+        builder = GraphBuilder(
+            **builder_kwargs(args),
+            progress=False if args.quiet else None,
+            progress_seconds=args.progress_every,
+        )
         with builder:
             base = builder.check_append(args.out) if args.append else None
             read_inputs(builder, args)

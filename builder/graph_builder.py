@@ -40,6 +40,7 @@ from builder.build_stats import BuildStats
 from builder.corpus import resolve_inputs
 from builder.engines import Engine, make_engine
 from builder.errors import BuildError
+from builder.heartbeat import PROGRESS_SECONDS, Heartbeat
 from builder.keys import KeyCodec, bits_for_vocab
 from builder.lmdb_writer import GraphWriter
 from builder.merge import merge_runs
@@ -75,6 +76,8 @@ class GraphBuilder:
     (default: every core); ``partition_bytes`` / ``partitions``: the partition size, or a target
     count (default: 64 MiB partitions); ``work_dir``: where the partial counts go, a directory
     that every worker can reach at the same path (default: the system's temporary directory).
+    ``progress``: True a progress bar, False nothing, None (default) a bar on a terminal and
+    elsewhere an INFO log line every ``progress_seconds`` while it tokenizes and counts.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class GraphBuilder:
         batch_docs: int = 256,
         batch_chars: int = 1 << 20,
         progress: bool | None = None,
+        progress_seconds: float = PROGRESS_SECONDS,
         work_dir: str | os.PathLike[str] | None = None,
         tokenizer=None,
         engine: str | Engine = "local",
@@ -120,7 +124,9 @@ class GraphBuilder:
         self.batch_chars = batch_chars
         self.partition_bytes = partition_bytes
         self.partitions = partitions
+        # a bar on a terminal; elsewhere (progress None) a log line every progress_seconds
         self.progress = sys.stderr.isatty() if progress is None else progress
+        self.progress_seconds = progress_seconds if progress is None else 0.0
         self.tokenizer = tokenizer or load_tokenizer(tokenizer_name, hf_token)
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.vocab_size = vocab_size(self.tokenizer)
@@ -300,7 +306,8 @@ class GraphBuilder:
         self._distilled.append(dict(record))
 
     def _count(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run the tasks on the engine, with a progress bar; their manifests, in spec order."""
+        """Run the tasks on the engine, with a progress bar (or, without a terminal, a progress
+        line every progress_seconds); their manifests, in spec order."""
         from tqdm import tqdm
 
         stats = self.stats
@@ -313,6 +320,14 @@ class GraphBuilder:
             dynamic_ncols=True,
         )
         begun = time.perf_counter()
+        heartbeat = Heartbeat(
+            log,
+            0.0 if self.progress else self.progress_seconds,
+            lambda: (
+                f"tokenizing+counting ({self.engine.name}): {bar.n}/{len(specs)} partitions, "
+                f"{stats.tokens:,} tokens, {time.perf_counter() - begun:.0f} s"
+            ),
+        )
 
         def done(manifest: dict[str, Any]) -> None:
             self._manifests.append(manifest)
@@ -327,7 +342,8 @@ class GraphBuilder:
             bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
 
         try:
-            return self.engine.map(specs, done)
+            with heartbeat:
+                return self.engine.map(specs, done)
         finally:
             bar.close()
             stats.count_wall_seconds += time.perf_counter() - begun

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -103,6 +105,52 @@ def test_api_errors(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="refusing to replace"):
         b.save(tmp_path / "notgraph")
     assert (tmp_path / "notgraph" / "precious.txt").read_text() == "keep me"
+
+
+def test_without_a_terminal_counting_logs_a_progress_line_every_few_seconds(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """stderr is not a terminal under pytest: no bar, a log line every progress_seconds while
+    the partitions are counted (here the counting waits until one has been logged)."""
+    (tmp_path / "c.txt").write_text("hello there, a small corpus")
+    beat = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "tokenizing+counting (local): 0/1 partitions" in record.getMessage():
+                beat.set()
+
+    seen = Seen()
+    logging.getLogger("builder").addHandler(seen)
+    try:
+        with caplog.at_level(logging.INFO, logger="builder"):
+            quiet = GraphBuilder(tokenizer_name=STORIES, max_order=2, progress=False)
+            quiet.build_from_files([str(tmp_path / "c.txt")])  # off: no line
+            assert "tokenizing+counting" not in caplog.text
+            b = GraphBuilder(tokenizer_name=STORIES, max_order=2, progress_seconds=0.02)
+            assert b.progress is False  # no terminal: no bar
+            real_map = b.engine.map
+
+            def slow_map(specs, done):
+                assert beat.wait(30), "no progress line while counting"
+                return real_map(specs, done)
+
+            b.engine.map = slow_map
+            b.build_from_files([str(tmp_path / "c.txt")])
+    finally:
+        logging.getLogger("builder").removeHandler(seen)
+    assert b.stats.documents == 1
+
+
+def test_a_negative_progress_interval_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["build", "--corpus", str(tmp_path / "c.txt"), "--tokenizer", STORIES]
+    with pytest.raises(SystemExit) as excinfo:
+        main([*args, "--out", str(tmp_path / "g"), "--progress-every", "-1"])
+    assert excinfo.value.code == 2
+    err = capsys.readouterr().err
+    assert "--progress-every: must be a finite number >= 0 of seconds, got -1" in err
 
 
 @pytest.mark.parametrize("kind", ["file", "non-graph directory"])
