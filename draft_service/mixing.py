@@ -198,7 +198,9 @@ class Mixer:
         else:
             candidates = np.flatnonzero(mass)
         best = candidates[np.lexsort((ids[candidates], -mass[candidates]))[:count]]
-        return [(int(ids[r]), float(mass[r]) / total) for r in best if mass[r] > 0]
+        best = best[mass[best] > 0]
+        # float64 division as float(mass[r]) / total would do it, element by element
+        return list(zip(ids[best].tolist(), (mass[best] / total).tolist(), strict=True))
 
     def argmax(
         self,

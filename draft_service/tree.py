@@ -21,7 +21,7 @@ import numpy as np
 from draft_service.chain import sample
 from draft_service.overlay import ContextIndex
 from draft_service.step_cache import StepCache, mix_key, point_mass
-from draft_service.successors import Successors, overlay_successors
+from draft_service.successors import Successors, from_graph, overlay_successors
 from speculant.graph_format import extend_tail, tail_key
 from speculant.types import DraftParams, DraftProposal
 
@@ -59,38 +59,44 @@ class TreeDrafter:
         been offered at once, for about two pushes per node instead of TREE_WIDTH."""
         max_order = self.successors.graph.max_order
         key_of_mix = mix_key(params)
+        step_after = self.step
+        tree_nodes, max_depth = params.tree_nodes, params.k
         proposal = DraftProposal()
+        token_ids, parents, path_probs = proposal.token_ids, proposal.parents, proposal.path_probs
         ties = itertools.count()
+        push, pop = heapq.heappush, heapq.heappop
         # max-heap of candidates: (-path probability, tie, parent node, parent's path
         # probability, depth, the parent's step and tail, the candidate's rank in that step)
         frontier: list[tuple[float, int, int, float, int, TreeStep, bytes, int]] = []
-
-        def offer(
-            parent: int, path_prob: float, depth: int, step: TreeStep, tail: bytes, rank: int
-        ):
-            successors = step[1]
-            if rank < len(successors):
-                item = (-path_prob * successors[rank][1], next(ties), parent, path_prob, depth)
-                heapq.heappush(frontier, (*item, step, tail, rank))
-
         root = tail_key(context_ids, max_order)
-        offer(-1, 1.0, 0, self.step(root, params, key_of_mix, overlay), root, 0)
-        while frontier and len(proposal.token_ids) < params.tree_nodes:
-            neg_prob, _, parent, parent_prob, depth, step, tail, rank = heapq.heappop(frontier)
+        step = step_after(root, params, key_of_mix, overlay)
+        if step[1]:
+            push(frontier, (-step[1][0][1], next(ties), -1, 1.0, 0, step, root, 0))
+        while frontier and len(token_ids) < tree_nodes:
+            neg_prob, _, parent, parent_prob, depth, step, tail, rank = pop(frontier)
             order, successors = step
             token, _, source = successors[rank]
-            index = len(proposal.token_ids)
-            proposal.token_ids.append(token)
-            proposal.parents.append(parent)
+            index = len(token_ids)
+            path_prob = -neg_prob
+            token_ids.append(token)
+            parents.append(parent)
             proposal.distributions.append(point_mass(token))
             proposal.matched_orders.append(order)
             proposal.sources.append(source)
-            proposal.path_probs.append(-neg_prob)
-            offer(parent, parent_prob, depth, step, tail, rank + 1)  # its next sibling
-            if depth + 1 < params.k:
+            path_probs.append(path_prob)
+            rank += 1
+            if rank < len(successors):  # its next sibling
+                sibling = -parent_prob * successors[rank][1]
+                push(frontier, (sibling, next(ties), parent, parent_prob, depth, step, tail, rank))
+            if depth + 1 < max_depth:  # its first child
                 child_tail = extend_tail(tail, token, max_order)
-                child_step = self.step(child_tail, params, key_of_mix, overlay)
-                offer(index, -neg_prob, depth + 1, child_step, child_tail, 0)
+                child = step_after(child_tail, params, key_of_mix, overlay)
+                if child[1]:
+                    first = -path_prob * child[1][0][1]
+                    push(
+                        frontier,
+                        (first, next(ties), index, path_prob, depth + 1, child, child_tail, 0),
+                    )
         return proposal
 
     def propose_sampled(
@@ -151,8 +157,9 @@ class TreeDrafter:
         source; ties: lowest id first); (0, []) at a dead end. Cached (keyed by the overlay's
         and the live layer's counts for tail too, where they have any)."""
         successors = self.successors
-        found = overlay_successors(overlay, tail)
-        learned, signature = successors.learned(tail)
+        found = overlay.successors(tail) if overlay is not None else ()  # overlay_successors
+        live = successors.live
+        learned, signature = live.lookup(tail) if live is not None else ((), ())
         if found or learned:
             key: tuple = (tail, key_of_mix, params.overlay_weight, found, signature)
         else:
@@ -166,7 +173,10 @@ class TreeDrafter:
             step = (0, [])  # a dead end
             if orders:
                 best = successors.mixer.top(orders, ids_list, counts_list, params, TREE_WIDTH)
-                step = (orders[0], [(token, q, source_of(token)) for token, q in best])
+                if source_of is from_graph:  # the graph's counts alone: one source
+                    step = (orders[0], [(token, q, "graph") for token, q in best])
+                else:
+                    step = (orders[0], [(token, q, source_of(token)) for token, q in best])
             if self.cache.enabled:
                 self.cache.remember(key, step)
         return step
