@@ -265,18 +265,23 @@ class RequestSizer:
         docstring)."""
         nodes = NodeFeatures.of(proposal)
         survival = self.acceptance.survival(nodes)
-        order = sorted(range(len(survival)), key=lambda i: (-survival[i], i))
-        verify = self.model.verify_table(len(order))
-        fixed = draft_seconds + self.model.other_seconds.value
-        best_n, best = 0, 1.0 / (fixed + verify[0])
+        # likeliest first, ties by position (a stable sort keeps them in order)
+        order = sorted(range(len(survival)), key=survival.__getitem__, reverse=True)
+        model = self.model
+        forward = model.profile.costs(len(order) + 1)  # V(n) = forward[n] + the call's overhead
+        fixed = draft_seconds + model.other_seconds.value + model.verify_overhead.value
+        best_n, best = 0, 1.0 / (fixed + forward[0])
         expected = 1.0
+        ranked = []
         for n, index in enumerate(order, start=1):
-            expected += survival[index]
-            rate = expected / (fixed + verify[n])
+            node = survival[index]
+            ranked.append(node)
+            expected += node
+            rate = expected / (fixed + forward[n])
             if rate > best:
                 best_n, best = n, rate
         self.rate = best
-        return Cut(sorted(order[:best_n]), best, [survival[i] for i in order], nodes)
+        return Cut(sorted(order[:best_n]), best, ranked, nodes)
 
     # -- after verifying ----------------------------------------------------------------------
 
@@ -320,14 +325,15 @@ class RequestSizer:
         (_DraftCost), V the verify call and T the rest of a round with the draft call's
         overhead (N = 0: no draft call at all)."""
         model = self.model
-        verify, other = model.verify_table(len(ranked)), model.other_seconds.value
+        forward = model.profile.costs(len(ranked) + 1)  # V(n) = forward[n] + the overhead
+        other = model.other_seconds.value + model.verify_overhead.value
         per_call, per_node = model.draft_cost[self.shape].split()
         fixed = other + model.call_overhead.value + per_call
-        best_n, best = 0, 1.0 / (other + verify[0])
+        best_n, best = 0, 1.0 / (other + forward[0])
         expected = 1.0
         for n, survival in enumerate(ranked, start=1):
             expected += survival
-            rate = expected / (fixed + per_node * n + verify[n])
+            rate = expected / (fixed + per_node * n + forward[n])
             if rate > best:
                 best_n, best = n, rate
         return best_n
