@@ -1,8 +1,10 @@
 """The draft service over gRPC: speculant.v1.DraftService (Propose, GetGraphInfo).
 
-This module only translates between protos and the drafting core (:mod:`draft_service.drafting`);
-unset optional fields take the server's default DraftParams, DRAFT_STRATEGY_UNSPECIFIED means the
-default strategy (greedy). Bad requests become INVALID_ARGUMENT naming the field.
+Two parts: the servicer (DraftServicer), which translates between protos and the drafting core
+(:mod:`draft_service.drafting`): unset optional fields take the server's default DraftParams,
+DRAFT_STRATEGY_UNSPECIFIED means the default strategy (greedy), bad requests become
+INVALID_ARGUMENT naming the field; and the server's lifecycle (DraftServer, start_server, serve):
+the graph opened in the background, hot reload, health, stop.
 """
 
 from __future__ import annotations

@@ -1,8 +1,12 @@
-"""The two small interfaces the coordinator drives: a drafter and a verifier.
+"""The interfaces (Protocols) the coordinator and the gateway drive.
 
-Each has an in-process implementation (embedded mode: draft_service.drafting.Drafter and
+Two carry a round: a drafter (DraftSource, with DraftCall and PreparingDraftSource for drafts
+prepared while the verifier runs) and a verifier (TargetVerifier). Each has an in-process
+implementation (embedded mode: draft_service.drafting.Drafter and
 verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.draft_client,
-gateway.verifier_client), so the same round logic runs in one process or across services.
+gateway.verifier_client), so the same round logic runs in one process or across services. The
+gRPC ones add what the gateway server needs of them (RemoteDraftTier, RemoteVerifier), and
+GenerationLearner is what learns from finished generations.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The one codec between the library's types (:mod:`speculant.types`) and their protobuf
-messages: every ``*_to_pb`` / ``*_from_pb`` of the services and the gateway is here.
+"""The codec between the library's types (:mod:`speculant.types`) and their protobuf
+messages: the ``*_to_pb`` / ``*_from_pb`` of the services and the gateway (two gateway-only
+conversions live with their one caller in :mod:`gateway.server`: ``stats_to_proto`` and
+``GatewayServicer._to_request``).
 
 Drafts: a gateway turns a context and DraftParams into a ProposeRequest
 (:func:`propose_request_to_pb`), the draft service reads them back
