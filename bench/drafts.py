@@ -29,11 +29,11 @@ import numpy as np
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.machine import free_port
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.graph_reader import NGramGraph
+from speculant.ports import free_port
 from speculant.stream_exchange import StreamExchange
 from speculant.types import DraftParams
 from speculant.v1 import draft_pb2_grpc

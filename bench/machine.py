@@ -6,7 +6,6 @@ import contextlib
 import os
 import platform
 import resource
-import socket
 import sys
 from typing import Any
 
@@ -47,13 +46,3 @@ def machine_info() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
     }
-
-
-# --- systems -------------------------------------------------------------------------------
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (the child binds it right after)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

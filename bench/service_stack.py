@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.machine import free_port, peak_rss_bytes
+from bench.machine import peak_rss_bytes
 from bench.settings import RPC_TIMEOUT_S, BenchSettings, RunRecord, Variant
 from speculant.affinity import pin_process, split_cores
+from speculant.ports import free_port
 from speculant.prompt_records import PromptRecord
 
 

@@ -18,7 +18,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.server import start_gateway  # noqa: E402
 from speculant.config import VerifierConfig  # noqa: E402
 from speculant.health import health_status, wait_until_serving  # noqa: E402
+from speculant.ports import free_port  # noqa: E402
 from speculant.v1 import (  # noqa: E402
     common_pb2,
     draft_pb2,
@@ -48,12 +48,6 @@ from speculant.v1 import (  # noqa: E402
 
 CONTEXT = [1, 403, 407, 261, 378, 432]
 PROMPT = "Once upon a time"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def health_ms(address: str, checks: int = 10) -> float:

@@ -4,22 +4,11 @@ verifier (stories260K) started with ``speculant serve-verifier``."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 from speculant.health import wait_until_serving
 from tests.conftest import STORIES_MODEL
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def start_verifier_process(port: int) -> subprocess.Popen:

@@ -17,9 +17,10 @@ from gateway.baseline import PlainDecoder
 from gateway.http_api import HttpApiServer
 from gateway.server import start_gateway
 from speculant.health import health_status
+from speculant.ports import free_ports
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import STORIES_MODEL
-from tests.processes import free_ports, start_verifier_process
+from tests.processes import start_verifier_process
 
 # A frozen verifier fails the requests waiting on it within this bound (the keepalive of
 # speculant.grpc_server: a ping every 5 s, unanswered for 5 s), and a new request at once.

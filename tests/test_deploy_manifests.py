@@ -14,7 +14,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from speculant.grpc_server import ServiceServer
+from speculant.ports import free_port
 from tests.deploy_checks import check_bundle, speculant_containers
 from tests.deploy_rules import (
     EXTERNAL_ENV,
@@ -373,17 +373,11 @@ def test_each_check_can_fail(bundle: Bundle, name: str) -> None:
 # ---- the compose health check, run ------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_compose_healthcheck_reports_serving_only(bundle: Bundle) -> None:
     """The compose health check command exits 0 for SERVING, non-zero otherwise."""
     test = bundle.compose["services"]["draft"]["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"]
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-c", test[3].replace("127.0.0.1:50051", f"127.0.0.1:{port}")]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
@@ -432,7 +426,7 @@ def test_compose_commands_run_the_system(bundle: Bundle, tmp_path) -> None:
     """Each compose service's command and environment, with only paths, host names and ports
     changed, builds the graph, serves, passes its health check, and the gateway generates."""
     services = bundle.compose["services"]
-    ports = {p: str(_free_port()) for p in ("50050", "50051", "50052")}
+    ports = {p: str(free_port()) for p in ("50050", "50051", "50052")}
     graphs = str(tmp_path / "graphs")
 
     def command(name: str) -> tuple[list[str], dict[str, str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ from graph_factory import write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.drafts import FAST_RECONNECT
+from speculant.ports import free_port
 from speculant.types import DraftParams
 from tests.fixtures.graphs import CORE_CHAINS
 
 SPECULANT = [sys.executable, "-m", "speculant.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_serve(graph: Path) -> subprocess.CompletedProcess:

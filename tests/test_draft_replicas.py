@@ -19,10 +19,10 @@ from gateway.draft_client import GrpcDraftClient
 from gateway.draft_replicas import REPLICA_HOLD_OFF_S, expand_addresses
 from speculant.errors import InvalidArgumentError
 from speculant.health import wait_until_serving
+from speculant.ports import free_ports
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.conftest import load_dev_prompts
-from tests.processes import free_ports
 
 REPLICAS = 3
 CONTEXT = [1, 403, 407, 261, 378, 432]

@@ -14,8 +14,8 @@ import pytest
 
 from speculant.grpc_server import ServiceServer
 from speculant.health import health_status, wait_until_serving
+from speculant.ports import free_ports
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
-from tests.processes import free_ports
 
 
 def test_sigterm_finishes_in_flight_generations_then_exits(services):

@@ -8,7 +8,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S
 from draft_service.server import DraftServer, start_server
 from speculant.graph_format import DATA_FILE, write_manifest
 from speculant.graph_reader import NGramGraph
+from speculant.ports import free_port
 from speculant.tokenizer import load_tokenizer
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 from tests.conftest import STORIES_MODEL
@@ -37,12 +37,6 @@ OLD_STORY = "The cat sat on the mat."
 NEW_STORY = "The cat ran to the park."
 CONTEXT_TEXT = "The cat"
 DEADLINE_S = 60  # generous: only a failure waits this long
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(condition: Callable[[], bool], what: str, clients: tuple = ()) -> None:

@@ -7,7 +7,7 @@ import os
 
 from bench.load import is_loopback, percentile
 from speculant.cli import main
-from tests.processes import free_ports
+from speculant.ports import free_ports
 
 
 def test_load_reports_latencies_throughput_errors_and_memory(services, tmp_path, capsys):

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from speculant.health import wait_until_serving
 from speculant.metrics import Metrics
+from speculant.ports import free_port
 from speculant.request_context import REQUEST_ID_HEADER, log_handler
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from tests.conftest import ROOT
@@ -360,12 +361,6 @@ def test_a_cancel_seen_as_the_request_stream_ending_is_counted_cancelled():
         server.stop(None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _speculant(*args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
@@ -377,7 +372,7 @@ def _speculant(*args: str) -> subprocess.Popen:
 
 
 def test_serve_draft_metrics_port_and_json_logs(tinystories_graph):
-    grpc_port, metrics_port = _free_port(), _free_port()
+    grpc_port, metrics_port = free_port(), free_port()
     process = _speculant(
         "serve-draft",
         "--graph",

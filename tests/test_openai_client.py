@@ -20,8 +20,8 @@ from pathlib import Path
 import openai
 import pytest
 
+from speculant.ports import free_ports
 from tests.conftest import STORIES_MODEL
-from tests.processes import free_ports
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

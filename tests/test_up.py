@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 from speculant.affinity import split_cores
+from speculant.ports import free_ports
 from tests.conftest import STORIES_MODEL
-from tests.processes import free_ports
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 

@@ -4,21 +4,15 @@ verifier is back on its port the gateway serves again without a restart of its o
 from __future__ import annotations
 
 import signal
-import socket
 import time
 
 import grpc
 import pytest
 
 from gateway.server import start_gateway
+from speculant.ports import free_port
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.processes import start_verifier_process
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from speculant.config import VerifierConfig
+from speculant.ports import free_port
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
 from tests.fixtures.models import hf_greedy
@@ -176,12 +176,6 @@ def test_health_and_reflection(served) -> None:
         assert SERVICE_NAME in names
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_not_serving_until_model_loaded(loaded, monkeypatch) -> None:
     release = threading.Event()
     config = VerifierConfig(model_name=str(STORIES_MODEL))
@@ -191,7 +185,7 @@ def test_not_serving_until_model_loaded(loaded, monkeypatch) -> None:
         return LocalVerifier(config, model=loaded, model_thread=model_thread)
 
     monkeypatch.setattr(server_module, "LocalVerifier", slow_verifier)
-    port = _free_port()
+    port = free_port()
     result: dict[str, object] = {}
     thread = threading.Thread(
         target=lambda: result.update(
@@ -252,7 +246,7 @@ def test_cli_missing_model_is_one_line_error(tmp_path) -> None:
 
 
 def test_cli_serves_and_stops_on_sigterm() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "speculant.cli", "serve-verifier"),
