@@ -126,7 +126,7 @@ class GraphBuilder:
         self.partitions = partitions
         # a bar on a terminal; elsewhere (progress None) a log line every progress_seconds
         self.progress = sys.stderr.isatty() if progress is None else progress
-        self.progress_seconds = progress_seconds if progress is None else 0.0
+        self.progress_seconds = progress_seconds if progress is None and not self.progress else 0.0
         self.tokenizer = tokenizer or load_tokenizer(tokenizer_name, hf_token)
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.vocab_size = vocab_size(self.tokenizer)
@@ -322,7 +322,7 @@ class GraphBuilder:
         begun = time.perf_counter()
         heartbeat = Heartbeat(
             log,
-            0.0 if self.progress else self.progress_seconds,
+            self.progress_seconds,
             lambda: (
                 f"tokenizing+counting ({self.engine.name}): {bar.n}/{len(specs)} partitions, "
                 f"{stats.tokens:,} tokens, {time.perf_counter() - begun:.0f} s"

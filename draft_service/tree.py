@@ -21,7 +21,7 @@ import numpy as np
 from draft_service.chain import sample
 from draft_service.overlay import ContextIndex
 from draft_service.step_cache import StepCache, mix_key, point_mass
-from draft_service.successors import Successors, from_graph, overlay_successors
+from draft_service.successors import Successors, overlay_successors
 from speculant.graph_format import extend_tail, tail_key
 from speculant.types import DraftParams, DraftProposal
 
@@ -157,9 +157,8 @@ class TreeDrafter:
         source; ties: lowest id first); (0, []) at a dead end. Cached (keyed by the overlay's
         and the live layer's counts for tail too, where they have any)."""
         successors = self.successors
-        found = overlay.successors(tail) if overlay is not None else ()  # overlay_successors
-        live = successors.live
-        learned, signature = live.lookup(tail) if live is not None else ((), ())
+        found = overlay_successors(overlay, tail)
+        learned, signature = successors.learned(tail)
         if found or learned:
             key: tuple = (tail, key_of_mix, params.overlay_weight, found, signature)
         else:
@@ -173,10 +172,7 @@ class TreeDrafter:
             step = (0, [])  # a dead end
             if orders:
                 best = successors.mixer.top(orders, ids_list, counts_list, params, TREE_WIDTH)
-                if source_of is from_graph:  # the graph's counts alone: one source
-                    step = (orders[0], [(token, q, "graph") for token, q in best])
-                else:
-                    step = (orders[0], [(token, q, source_of(token)) for token, q in best])
+                step = (orders[0], [(token, q, source_of(token)) for token, q in best])
             if self.cache.enabled:
                 self.cache.remember(key, step)
         return step

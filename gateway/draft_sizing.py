@@ -130,18 +130,13 @@ class _DraftCost:
 class SizingModel:
     """What the rounds of every request of one coordinator learn together: the verify cost
     profile (refreshed from the coordinator's own Verify timings when it is a measured one), the
-    acceptance calibration, the drafting cost per node with and without the overlay, the
-    overlay's gain and the first round's budget (thread-safe enough: each update is a few float
-    assignments under the GIL, and a lost update only delays learning)."""
+    acceptance calibration, each draft shape's drafting cost (per call and per node) and its
+    tokens and seconds per round, and the first round's budget (thread-safe enough: each
+    update is a few float assignments under the GIL, and a lost update only delays learning)."""
 
     def verify_seconds(self, drafts: int) -> float:
         """V(drafts): the expected seconds of a Verify call with this many draft tokens."""
         return self.profile.cost(drafts + 1) + self.verify_overhead.value
-
-    def verify_table(self, drafts: int) -> list[float]:
-        """[V(0), ..., V(drafts)]."""
-        overhead = self.verify_overhead.value
-        return [cost + overhead for cost in self.profile.costs(drafts + 1)]
 
     def __init__(self, profile: CostProfile) -> None:
         self.profile = profile
