@@ -22,7 +22,6 @@ no LMDB reader slots exist to count or to leak.)
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import math
 import statistics
@@ -33,8 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-LOOPBACK_NAMES = ("localhost",)
-
+from bench.load_stats import is_loopback, p50_p99_ms
 
 KINDS = ("stream", "unary", "cancel", "bad")
 EXPECTED_CODES = {
@@ -96,34 +94,6 @@ def parse_mix(text: str) -> list[str]:
     if not schedule:
         raise ValueError("--mix: give at least one KIND=WEIGHT with a weight > 0")
     return schedule
-
-
-def is_loopback(address: str) -> bool:
-    """Whether HOST:PORT names this machine's loopback interface."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0..100), nearest rank; None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))  # 1-based
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-def p50_p99_ms(values: list[float]) -> dict[str, float | None]:
-    """The p50 and p99 of values (seconds) in milliseconds (None without values)."""
-    return {
-        name: None if (v := percentile(values, q)) is None else v * 1e3
-        for name, q in (("p50", 50), ("p99", 99))
-    }
 
 
 def rss_bytes(pids: list[int]) -> dict[str, int | None]:

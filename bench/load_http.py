@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.load import is_loopback, p50_p99_ms
+from bench.load_stats import is_loopback, p50_p99_ms
 
 MAX_HTTP_CONCURRENCY = 64
 MAX_HTTP_DURATION_S = 60.0

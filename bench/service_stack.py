@@ -99,8 +99,7 @@ class ServiceStack:
     def _start_with_default_flags(self) -> None:
         """The three services as `speculant up` (services_as "up") or the serve-* commands
         ("serve") start them with default flags: their own thread choice, `up`'s pinning."""
-        from gateway.up import plan_up
-        from speculant.cli import build_parser
+        from gateway.up import plan_up, up_parser
 
         s = self.settings
         ports = [str(free_port("127.0.0.1")) for _ in range(3)]
@@ -108,7 +107,7 @@ class ServiceStack:
         argv += ["--gateway-port", ports[0], "--draft-port", ports[1], "--verifier-port", ports[2]]
         if s.services_as == "serve":
             argv.append("--no-pin-cpus")
-        plan = plan_up(build_parser().parse_args(argv))
+        plan = plan_up(up_parser().parse_args(argv))
         self.notes = plan.notes
         by_name = {}
         for child in plan.children:

@@ -262,10 +262,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_verify_cost_argument(generate)
     generate.set_defaults(handler=run_generate)
 
-    from gateway.up import register_up
-
-    register_up(subparsers)
-
 
 DEFAULT_UP_HTTP_PORT = 8000  # `speculant up` serves the OpenAI-compatible API here (vLLM's port)
 

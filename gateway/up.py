@@ -265,13 +265,34 @@ def _http_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def service_parser() -> argparse.ArgumentParser:
+    """A parser of the three services' commands (serve-draft, serve-verifier, serve-gateway),
+    made from each package's own registration: what `up` checks its children's flags with."""
+    from draft_service import cli as draft_cli
+    from gateway import cli as gateway_cli
+    from verifier_service import cli as verifier_cli
+
+    parser = argparse.ArgumentParser(prog="speculant")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for module in (draft_cli, verifier_cli, gateway_cli):
+        module.register(subparsers)
+    return parser
+
+
+def up_parser() -> argparse.ArgumentParser:
+    """A parser of `up` alone (for tools that plan what `up` would start)."""
+    parser = argparse.ArgumentParser(prog="speculant")
+    register_up(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
 def validate_plan(plan: Plan, args: argparse.Namespace) -> None:
     """Check everything a child would refuse, before any child starts: CommandError (exit 2
     for a flag, 1 for a port in use)."""
     from draft_service.cli import learning_from_args
     from gateway.cli import check_verify_cost
     from speculant.auth import load_token
-    from speculant.cli import build_parser
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import InvalidArgumentError
     from speculant.tls import server_tls_from_args
@@ -280,7 +301,7 @@ def validate_plan(plan: Plan, args: argparse.Namespace) -> None:
     base = args.metrics_port_base
     if base is not None and not 1 <= base <= 65533:
         raise CommandError(f"--metrics-port-base must be in 1..65533, got {base}", EXIT_USAGE)
-    parser = build_parser()
+    parser = service_parser()
     parsed = {}
     for child in plan.children:
         with contextlib.redirect_stderr(_Discard()):

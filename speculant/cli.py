@@ -89,11 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     from distill import cli as distill_cli
     from draft_service import cli as draft_cli
     from gateway import cli as gateway_cli
+    from gateway.up import register_up
     from launcher.demo import register_demo
     from verifier_service import cli as verifier_cli
 
     for module in (builder_cli, distill_cli, draft_cli, verifier_cli, gateway_cli):
         module.register(subparsers)
+    register_up(subparsers)
     register_demo(subparsers)
     bench_cli.register(subparsers, bench_subparsers)
     for child in _subparsers(parser):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from bench.load import is_loopback, percentile
+from bench.load_stats import is_loopback, percentile
 from speculant.cli import main
 from speculant.ports import free_ports
 

@@ -5,16 +5,42 @@ the model's true logits. A probe that fails turns the feature off for that model
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
-if TYPE_CHECKING:
-    from verifier_service.lean_llama import LeanLlama
-    from verifier_service.model import LoadedModel
+from verifier_service.lean_llama import LeanLlama
 
 log = logging.getLogger(__name__)
+
+
+class ProbedModel(Protocol):
+    """What the probes use of a loaded model (verifier_service.model.LoadedModel), named here
+    so that this module does not import the one that runs it."""
+
+    name: str
+    device: torch.device
+    vocab_size: int
+
+    def new_cache(self) -> DynamicCache: ...
+
+    def forward(
+        self, cache: DynamicCache, input_ids: torch.Tensor, start: int, logits_to_keep: int
+    ) -> torch.Tensor: ...
+
+    def forward_with(self, lean: LeanLlama | None, *args: Any) -> torch.Tensor: ...
+
+    def forward_tree(
+        self, cache: DynamicCache, input_ids: torch.Tensor, start: int, parents: list[int]
+    ) -> torch.Tensor: ...
+
+    def forward_tree_with(self, lean: LeanLlama | None, *args: Any) -> torch.Tensor: ...
+
+    def forward_batch(
+        self, caches: list[DynamicCache], inputs: list[list[int]], starts: list[int]
+    ) -> list[torch.Tensor]: ...
+
 
 # Logits of the same tokens from forwards of other shapes (a batch, a tree, a longer chain)
 # differ in their last bits, more so the deeper the model: SmolLM2-135M (30 layers) by up to
@@ -32,7 +58,7 @@ def same_logits(got: torch.Tensor, expected: torch.Tensor) -> bool:
     return got.shape == expected.shape and float((got - expected).abs().max()) <= limit
 
 
-def batch_matches_single(model: LoadedModel) -> bool:
+def batch_matches_single(model: ProbedModel) -> bool:
     if not all(type(layer) is DynamicLayer for layer in model.new_cache().layers):
         log.warning("verify batching disabled for %s: not a plain dynamic cache", model.name)
         return False
@@ -60,7 +86,7 @@ def batch_matches_single(model: LoadedModel) -> bool:
     return True
 
 
-def tree_matches_chains(model: LoadedModel) -> bool:
+def tree_matches_chains(model: ProbedModel) -> bool:
     prefix = torch.tensor([1, 2, 3], device=model.device)  # any ids: only logits are compared
     drafts, parents = [4, 5, 6], [-1, -1, 1]  # pending 3 -> {4, 5 -> 6}
     cache = model.new_cache()
@@ -79,7 +105,7 @@ def tree_matches_chains(model: LoadedModel) -> bool:
     return True
 
 
-def lean_matches_reference(model: LoadedModel, lean: LeanLlama) -> bool:
+def lean_matches_reference(model: ProbedModel, lean: LeanLlama) -> bool:
     """Chains of 1 and 6 tokens and a small tree, each on a cached prefix: the lean forward's
     logits and cache must equal the transformers forward's bit for bit."""
     ids = torch.arange(13, device=model.device) * 7919 % model.vocab_size  # any valid ids
@@ -89,12 +115,12 @@ def lean_matches_reference(model: LoadedModel, lean: LeanLlama) -> bool:
         outputs = []
         for candidate in (None, lean):  # None: the transformers forward
             cache = model.new_cache()
-            model._run(candidate, cache, ids[:7], 0, 7)
+            model.forward_with(candidate, cache, ids[:7], 0, 7)
             if case == "tree":
-                outputs.append(model._run_tree(candidate, cache, ids[7:12], 7, parents))
+                outputs.append(model.forward_tree_with(candidate, cache, ids[7:12], 7, parents))
             else:
                 n = 1 if case == "chain1" else 6
-                outputs.append(model._run(candidate, cache, ids[7 : 7 + n], 7, n))
+                outputs.append(model.forward_with(candidate, cache, ids[7 : 7 + n], 7, n))
             caches.append(cache)
         if not torch.equal(outputs[0], outputs[1]):
             return False

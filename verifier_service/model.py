@@ -200,9 +200,9 @@ class LoadedModel:
 
         Returns float logits [logits_to_keep, V] for the last logits_to_keep positions.
         """
-        return self._run(self.lean, cache, input_ids, start, logits_to_keep)
+        return self.forward_with(self.lean, cache, input_ids, start, logits_to_keep)
 
-    def _run(
+    def forward_with(
         self,
         lean: LeanLlama | None,
         cache: DynamicCache,
@@ -210,6 +210,7 @@ class LoadedModel:
         start: int,
         logits_to_keep: int,
     ) -> torch.Tensor:
+        """:meth:`forward` through the given lean forward (None: the transformers forward)."""
         n = input_ids.shape[0]
         positions = self._positions[0, start : start + n]  # [n]
         if lean is None:
@@ -249,9 +250,9 @@ class LoadedModel:
         the pending token when -1), at position start + 1 + its depth. Each token attends to the
         cache, its ancestors and itself (a 4D attention mask). Returns logits [n+1, V].
         """
-        return self._run_tree(self.lean, cache, input_ids, start, parents)
+        return self.forward_tree_with(self.lean, cache, input_ids, start, parents)
 
-    def _run_tree(
+    def forward_tree_with(
         self,
         lean: LeanLlama | None,
         cache: DynamicCache,
@@ -259,6 +260,7 @@ class LoadedModel:
         start: int,
         parents: list[int],
     ) -> torch.Tensor:
+        """:meth:`forward_tree` through the given lean forward (None: the transformers one)."""
         n = len(parents)
         rows = np.eye(n + 1, dtype=bool)  # [n+1, n+1]: row r sees itself and ...
         depth = np.zeros(n + 1, dtype=np.int64)
