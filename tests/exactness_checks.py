@@ -7,7 +7,7 @@ from __future__ import annotations
 from gateway.baseline import PlainDecoder
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.v1 import common_pb2, gateway_pb2
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 MAX_TOKENS = 128  # tokens generated per prompt by generate_embedded and generate_over_gateway
 

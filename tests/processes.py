@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from speculant.health import wait_until_serving
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 
 def start_verifier_process(port: int) -> subprocess.Popen:

@@ -9,7 +9,7 @@ from gateway.adaptive_k import GROW, next_draft_length
 from gateway.stats import GenerationStats
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
-from tests.conftest import load_dev_prompts
+from tests.assets import load_dev_prompts
 from tests.exactness_checks import (
     MAX_TOKENS,
     assert_drafts_served,

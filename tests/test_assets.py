@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import (
+from tests.assets import (
     DEMO_PROMPT_COUNT,
     DEMO_PROMPTS,
     DEV_PROMPTS,
@@ -48,7 +48,7 @@ def test_demo_prompts_are_the_first_dev_prompts() -> None:
 
 
 MISSING_ASSET_TEST = """
-from tests.conftest import shared_asset
+from tests.assets import shared_asset
 
 def test_uses_a_missing_asset():
     shared_asset("models/no-such-model")

@@ -19,7 +19,7 @@ from gateway.server import start_gateway
 from speculant.health import health_status
 from speculant.ports import free_ports
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 from tests.processes import start_verifier_process
 
 # A frozen verifier fails the requests waiting on it within this bound (the keepalive of

@@ -28,7 +28,7 @@ from gateway.baseline import PlainDecoder
 from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
+from tests.assets import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from tests.fixtures.models import hf_greedy
 from verifier_service.batching import VerifyBatcher
 from verifier_service.model import LoadedModel

@@ -28,7 +28,7 @@ from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
 from bench.settings import BenchSettings, Variant, variants_for
 from speculant.cli import build_parser
-from tests.conftest import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
+from tests.assets import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
 
 SPECULATIVE_FIGURES = (
     "tokens_per_second_median",

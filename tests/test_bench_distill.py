@@ -14,7 +14,7 @@ import pytest
 import bench.distill
 from speculant.cli import main
 from speculant.config import DraftConfig, GenerationConfig
-from tests.conftest import DEMO_PROMPTS, STORIES_MODEL
+from tests.assets import DEMO_PROMPTS, STORIES_MODEL
 from tests.test_tune import expected_prompt_ids, spy_on_traces, write_chat_model, write_chat_prompts
 
 COUNTS = ("prompts", "tokens", "rounds", "drafted", "accepted")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import GPT2_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS, needs
 
 from builder import GraphBuilder
 from builder.merge import FAN_IN
@@ -19,6 +18,7 @@ from speculant.graph_format import (
     order_db_name,
     read_meta,
 )
+from tests.assets import GPT2_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS, needs
 
 
 def read_graph(path: Path) -> tuple[dict[int, dict[tuple, dict[int, int]]], object]:

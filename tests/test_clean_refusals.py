@@ -18,7 +18,7 @@ from speculant.auth import TOKEN_ENV, load_token
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import META_DB, META_KEY, GraphFormatError, GraphMeta, write_manifest
 from speculant.ports import free_ports
-from tests.conftest import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
+from tests.assets import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
 from tests.graph_factory import write_graph
 
 

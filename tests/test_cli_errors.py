@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from speculant.cli import _subparsers, build_parser
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 SPECULANT = [sys.executable, "-m", "speculant.cli"]
 

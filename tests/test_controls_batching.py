@@ -10,7 +10,7 @@ import numpy as np
 
 from speculant.config import VerifierConfig
 from speculant.types import SamplingControls, SparseDistribution
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.test_batching import hold_first_batch, run_threads
 from verifier_service.verifier import LocalVerifier
 

@@ -22,7 +22,7 @@ from speculant.graph_format import DATA_FILE, MANIFEST_FILE
 from speculant.health import health_status, wait_until_serving
 from speculant.ports import free_ports
 from speculant.v1 import draft_pb2, draft_pb2_grpc
-from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
+from tests.assets import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 
 CONTEXT = [1, 403, 407, 261, 378, 432]
 

@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 
 from builder import CorpusError, GraphBuilder
 from builder.dataset_source import (
@@ -24,6 +23,7 @@ from builder.dataset_source import (
 )
 from speculant.cli import main
 from speculant.graph_format import open_graph_env, read_meta
+from tests.assets import STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 from tests.graph_checks import assert_same_graph
 
 pytest.importorskip("datasets")

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.assets import ROOT
 
 
 def test_demo_kit_is_small_and_licensed():

@@ -7,7 +7,7 @@ import pytest
 from gateway.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 from gateway.stopping import find_stop_string, safe_text_length
 from speculant.tokenizer import load_tokenizer
-from tests.conftest import GPT2_TOKENIZER, STORIES_MODEL, needs
+from tests.assets import GPT2_TOKENIZER, STORIES_MODEL, needs
 
 TEXT = " Le café était naïf. 東京へ行く ☕🙂 and then\n\nthe end."
 

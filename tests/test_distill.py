@@ -43,7 +43,7 @@ from distill.run import (
 from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder
 from gateway.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta, verify_manifest
-from tests.conftest import ROOT, STORIES_MODEL, STORY_SEPARATOR
+from tests.assets import ROOT, STORIES_MODEL, STORY_SEPARATOR
 from tests.fixtures.e2e import verifier_config
 
 DEMO_CORPUS = ROOT / "demo" / "tinystories-slice.txt"

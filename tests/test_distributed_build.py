@@ -18,14 +18,6 @@ from pathlib import Path
 import lmdb
 import psutil
 import pytest
-from conftest import (
-    GPT2_TOKENIZER,
-    PYTHON_CORPUS,
-    STORIES_MODEL,
-    STORY_SEPARATOR,
-    TINYSTORIES_CORPUS,
-    needs,
-)
 
 import builder.corpus as corpus
 import builder.partition as partition
@@ -35,6 +27,14 @@ from builder.engines import DaskEngine, LocalEngine
 from builder.partition import find_cut, plan_partitions
 from speculant.cli import main
 from speculant.graph_format import open_graph_env, read_meta
+from tests.assets import (
+    GPT2_TOKENIZER,
+    PYTHON_CORPUS,
+    STORIES_MODEL,
+    STORY_SEPARATOR,
+    TINYSTORIES_CORPUS,
+    needs,
+)
 from tests.graph_checks import assert_same_graph
 
 distributed = pytest.importorskip("distributed")

@@ -156,7 +156,7 @@ def test_bench_draft_tier_refuses_bad_numbers(
 
 
 def test_drafts_on_the_tinystories_graph(tinystories_graph: Path) -> None:
-    from conftest import STORIES_MODEL  # tests/ is on sys.path
+    from tests.assets import STORIES_MODEL
 
     from draft_service.drafting import Drafter
     from speculant.graph_reader import NGramGraph

@@ -22,7 +22,7 @@ from speculant.health import wait_until_serving
 from speculant.ports import free_ports
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import load_dev_prompts
+from tests.assets import load_dev_prompts
 
 REPLICAS = 3
 CONTEXT = [1, 403, 407, 261, 378, 432]

@@ -14,7 +14,7 @@ import pytest
 from gateway import SpeculativeDecoder
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
-from tests.conftest import dev_prompt_sets, load_dev_prompts
+from tests.assets import dev_prompt_sets, load_dev_prompts
 from tests.exactness_checks import (
     MAX_TOKENS,
     assert_drafted,

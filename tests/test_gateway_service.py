@@ -23,7 +23,7 @@ from speculant.v1 import (
     gateway_pb2_grpc,
     verifier_pb2,
 )
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 from tests.fixtures.e2e import verifier_config
 
 PROMPT = "Once upon a time, there was a little dog named"

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 from gateway import SpeculativeDecoder
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
 from speculant.v1 import common_pb2
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.fixtures.e2e import running_services
 from tests.sampling_checks import greedy_over_gateway, hf_generate
 

@@ -27,7 +27,7 @@ from speculant.graph_format import (
     write_manifest,
 )
 from speculant.graph_reader import NGramGraph
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 CORPORA = {
     "a.txt": "Once upon a time, there was a cat.\n\nThe cat liked to play in the sun.\n\n" * 3,

@@ -14,7 +14,7 @@ from builder import GraphBuilder
 from speculant.cli import main
 from speculant.graph_format import DATA_FILE, MANIFEST_FILE, GraphFormatError
 from speculant.graph_reader import NGramGraph
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 STORIES = "Once upon a time, there was a cat.\n\nThe cat liked to play in the sun.\n\n"
 

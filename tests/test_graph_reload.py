@@ -31,7 +31,7 @@ from speculant.graph_reader import NGramGraph
 from speculant.ports import free_port
 from speculant.tokenizer import load_tokenizer
 from speculant.v1 import draft_pb2, draft_pb2_grpc
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 OLD_STORY = "The cat sat on the mat."
 NEW_STORY = "The cat ran to the park."

@@ -32,7 +32,7 @@ from builder.graph_viz import (
 )
 from builder.graph_viz_page import render_html
 from speculant.graph_reader import NGramGraph
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 from tests.graph_factory import Chains, write_graph
 
 CHAINS: Chains = {

@@ -44,7 +44,7 @@ from speculant.errors import (
 )
 from speculant.metrics import Metrics
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 from tests.fixtures.e2e import verifier_config
 from tests.fixtures.tls import server_tls
 

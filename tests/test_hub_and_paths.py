@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from speculant.hub import endpoint_reachable
-from tests.conftest import ROOT, STORIES_MODEL
+from tests.assets import ROOT, STORIES_MODEL
 
 HUB_NAME = "speculant-test/stories260K"
 

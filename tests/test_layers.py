@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.assets import ROOT
 
 SERVICES = {"speculant", "builder", "draft_service", "verifier_service"}
 MAY_IMPORT = {

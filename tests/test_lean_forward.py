@@ -12,9 +12,9 @@ import copy
 import random
 
 import torch
-from conftest import STORIES_MODEL, load_dev_prompts
 
 from speculant.tokenizer import load_tokenizer
+from tests.assets import STORIES_MODEL, load_dev_prompts
 from verifier_service.capabilities import lean_matches_reference
 from verifier_service.lean_llama import LeanLlama
 from verifier_service.model import LoadedModel

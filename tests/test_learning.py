@@ -27,7 +27,7 @@ from draft_service.server import start_server as start_draft
 from gateway import GenerationConfig, SpeculativeDecoder
 from gateway.server import start_gateway
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import ROOT
+from tests.assets import ROOT
 from tests.fixtures.e2e import DRAFT_TIMEOUT_S, verifier_config
 
 PROMPT = "Once upon a time, there was a little girl named"

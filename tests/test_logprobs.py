@@ -27,7 +27,7 @@ from transformers import DynamicCache
 from gateway.coordinator import GenerationRequest, GenerationResult
 from speculant.types import DraftParams, SamplingControls
 from speculant.v1 import common_pb2, gateway_pb2
-from tests.conftest import load_dev_prompts
+from tests.assets import load_dev_prompts
 from tests.sampling_checks import processed_log_probs
 
 TOLERANCE = 1e-5

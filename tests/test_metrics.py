@@ -31,7 +31,7 @@ from speculant.metrics import Metrics
 from speculant.ports import free_port
 from speculant.request_context import REQUEST_ID_HEADER, log_handler
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from tests.conftest import ROOT
+from tests.assets import ROOT
 from tests.fixtures.e2e import verifier_config
 
 GATEWAY = "speculant.v1.GatewayService"

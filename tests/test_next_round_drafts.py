@@ -18,7 +18,7 @@ from gateway.draft_client import GrpcDraftClient
 from speculant.errors import RemoteError, UnavailableError
 from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
-from tests.conftest import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
+from tests.assets import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served
 from tests.fixtures.e2e import DRAFT_TIMEOUT_S
 

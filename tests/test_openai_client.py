@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from speculant.ports import free_ports
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

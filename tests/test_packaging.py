@@ -7,7 +7,7 @@ import os
 import subprocess
 import tomllib
 
-from tests.conftest import ROOT
+from tests.assets import ROOT
 
 
 def test_the_license_is_an_spdx_string():

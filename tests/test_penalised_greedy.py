@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.types import SamplingControls
 from speculant.v1 import common_pb2
-from tests.conftest import STORIES_MODEL, load_dev_prompts
+from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served
 from tests.sampling_checks import greedy_over_gateway, hf_generate
 

@@ -17,7 +17,7 @@ from distill.prompts import (
 from speculant.errors import InvalidArgumentError
 from speculant.prompting import encode_prompt
 from speculant.tokenizer import load_tokenizer
-from tests.conftest import PHI3_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS, needs
+from tests.assets import PHI3_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS, needs
 
 
 def test_text_prompt_gets_the_default_special_tokens():

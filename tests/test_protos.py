@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.assets import ROOT
 
 
 def test_generated_stubs_are_current(tmp_path):

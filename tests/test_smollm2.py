@@ -17,7 +17,7 @@ from gateway.baseline import PlainDecoder
 from gateway.coordinator import GenerationRequest
 from speculant.prompt_records import load_prompts
 from speculant.types import DraftParams
-from tests.conftest import PYTHON_CORPUS, SHARED, needs
+from tests.assets import PYTHON_CORPUS, SHARED, needs
 
 SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct"
 CHAT_PROMPTS = PYTHON_CORPUS / "dev_chat_prompts.jsonl"

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from builder.publish import RUNS_OWNER, TEMP_OWNER
-from tests.conftest import ROOT, STORIES_MODEL
+from tests.assets import ROOT, STORIES_MODEL
 
 
 def gone_pid() -> int:

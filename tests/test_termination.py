@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.assets import ROOT
 
 
 def run_child(body: str) -> subprocess.CompletedProcess[str]:

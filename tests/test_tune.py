@@ -22,7 +22,7 @@ from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
 from speculant.wire import draft_params_from_pb
-from tests.conftest import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts
+from tests.assets import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts
 from tests.exactness_checks import plain_greedy_outputs
 
 MAX_TOKENS = 48

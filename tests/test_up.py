@@ -17,7 +17,7 @@ import pytest
 
 from speculant.affinity import split_cores
 from speculant.ports import free_ports
-from tests.conftest import STORIES_MODEL
+from tests.assets import STORIES_MODEL
 
 GRPCURL = Path(sys.executable).parent / "grpcurl"
 

@@ -12,7 +12,6 @@ import time
 
 import pytest
 import torch
-from conftest import STORIES_MODEL, load_dev_prompts
 
 from speculant.config import VerifierConfig
 from speculant.errors import (
@@ -24,6 +23,7 @@ from speculant.errors import (
 )
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import SparseDistribution
+from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.fixtures.models import hf_greedy
 from verifier_service.model import LoadedModel
 from verifier_service.model_loading import ModelLoadError

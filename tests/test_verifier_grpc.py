@@ -10,7 +10,6 @@ import time
 
 import grpc
 import pytest
-from conftest import STORIES_MODEL
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -18,6 +17,7 @@ from speculant.config import VerifierConfig
 from speculant.ports import free_port
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from tests.assets import STORIES_MODEL
 from tests.fixtures.models import hf_greedy
 from verifier_service import server as server_module
 from verifier_service.model import LoadedModel
