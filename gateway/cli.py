@@ -314,7 +314,7 @@ def _error_status(exc: BaseException) -> int:
 
 
 def run_serve_gateway(args: argparse.Namespace) -> int:
-    from gateway.http_api import HttpApiServer
+    from gateway.http_server import HttpApiServer
     from gateway.server import start_gateway
     from speculant.auth import load_token
     from speculant.draft_flags import draft_defaults_from_args

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from gateway.baseline import PlainDecoder
-from gateway.http_api import HttpApiServer
+from gateway.http_server import HttpApiServer
 from gateway.server import start_gateway
 from speculant.health import health_status
 from speculant.ports import free_ports

@@ -156,11 +156,10 @@ def test_bench_draft_tier_refuses_bad_numbers(
 
 
 def test_drafts_on_the_tinystories_graph(tinystories_graph: Path) -> None:
-    from tests.assets import STORIES_MODEL
-
     from draft_service.drafting import Drafter
     from speculant.graph_reader import NGramGraph
     from speculant.tokenizer import load_tokenizer
+    from tests.assets import STORIES_MODEL
 
     tokenizer = load_tokenizer(str(STORIES_MODEL))
     context = tokenizer("Once upon a time, there was a little")["input_ids"]

@@ -29,7 +29,8 @@ import grpc
 import openai
 import pytest
 
-from gateway.http_api import MAX_BODY_BYTES, HttpApiServer, http_error
+from gateway.http_io import MAX_BODY_BYTES, http_error
+from gateway.http_server import HttpApiServer
 from gateway.openai_format import choice_seed
 from gateway.server import GatewayServicer
 from speculant.client import generate_request
