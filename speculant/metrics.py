@@ -143,6 +143,103 @@ def _client_cancelled(context: grpc.ServicerContext) -> bool:
     return getattr(state, "client", None) == "cancelled"
 
 
+class _Round:
+    """When the last request message of a bidirectional stream came (None: answered)."""
+
+    __slots__ = ("received_at",)
+
+    def __init__(self) -> None:
+        self.received_at: float | None = None
+
+
+class _MethodMetrics:
+    """The metrics of one method's calls: its status codes, its latency and, for streams, its
+    messages (sent, received, and the time from a request message to its answer)."""
+
+    def __init__(self, metrics: Metrics, service: str, method: str, handler: Any) -> None:
+        self.requests = metrics.requests
+        self.service, self.method = service, method
+        self.request_streaming = handler.request_streaming
+        self.latency = metrics.latency.labels(service, method)
+        messages = metrics.stream_messages
+        if handler.request_streaming:
+            self.received = messages.labels(service, method, "received")
+        if handler.response_streaming:
+            self.sent = messages.labels(service, method, "sent")
+        if handler.request_streaming and handler.response_streaming:
+            self.message_latency = metrics.message_latency.labels(service, method)
+
+    def count(self, code: str) -> None:
+        self.requests.labels(self.service, self.method, code).inc()
+
+    def _count_at_end(self, context: grpc.ServicerContext) -> None:
+        self.count(grpc.StatusCode.CANCELLED.name if _client_cancelled(context) else "OK")
+
+    def finish(
+        self, context: grpc.ServicerContext, started: float, error: BaseException | None
+    ) -> None:
+        """A call ended (error: what it raised): its latency and status code."""
+        self.latency.observe(time.perf_counter() - started)
+        code = _code_name(context, error)
+        # A request stream that ended normally may have been a cancel (see _client_cancelled):
+        # its code is counted when the call has ended.
+        if self.request_streaming and code == grpc.StatusCode.OK.name:
+            if not context.add_callback(lambda: self._count_at_end(context)):
+                self._count_at_end(context)  # the call has ended already
+            return
+        self.count(code)
+
+    def counted(self, requests: Iterator[Any], round_: _Round) -> Iterator[Any]:
+        """The request stream, each message counted and its arrival noted."""
+        for request in requests:
+            self.received.inc()
+            round_.received_at = time.perf_counter()
+            yield request
+
+    def unary(self, inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
+        """A handler answering one message, measured."""
+
+        def call(request: Any, context: grpc.ServicerContext) -> Any:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            if request_streaming:
+                request = self.counted(request, _Round())
+            try:
+                return inner(request, context)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                self.finish(context, started, error)
+
+        return call
+
+    def streaming(self, inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
+        """A handler answering a stream, measured (each answer counted, and timed from the
+        request message it answers when requests stream too)."""
+
+        def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            round_ = _Round()
+            if request_streaming:
+                request = self.counted(request, round_)
+            try:
+                for response in inner(request, context):
+                    self.sent.inc()
+                    if round_.received_at is not None:
+                        self.message_latency.observe(time.perf_counter() - round_.received_at)
+                        round_.received_at = None
+                    yield response
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                self.finish(context, started, error)
+
+        return call
+
+
 class MetricsInterceptor(grpc.ServerInterceptor):
     """Counts every call by status code, times it, and counts streaming calls' messages."""
 
@@ -158,82 +255,8 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         if not wrappable(handler):
             return handler
         service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
-        metrics = self._metrics
-        latency = metrics.latency.labels(service, method)
-        if handler.request_streaming:
-            received = metrics.stream_messages.labels(service, method, "received")
-        if handler.response_streaming:
-            sent = metrics.stream_messages.labels(service, method, "sent")
-        if handler.request_streaming and handler.response_streaming:
-            message_latency = metrics.message_latency.labels(service, method)
-
-        def count(code: str) -> None:
-            metrics.requests.labels(service, method, code).inc()
-
-        def count_at_end(context: grpc.ServicerContext) -> None:
-            count(grpc.StatusCode.CANCELLED.name if _client_cancelled(context) else "OK")
-
-        def finish(context: grpc.ServicerContext, started: float, error: BaseException | None):
-            latency.observe(time.perf_counter() - started)
-            code = _code_name(context, error)
-            # A request stream that ended normally may have been a cancel (see
-            # _client_cancelled): its code is counted when the call has ended.
-            if handler.request_streaming and code == grpc.StatusCode.OK.name:
-                if not context.add_callback(lambda: count_at_end(context)):
-                    count_at_end(context)  # the call has ended already
-                return
-            count(code)
-
-        class Round:
-            """When the last request message of a bidirectional stream came (None: answered)."""
-
-            received_at: float | None = None
-
-        def counted(requests: Iterator[Any], round_: Round) -> Iterator[Any]:
-            for request in requests:
-                received.inc()
-                round_.received_at = time.perf_counter()
-                yield request
-
-        def unary(inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
-            def call(request: Any, context: grpc.ServicerContext) -> Any:
-                started = time.perf_counter()
-                error: BaseException | None = None
-                if request_streaming:
-                    request = counted(request, Round())
-                try:
-                    return inner(request, context)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    finish(context, started, error)
-
-            return call
-
-        def streaming(inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
-            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                started = time.perf_counter()
-                error: BaseException | None = None
-                round_ = Round()
-                if request_streaming:
-                    request = counted(request, round_)
-                try:
-                    for response in inner(request, context):
-                        sent.inc()
-                        if round_.received_at is not None:
-                            message_latency.observe(time.perf_counter() - round_.received_at)
-                            round_.received_at = None
-                        yield response
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    finish(context, started, error)
-
-            return call
-
-        return wrap_behaviour(handler, unary, streaming)
+        measured = _MethodMetrics(self._metrics, service, method, handler)
+        return wrap_behaviour(handler, measured.unary, measured.streaming)
 
 
 def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:

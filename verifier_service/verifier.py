@@ -249,24 +249,7 @@ class LocalVerifier:
         SamplingControls), for every token of the session. top_logprobs: every result of the
         session reports its tokens' logprobs with this many alternatives (None: none).
         """
-        if not session_id:
-            raise InvalidArgumentError("session_id", "must not be empty")
-        if not prompt_ids:
-            raise InvalidArgumentError("prompt_token_ids", "must not be empty")
-        max_ctx = self.model.max_context
-        if len(prompt_ids) >= max_ctx:  # before any work on them
-            raise InvalidArgumentError(
-                "prompt_token_ids",
-                f"has {len(prompt_ids)} tokens; the model's context is {max_ctx} tokens"
-                f" (at most {max_ctx - 1} prompt tokens, to leave room for one generated token)",
-            )
-        prompt = [int(t) for t in prompt_ids]
-        self._check_ids(prompt, "prompt_token_ids")
-        if not (math.isfinite(temperature) and temperature >= 0):
-            raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
-        if seed is not None and not 0 <= seed < 2**64:
-            raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
-        check_top_logprobs(top_logprobs)
+        prompt = self._checked_start(session_id, prompt_ids, temperature, seed, top_logprobs)
         resolved = (
             (controls or SamplingControls()).validate().resolved(self.model.sampling_defaults)
         )
@@ -274,11 +257,7 @@ class LocalVerifier:
         self.sessions.check_capacity(session_id, unary)
 
         device = self.model.device
-        generator = torch.Generator(device=device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
+        generator = self._generator(seed)
         cache = self.model.new_cache()
         counts = None
         if processor.penalises:  # [V] occurrences of each token in the cache
@@ -310,6 +289,45 @@ class LocalVerifier:
             )
         )
         return VerifyResult(accepted_count=0, token_ids=[token], logprobs=logprobs)
+
+    def _checked_start(
+        self,
+        session_id: str,
+        prompt_ids: Sequence[int],
+        temperature: float,
+        seed: int | None,
+        top_logprobs: int | None,
+    ) -> list[int]:
+        """The prompt as ints, once every argument of :meth:`start` is valid
+        (InvalidArgumentError naming the first that is not)."""
+        if not session_id:
+            raise InvalidArgumentError("session_id", "must not be empty")
+        if not prompt_ids:
+            raise InvalidArgumentError("prompt_token_ids", "must not be empty")
+        max_ctx = self.model.max_context
+        if len(prompt_ids) >= max_ctx:  # before any work on them
+            raise InvalidArgumentError(
+                "prompt_token_ids",
+                f"has {len(prompt_ids)} tokens; the model's context is {max_ctx} tokens"
+                f" (at most {max_ctx - 1} prompt tokens, to leave room for one generated token)",
+            )
+        prompt = [int(t) for t in prompt_ids]
+        self._check_ids(prompt, "prompt_token_ids")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
+        check_top_logprobs(top_logprobs)
+        return prompt
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        """A session's random generator on the model's device: seeded, or random when None."""
+        generator = torch.Generator(device=self.model.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        return generator
 
     def prefill(
         self,
