@@ -12,7 +12,11 @@ A profile holds cost(n) for n = 1..MAX_FORWARD_TOKENS (a dense table). It comes 
   extrapolation past the last one (along the steeper of the last segment and the average
   slope: an unknown cost is rather over- than under-estimated); then :meth:`observe`
   refreshes it from real timings (an exponential moving average per n, each sample clipped to
-  [1/2, 2] x the current value so a burst of load moves it slowly);
+  [1/2, 2] x the current value so a burst of load moves it slowly). A refreshed cost(n) also
+  lowers every smaller size's entry that is above it (a forward over fewer tokens never costs
+  more): so a size that drafts rarely verify, measured high once (a start-up probe under load),
+  cannot keep every larger size's cost up through the running maximum below, which would keep
+  the drafts from that size and the entry from being refreshed;
 - ``flat``: every forward costs the same (as on a GPU for small drafts);
 - a file: ``speculant bench cost --json`` output (the first model's medians, or the one whose
   name matches), or a profile's own JSON (:meth:`to_json`).
@@ -93,10 +97,16 @@ class CostProfile:
         if not self.refresh or not 1 <= tokens <= MAX_FORWARD_TOKENS or not seconds > 0:
             return
         with self._lock:
-            old = self.seconds[tokens - 1]
+            table, index = self.seconds, tokens - 1
+            old = table[index]
             sample = min(max(seconds, old / CLIP), old * CLIP)
-            self.seconds[tokens - 1] = old + REFRESH_WEIGHT * (sample - old)
-            _refresh_running_max(self._envelope, self.seconds, tokens - 1)
+            new = table[index] = old + REFRESH_WEIGHT * (sample - old)
+            if self._envelope[index] > new:  # some smaller size's entry is above it: lowered
+                for smaller in range(index):
+                    table[smaller] = min(table[smaller], new)
+                self._envelope = _running_max(table)
+            else:
+                _refresh_running_max(self._envelope, table, index)
 
     def copy(self, refresh: bool | None = None) -> CostProfile:
         """An independent copy (refresh: override whether it refreshes)."""

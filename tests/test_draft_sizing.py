@@ -25,7 +25,7 @@ from gateway.acceptance import (
     confidence_bin,
 )
 from gateway.coordinator import Coordinator
-from gateway.draft_sizing import MAX_SKIP, Shape, SizingModel, _Average, _DraftCost
+from gateway.draft_sizing import CHAIN, MAX_SKIP, Shape, SizingModel, _Average, _DraftCost
 from speculant.cost_profile import (
     MAX_FORWARD_TOKENS,
     CostProfile,
@@ -72,6 +72,20 @@ def test_refreshed_costs_stay_the_running_maximum_of_what_was_measured():
         assert profile.costs(MAX_FORWARD_TOKENS) == list(itertools.accumulate(profile.seconds, max))
 
 
+def test_a_refreshed_size_lowers_a_smaller_size_measured_too_high():
+    """A start-up probe under load measured 2 tokens at 3 ms; drafts of 4 verify at 2 ms. The
+    2-token entry is lowered with them, else the running maximum would keep every size up to
+    3 ms (and the sizer, seeing 1 draft cost that much, would never verify 1 to refresh it)."""
+    profile = CostProfile.from_points({1: 0.0015, 2: 0.003, 3: 0.0021, 65: 0.004}, refresh=True)
+    assert profile.cost(4) == pytest.approx(0.003)  # held up by the 2-token entry
+    for _ in range(200):
+        profile.observe(5, 0.002)
+    assert profile.cost(2) == pytest.approx(0.002, rel=0.01)
+    assert profile.cost(5) == pytest.approx(0.002, rel=0.01)
+    assert profile.cost(1) == pytest.approx(0.0015)  # below it already: kept
+    assert profile.costs(MAX_FORWARD_TOKENS) == list(itertools.accumulate(profile.seconds, max))
+
+
 def test_a_moving_average_is_a_plain_mean_until_its_weight_takes_over():
     average = _Average()
     for sample in (10.0, 1.0, 1.0, 1.0):  # a cold first sample weighs no more than the others
@@ -94,29 +108,50 @@ def test_drafting_cost_splits_into_a_call_and_its_nodes():
     assert same.split() == (0.0, pytest.approx(50e-6))
 
 
-def test_a_shape_that_measures_much_worse_is_tried_more_rarely():
+def rich_shape_choices(rich_rate: float, rounds: int = 3000) -> list[Shape]:
+    """The shapes a request drafts when a chain emits 3 tokens per second of round and a tree
+    with the overlay rich_rate."""
     model = SizingModel(CostProfile.flat(0.01))
     params = DraftParams(k=8, tree_nodes=12, overlay_weight=4.0)
     sizer = model.for_request(params)
-    rates = {Shape(False, False): 3.0, Shape(True, False): 2.4, Shape(False, True): 0.6}
-    rates[Shape(True, True)] = 0.6
+    rates = {CHAIN: 3.0, Shape(True, True): rich_rate}
     chosen = []
-    for position in range(3000):
+    for position in range(rounds):
         sizer.plan(params, 8)
         shape = sizer.shape
         chosen.append(shape)
-        draft = confident(4)
-        cut = sizer.cut(draft, 1e-4)
+        cut = sizer.cut(confident(4), 1e-4)
         model.round_tokens[shape].add(rates[shape], 0.02)  # tokens a round: the shape's rate
         model.round_seconds[shape].add(1.0, 0.02)
         sizer.observe(
             None, cut, VerifyResult(0, [7]), position + 2, [7] * (position + 3), (0, 0, 0)
         )
-    late = chosen[1000:]
-    near, poor = late.count(Shape(True, False)), late.count(Shape(False, True))
-    assert late.count(Shape(False, False)) > 0.9 * len(late)
+    return chosen
+
+
+def test_a_shape_that_measures_much_worse_is_tried_more_rarely():
+    near = rich_shape_choices(2.4)[1000:]
+    poor = rich_shape_choices(0.6)[1000:]
+    assert near.count(CHAIN) > 0.9 * len(near) and poor.count(CHAIN) > 0.9 * len(poor)
     # tried every 16 / 0.8^2 = 25 and every 16 / 0.2^2 = 400 (capped at 256) rounds
-    assert 60 <= near <= 100 and 5 <= poor <= 10
+    assert 60 <= near.count(Shape(True, True)) <= 100
+    assert 5 <= poor.count(Shape(True, True)) <= 10
+
+
+@pytest.mark.parametrize(
+    ("tree_nodes", "overlay_weight", "shapes"),
+    [
+        (12, 4.0, [Shape(True, True), CHAIN]),
+        (12, 0.0, [Shape(True, False), CHAIN]),
+        (0, 4.0, [Shape(False, True), CHAIN]),
+        (0, 0.0, [CHAIN]),
+    ],
+)
+def test_a_request_compares_the_richest_shape_it_allows_with_a_plain_chain(
+    tree_nodes, overlay_weight, shapes
+):
+    params = DraftParams(k=8, tree_nodes=tree_nodes, overlay_weight=overlay_weight)
+    assert SizingModel(CostProfile.flat(0.01)).for_request(params).shapes == shapes
 
 
 def test_verify_cost_modes_and_files(tmp_path):
@@ -276,16 +311,16 @@ def test_the_shape_with_the_best_measured_rate_wins_and_the_others_stay_measured
         chosen.append(shape)
         draft = confident(4) if not shape.tree else tree([10, 11], [-1, 0], [0.9, 0.8])
         cut = sizer.cut(draft, 1e-4)
-        # chains without the overlay emit 3 tokens a round here, every other shape 1
-        tokens = 3 if shape == (False, False) else 1
+        # chains without the overlay emit 3 tokens a round here, trees with it 1
+        tokens = 3 if shape == CHAIN else 1
         outcome = VerifyResult(tokens - 1, [7] * tokens)
         context = [*range(position + 2), 7]
         sizer.observe(draft, cut, outcome, position + 2, context, (1e-4, 0.01, 0.011))
         assert planned.tree_nodes == (planned.tree_nodes if shape.tree else 0)
         assert (planned.overlay_weight > 0) == shape.overlay
     late = chosen[200:]
-    assert late.count((False, False)) > 0.85 * len(late)
-    assert len(set(late)) == 4  # every shape is still tried now and then
+    assert late.count(CHAIN) > 0.85 * len(late)
+    assert set(late) == {CHAIN, Shape(True, True)}  # the other is still tried now and then
 
 
 # -- the round loop ------------------------------------------------------------------------------
