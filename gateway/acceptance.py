@@ -24,7 +24,9 @@ Estimates: shared by every request of a coordinator, rate(g, b) = (accepted + PR
 says; context drafts about as often); counts are halved past COUNT_CAP, so the estimate follows
 a changing workload. Each request keeps its own counts on top: (a_r + REQUEST_WEIGHT rate) /
 (t_r + REQUEST_WEIGHT), so a request whose text the graph knows well (or badly) is seen as such
-after a few rounds.
+after a few rounds. A request hands its counts to the shared estimate every SHARE_EVERY rounds
+(and when it ends): the shared table's lock and refresh are then paid a few times a request, not
+every round.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ PRIOR_WEIGHT = 20.0  # pseudo-observations of the prior in the shared estimate
 REQUEST_WEIGHT = 8.0  # pseudo-observations of the shared estimate in a request's own
 COUNT_CAP = 4000.0  # a bin's shared counts are halved past this many tried nodes
 MAX_RATE = 0.999  # a survival never reaches 1, so a child never outranks its parent
+SHARE_EVERY = 8  # rounds of a request between two hand-overs of its counts
 MAX_PENDING = 64  # drafts of one request awaiting their outcome (older ones are dropped)
 Counts = dict[tuple[int, int], list[int]]  # (group, bin) -> [tried, accepted]
 
@@ -136,7 +139,9 @@ class RequestAcceptance:
         self.shared = shared
         self._tried = [[0] * BINS for _ in GROUP_PRIOR]
         self._accepted = [[0] * BINS for _ in GROUP_PRIOR]
-        self._rates: dict[tuple[int, int], float] | None = None  # by (group, bin); reset by add
+        self._rates: dict[tuple[int, int], float] = {}  # by (group, bin), as last computed
+        self._unshared: Counts = {}  # counts not handed to the shared estimate yet
+        self._adds = 0
 
     def rate(self, group: int, b: int) -> float:
         tried = self._tried[group][b]
@@ -147,18 +152,31 @@ class RequestAcceptance:
         return min(MAX_RATE, value)
 
     def add(self, counts: Counts) -> None:
-        """Add {(group, bin): [tried, accepted]} observations, here and to the shared counts."""
-        for (group, b), (tried, accepted) in counts.items():
+        """Add {(group, bin): [tried, accepted]} observations here, and to the shared counts
+        every SHARE_EVERY calls."""
+        rates, unshared = self._rates, self._unshared
+        for cell, (tried, accepted) in counts.items():
+            group, b = cell
             self._tried[group][b] += tried
             self._accepted[group][b] += accepted
-        self.shared.add(counts)
-        self._rates = None
+            rates.pop(cell, None)
+            pending = unshared.setdefault(cell, [0, 0])
+            pending[0] += tried
+            pending[1] += accepted
+        self._adds += 1
+        if self._adds % SHARE_EVERY == 0:
+            self.share()
+
+    def share(self) -> None:
+        """Hand the counts added since the last hand-over to the shared estimate."""
+        if self._unshared:
+            self.shared.add(self._unshared)
+            self._unshared = {}
+        self._rates = {}  # the shared rates moved (other requests' counts too)
 
     def survival(self, nodes: NodeFeatures) -> list[float]:
         """Each node's survival (see the module docstring), in the draft's order."""
-        rates = self._rates
-        if rates is None:  # the rates of the cells this draft uses (a few of the table's)
-            rates = self._rates = {}
+        rates = self._rates  # the rates of the cells drafts used (a few of the table's)
         out: list[float] = []
         for parent, group, b in zip(nodes.parents, nodes.groups, nodes.bins, strict=True):
             rate = rates.get((group, b))

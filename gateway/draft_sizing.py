@@ -71,6 +71,7 @@ MAX_EXPLORE_EVERY = 256  # ... and of one however much worse it measures
 EMA = 0.1  # weight of one round in the moving averages
 SHAPE_EMA = 0.02  # the same in the shapes' tokens and seconds per round (they are noisy)
 MIN_SAMPLES = 8  # rounds each shape drafts before the choice follows the measurements
+PLANNED_KEPT = 4096  # planned draft parameters a coordinator keeps
 MIN_SIZE_VARIANCE = 1.0  # draft sizes must vary this much (nodes squared) to split their cost
 
 
@@ -161,10 +162,28 @@ class SizingModel:
         self.shape_rounds = 0  # drafting rounds, and the last one of each shape
         self.last_tried: dict[Shape, int] = defaultdict(int)
         self.first_budget = _Average(FIRST_BUDGET)
+        self._planned: dict[tuple[DraftParams, int, int, Shape], DraftParams] = {}
         self._lock = threading.Lock()
 
     def for_request(self, params: DraftParams) -> RequestSizer:
         return RequestSizer(self, params)
+
+    def planned(self, params: DraftParams, k: int, nodes: int, shape: Shape) -> DraftParams:
+        """params drafting `shape`, k deep and `nodes` nodes at most (kept: requests of the
+        same parameters plan the same few; at most PLANNED_KEPT)."""
+        key = (params, k, nodes, shape)
+        planned = self._planned.get(key)
+        if planned is None:
+            changes: dict[str, object] = {"k": k}
+            if params.drafts_tree:
+                changes["tree_nodes"] = nodes if shape.tree else 0
+            if params.overlay_weight > 0 and not shape.overlay:
+                changes["overlay_weight"] = 0.0
+            planned = replace(params, **changes)
+            if len(self._planned) >= PLANNED_KEPT:
+                self._planned.clear()
+            self._planned[key] = planned
+        return planned
 
 
 @dataclass
@@ -216,13 +235,8 @@ class RequestSizer:
         self.model.last_tried[shape] = self.model.shape_rounds
         key = (max(1, min(depth, params.k, nodes)), nodes, shape)
         planned = self._planned.get(key)
-        if planned is None:  # a few per request: made once each
-            changes: dict[str, object] = {"k": key[0]}
-            if params.drafts_tree:
-                changes["tree_nodes"] = nodes if shape.tree else 0
-            if params.overlay_weight > 0 and not shape.overlay:
-                changes["overlay_weight"] = 0.0
-            planned = self._planned[key] = replace(params, **changes)
+        if planned is None:  # a few per request: the model's, made once for all requests
+            planned = self._planned[key] = self.model.planned(params, *key)
         return planned
 
     def _choose_shape(self) -> Shape:
@@ -360,6 +374,8 @@ class RequestSizer:
             self.skip = min(MAX_SKIP, 2 ** (self.quiet - QUIET_ROUNDS))
 
     def finish(self) -> None:
-        """The request ended: its last budget joins the first-round budget of later ones."""
+        """The request ended: its last budget joins the first-round budget of later ones, its
+        last acceptance counts the shared ones."""
+        self.acceptance.share()
         with self.model._lock:
             self.model.first_budget.add(float(self.budget))

@@ -33,6 +33,7 @@ STORY_SEPARATOR = "\n\n\n"  # stories in the tinystories corpus are separated by
 
 # Assets of ../shared only (tests that use them are marked needs_shared).
 RANDOM_LLAMA = SHARED / "models" / "random-llama-58m"
+SMOLLM2_MODEL = SHARED / "models" / "smollm2-135m-instruct"
 GPT2_TOKENIZER = SHARED / "tokenizers" / "gpt-2"
 PHI3_TOKENIZER = SHARED / "tokenizers" / "phi-3"
 TINYSTORIES_TRAIN = SHARED / "corpus" / "tinystories" / "train.txt"

@@ -18,6 +18,7 @@ from gateway.acceptance import (
     BINS,
     CONTEXT,
     GRAPH,
+    SHARE_EVERY,
     NodeFeatures,
     PendingDrafts,
     RequestAcceptance,
@@ -217,13 +218,31 @@ def test_drafts_are_resolved_against_the_output_verified_or_not():
     nodes = NodeFeatures.of(draft)
     pending.add(draft, 3, nodes)
     pending.resolve([0, 1, 2, 5])  # one token known: 5 accepted, 8 rejected
+    acceptance.share()
     tried = acceptance.shared.snapshot()["tried"][GRAPH]
     assert sum(tried) == 2
     pending.resolve([0, 1, 2, 5, 9, 4, 7])  # then 9 (not 6) and 4: every node resolved
+    acceptance.share()
     snapshot = acceptance.shared.snapshot()
     assert sum(snapshot["tried"][GRAPH]) == 5 and sum(snapshot["accepted"][GRAPH]) == 3
     pending.resolve([0, 1, 2, 5, 9, 4, 7, 7])
+    acceptance.share()
     assert sum(acceptance.shared.snapshot()["tried"][GRAPH]) == 5  # nothing counted twice
+
+
+def test_a_request_hands_its_counts_to_the_shared_estimate_every_few_rounds():
+    shared = SharedAcceptance()
+    request = RequestAcceptance(shared)
+    b = confidence_bin(0.95)
+    for _ in range(SHARE_EVERY - 1):
+        request.add({(GRAPH, b): [1, 0]})
+    assert shared.snapshot()["tried"][GRAPH][b] == 0  # not yet: its own estimate has them
+    assert request.rate(GRAPH, b) < shared.rate(GRAPH, b)
+    request.add({(GRAPH, b): [1, 0]})
+    assert shared.snapshot()["tried"][GRAPH][b] == SHARE_EVERY
+    request.add({(GRAPH, b): [1, 0]})
+    request.share()  # as when the request ends
+    assert shared.snapshot()["tried"][GRAPH][b] == SHARE_EVERY + 1
 
 
 def test_estimates_move_from_the_prior_to_what_was_observed():

@@ -17,9 +17,9 @@ from gateway.baseline import PlainDecoder
 from gateway.coordinator import GenerationRequest
 from speculant.prompt_records import load_prompts
 from speculant.types import DraftParams
-from tests.assets import PYTHON_CORPUS, SHARED, needs
+from tests.assets import PYTHON_CORPUS, SMOLLM2_MODEL, needs
 
-SMOLLM2 = SHARED / "models" / "smollm2-135m-instruct"
+SMOLLM2 = SMOLLM2_MODEL
 CHAT_PROMPTS = PYTHON_CORPUS / "dev_chat_prompts.jsonl"
 pytestmark = needs(SMOLLM2, PYTHON_CORPUS / "docs.rst.txt", CHAT_PROMPTS)
 
