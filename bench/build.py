@@ -62,7 +62,6 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
             "tokenizer": args.tokenizer,
             "max_order": meta.max_order,
             "doc_separator": args.doc_separator,
-            "chunk_size": args.chunk_size,
             "engine": params["engine"],
             "workers": params["workers"],
             "partitions": params["partitioning"]["partitions"],
@@ -86,7 +85,10 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
             "worker_peak_rss_bytes": max(
                 (m["worker_peak_rss_bytes"] for m in builder._manifests), default=0
             ),
-            "graph_size_on_disk_bytes": disk_usage(Path(out)),
+            "graph_size_on_disk_bytes": (size := disk_usage(Path(out))),
+            "graph_bytes_per_token": round(size / max(meta.corpus_tokens, 1), 2),
+            "build_tokens_per_second": round(s.tokens / max(wall, 1e-9)),
+            "max_context": meta.index.get("max_context", meta.max_order),
             "documents": meta.corpus_documents,
             "tokens": meta.corpus_tokens,
             "contexts_per_order": {str(o.order): o.contexts for o in meta.orders},
@@ -105,12 +107,13 @@ def format_bench(f: dict[str, Any]) -> str:
         f"tokenizer:             {f['tokenizer']} (max order {f['max_order']})",
         f"documents / tokens:    {f['documents']:,} / {f['tokens']:,}",
         f"wall time:             {f['wall_seconds']:.2f} s "
-        f"(tokenizer load {f['tokenizer_load_seconds']:.2f} s)",
+        f"(tokenizer load {f['tokenizer_load_seconds']:.2f} s), "
+        f"{f['build_tokens_per_second']:,} tokens/s",
         f"peak RSS:              {f['peak_rss_bytes'] / mib:,.0f} MiB "
         f"(largest worker process: {f['worker_peak_rss_bytes'] / mib:,.0f} MiB)",
         f"engine:                {f['engine']}, {f['workers']} worker process(es), "
         f"{f['partitions']} partition(s)",
-        f"tokenize+count (wall): {f['count_wall_seconds']:.2f} s, "
+        f"tokenize+sort (wall):  {f['count_wall_seconds']:.2f} s, "
         f"{f['count_wall_tokens_per_second']:,} tokens/s, "
         f"{f['corpus_bytes'] / mib / max(f['count_wall_seconds'], 1e-9):,.2f} MiB/s of corpus",
         f"per worker (tasks):    {f['task_seconds']:.2f} task-s, "
@@ -118,10 +121,12 @@ def format_bench(f: dict[str, Any]) -> str:
         f"{f['corpus_bytes_per_worker_second'] / mib:,.2f} MiB/s of corpus per worker",
         f"tokenizing:            {f['tokenize_seconds']:.2f} s, "
         f"{f['tokenize_tokens_per_second']:,} tokens/s",
-        f"counting + writing:    {f['count_seconds'] + f['merge_write_seconds']:.2f} s "
-        f"(count {f['count_seconds']:.2f} s, merge+write {f['merge_write_seconds']:.2f} s), "
+        f"sorting + writing:     {f['count_seconds'] + f['merge_write_seconds']:.2f} s "
+        f"(sort {f['count_seconds']:.2f} s, merge+write {f['merge_write_seconds']:.2f} s), "
         f"{f['count_write_tokens_per_second']:,} tokens/s",
-        f"graph size on disk:    {f['graph_size_on_disk_bytes'] / mib:,.1f} MiB",
+        f"graph size on disk:    {f['graph_size_on_disk_bytes'] / mib:,.1f} MiB, "
+        f"{f['graph_bytes_per_token']:.1f} bytes a corpus token (contexts up to "
+        f"{f['max_context']} tokens)",
         "contexts per order:    "
         + ", ".join(f"{o}: {n:,}" for o, n in f["contexts_per_order"].items()),
     ]

@@ -1,26 +1,27 @@
-"""The graph builder: corpus files -> exact n-gram counts -> an LMDB graph, published atomically.
+"""The graph builder: corpus files -> a suffix index of the corpus -> a graph, published atomically.
 
 ``from builder import GraphBuilder``; see :mod:`builder.graph_builder` for the document policy,
-:mod:`speculant.graph_format` for the on-disk layout.
+:mod:`speculant.graph_format` and :mod:`speculant.suffix_index` for the on-disk layout.
 
 One code path, several executors:
 
 1. plan: the corpus files are cut into partitions at document boundaries
    (:mod:`builder.partition`); a Hugging Face dataset is split by its streaming shards
    (:mod:`builder.dataset_source`);
-2. count: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
-   cluster) runs one task per partition (:mod:`builder.partial_counts`): documents are read as a
-   stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), counted
-   ``chunk_size`` window starts at a time (:mod:`builder.counting`) into sorted partial-count
-   runs spilled every ``spill_rows`` rows (:mod:`builder.runs`) into the task's directory under
-   the shared work directory;
-3. merge: this process merges every partition's runs ``merge_block_rows`` rows at a time
-   (:mod:`builder.merge`) and appends them to LMDB (:mod:`builder.lmdb_writer`) in a temporary
-   directory that is published atomically (:mod:`builder.publish`).
+2. index: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
+   cluster) runs one task per partition (:mod:`builder.index_task`): documents are read as a
+   stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), and the
+   partition's token stream and its positions sorted by the text before them
+   (:mod:`builder.suffix_sort`) are written into the task's directory under the shared work
+   directory;
+3. merge: this process concatenates the partitions' streams, merges their sorted positions and
+   derives the tables of the index (:mod:`builder.index_writer`) in a temporary directory that
+   is published atomically (:mod:`builder.publish`), the meta record in LMDB
+   (:mod:`builder.lmdb_writer`).
 
-Counts are sums, so the graph does not depend on the engine or the partitioning, and an append
-(``save(path, append=True)``, :mod:`builder.append`) merges the published graph's counts, exported
-as runs, with the new corpus's: the result equals a build of both corpora.
+Counts are read from the index, so the graph does not depend on the engine or the partitioning,
+and an append (``save(path, append=True)``, :mod:`builder.append`) merges the published graph's
+index with the new corpus's: the result equals a build of both corpora.
 
 Names are imported lazily so that ``speculant`` (which imports :mod:`builder.cli`) starts
 without numpy or lmdb.

@@ -23,7 +23,7 @@ import sys
 
 from builder.heartbeat import PROGRESS_SECONDS
 
-MAX_ORDER_LIMIT = 10  # speculant.graph_format.MAX_SUPPORTED_ORDER (not imported: keep it light)
+MAX_ORDER_LIMIT = 64  # speculant.suffix_index.MAX_CONTEXT (not imported: keep it light)
 DEFAULT_MAX_ORDER = 5
 
 
@@ -111,7 +111,8 @@ def add_corpus_args(p: argparse.ArgumentParser) -> None:
         "--max-order",
         type=_order,
         default=None,
-        help="highest context length (1..10; default 5, or the graph's own with --append)",
+        help="the longest context drafts mix (1..64; default 5, or the graph's own with "
+        "--append); the graph answers contexts of any length up to 64 whatever this is",
     )
     p.add_argument(
         "--doc-separator",
@@ -126,11 +127,8 @@ def add_corpus_args(p: argparse.ArgumentParser) -> None:
         default="text",
         help="JSON-lines field, Parquet column or dataset field holding the text",
     )
-    p.add_argument(
-        "--chunk-size", type=_positive, default=10000, help="tokens counted per numpy step"
-    )
     p.add_argument("--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)")
-    engine = p.add_argument_group("engine (where tokenizing and counting run)")
+    engine = p.add_argument_group("engine (where tokenizing and sorting run)")
     engine.add_argument(
         "--engine",
         choices=("local", "dask"),
@@ -277,7 +275,6 @@ def builder_kwargs(args: argparse.Namespace) -> dict:
     return {
         "tokenizer_name": args.tokenizer,
         "max_order": args.max_order if args.max_order is not None else DEFAULT_MAX_ORDER,
-        "chunk_size": args.chunk_size,
         "hf_token": args.hf_token,
         "engine": args.engine,
         "address": args.address,

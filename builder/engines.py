@@ -1,6 +1,6 @@
 """Executors of build tasks: the same task function, run locally or on a Dask cluster.
 
-An engine maps :func:`builder.partial_counts.count_partition` over task specs (plain dicts) and
+An engine maps :func:`builder.index_task.index_partition` over task specs (plain dicts) and
 returns their manifests (plain dicts), calling ``on_done`` as each one finishes. It never passes
 objects of ours between processes: only paths, offsets, numbers and strings.
 
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from builder.errors import BuildError
-from builder.partial_counts import count_partition
+from builder.index_task import index_partition
 
 log = logging.getLogger("builder")
 
@@ -81,7 +81,7 @@ class LocalEngine:
         if len(specs) <= 1 or self._workers == 1:
             results = []
             for spec in specs:
-                results.append(count_partition(spec))
+                results.append(index_partition(spec))
                 if on_done:
                     on_done(results[-1])
             return results
@@ -100,7 +100,7 @@ class LocalEngine:
             initargs=(tokenizer_threads_env(n),),
         )
         try:
-            futures = {pool.submit(count_partition, spec): i for i, spec in enumerate(specs)}
+            futures = {pool.submit(index_partition, spec): i for i, spec in enumerate(specs)}
             for future in as_completed(futures):
                 try:
                     results[futures[future]] = future.result()
@@ -166,7 +166,7 @@ class DaskEngine:
 
         run = secrets.token_hex(6)  # fresh keys: never a stale result of an earlier build
         keys = [f"speculant-count-{run}-{i:05d}" for i in range(len(specs))]
-        futures = self.client.map(count_partition, specs, key=keys, pure=False)
+        futures = self.client.map(index_partition, specs, key=keys, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         results: list[Manifest | None] = [None] * len(specs)
         try:

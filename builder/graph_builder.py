@@ -1,20 +1,19 @@
-"""GraphBuilder: corpus files -> tokenized documents -> exact n-gram counts -> LMDB graph.
+"""GraphBuilder: corpus files -> tokenized documents -> a suffix index -> a graph.
 
 Document policy: each document (a plain-text file, a piece of one between ``doc_separator``s, a
 JSON-lines record, a Parquet row or a Hugging Face dataset record) is tokenized on its own exactly
 as a prompt would be, with the tokenizer's default special tokens (a leading BOS for stories260K
-/ Llama tokenizers) and no EOS appended; no n-gram crosses a document boundary. Orders
-1..max_order are counted exactly: an order-o context is o tokens and its n-grams are o + 1 tokens
-long.
+/ Llama tokenizers) and no EOS appended; no n-gram crosses a document boundary. The graph's
+counts are exact for every context of up to suffix_index.MAX_CONTEXT tokens; ``max_order`` is
+the longest context drafting mixes (and the orders the meta's statistics describe).
 
-The pipeline (plan, count, merge) and its executors: see :mod:`builder`.
+The pipeline (plan, index each partition, merge) and its executors: see :mod:`builder`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import sys
 import time
@@ -32,7 +31,7 @@ from builder.append import (
     append_lock,
     base_sources,
     check_compatible,
-    export_base,
+    open_base,
     read_base_meta,
     source_record,
 )
@@ -41,10 +40,9 @@ from builder.corpus import resolve_inputs
 from builder.engines import Engine, make_engine
 from builder.errors import BuildError
 from builder.heartbeat import PROGRESS_SECONDS, Heartbeat
-from builder.keys import KeyCodec, bits_for_vocab
+from builder.index_task import PART_ENTRIES, PART_STREAM, PART_WEIGHTS, register_tokenizer
+from builder.index_writer import Part, write_index
 from builder.lmdb_writer import GraphWriter
-from builder.merge import merge_runs
-from builder.partial_counts import manifest_runs, register_tokenizer
 from builder.partition import plan_partitions
 from builder.publish import (
     check_output,
@@ -54,12 +52,8 @@ from builder.publish import (
     remove_stale_run_dirs,
     remove_stale_temp_dirs,
 )
-from speculant.graph_format import (
-    FORMAT_VERSION,
-    MAX_SUPPORTED_ORDER,
-    GraphMeta,
-    write_manifest,
-)
+from speculant.graph_format import FORMAT_VERSION, GraphMeta, OrderStats, write_manifest
+from speculant.suffix_index import MAX_CONTEXT
 
 log = logging.getLogger("builder")
 
@@ -67,28 +61,21 @@ log = logging.getLogger("builder")
 class GraphBuilder:
     """Builds an n-gram graph from corpus files with a Hugging Face tokenizer.
 
-    ``chunk_size``: window starts (about tokens) counted together in one numpy step;
-    ``spill_rows``: partial-count rows a task holds in memory before a sorted run is spilled to
-    disk; ``merge_block_rows``: rows held by the merge at a time. Together they bound peak memory.
-
     ``engine``: ``"local"`` (default), ``"dask"`` or an :class:`~builder.engines.Engine`;
     ``address``: a Dask scheduler (default: a new local cluster); ``workers``: worker processes
     (default: every core); ``partition_bytes`` / ``partitions``: the partition size, or a target
-    count (default: 64 MiB partitions); ``work_dir``: where the partial counts go, a directory
+    count (default: 64 MiB partitions); ``work_dir``: where the partitions' parts go, a directory
     that every worker can reach at the same path (default: the system's temporary directory).
     ``progress``: True a progress bar, False nothing, None (default) a bar on a terminal and
-    elsewhere an INFO log line every ``progress_seconds`` while it tokenizes and counts.
+    elsewhere an INFO log line every ``progress_seconds`` while it tokenizes and sorts.
     """
 
     def __init__(
         self,
         tokenizer_name: str,
         max_order: int = 5,
-        chunk_size: int = 10000,
         hf_token: str | None = None,
         *,
-        spill_rows: int = 2_000_000,
-        merge_block_rows: int = 262_144,
         batch_docs: int = 256,
         batch_chars: int = 1 << 20,
         progress: bool | None = None,
@@ -101,10 +88,8 @@ class GraphBuilder:
         partition_bytes: int | None = None,
         partitions: int | None = None,
     ) -> None:
-        if not 1 <= max_order <= MAX_SUPPORTED_ORDER:
-            raise ValueError(f"max_order must be in 1..{MAX_SUPPORTED_ORDER}, got {max_order}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if not 1 <= max_order <= MAX_CONTEXT:
+            raise ValueError(f"max_order must be in 1..{MAX_CONTEXT}, got {max_order}")
         from speculant.tokenizer import (
             load_tokenizer,
             resolve_tokenizer_name,
@@ -117,9 +102,6 @@ class GraphBuilder:
         self.tokenizer_name = resolve_tokenizer_name(tokenizer_name)
         self.hf_token = hf_token
         self.max_order = max_order
-        self.chunk_size = chunk_size
-        self.spill_rows = max(1, spill_rows)
-        self.merge_block_rows = merge_block_rows
         self.batch_docs = batch_docs
         self.batch_chars = batch_chars
         self.partition_bytes = partition_bytes
@@ -131,7 +113,6 @@ class GraphBuilder:
         self.fingerprint = tokenizer_fingerprint(self.tokenizer)
         self.vocab_size = vocab_size(self.tokenizer)
         register_tokenizer(tokenizer_name, self.tokenizer, self.fingerprint)
-        self._bits = bits_for_vocab(self.vocab_size)
         remove_stale_run_dirs(work_dir)
         self._run_dir = make_run_dir(work_dir)
         self._cleanup = weakref.finalize(self, shutil.rmtree, self._run_dir, True)
@@ -150,14 +131,12 @@ class GraphBuilder:
         self.stats = BuildStats()
 
     @property
-    def runs(self) -> dict[int, list[tuple[Path, Path]]]:
-        """Every finished task's (keys, counts) run files, per order."""
-        return {
-            o: [run for m in self._manifests for run in manifest_runs(m, o)]
-            for o in range(1, self.max_order + 1)
-        }
+    def parts(self) -> list[Part]:
+        """Every finished task's part, in partition order."""
+        manifests = sorted(self._manifests, key=lambda m: m["partition"]["index"])
+        return [_part(Path(m["dir"]), m.get("weighted", False)) for m in manifests]
 
-    # -- counting -------------------------------------------------------------------------
+    # -- tokenizing and sorting ---------------------------------------------------------------
 
     def build_from_files(
         self,
@@ -166,7 +145,7 @@ class GraphBuilder:
         text_field: str = "text",
         doc_separator: str | None = None,
     ) -> BuildStats:
-        """Plan, tokenize and count the corpus (may be called again to add more files)."""
+        """Plan, tokenize and sort the corpus (may be called again to add more files)."""
         if self._started is None:
             self._started = time.perf_counter()
         files = resolve_inputs(paths)
@@ -200,7 +179,7 @@ class GraphBuilder:
         data_files: Sequence[str] | None = None,
         max_docs: int | None = None,
     ) -> BuildStats:
-        """Tokenize and count a Hugging Face dataset split, streamed (one record = one document).
+        """Tokenize and sort a Hugging Face dataset split, streamed (one record = one document).
 
         ``path``, ``name``, ``split``, ``data_files`` are those of ``datasets.load_dataset``
         (a hub name, a local directory, or ``"json"`` / ``"parquet"`` with ``data_files``).
@@ -269,15 +248,15 @@ class GraphBuilder:
         source: str,
         weight: int = 1,
     ) -> BuildStats:
-        """Count documents that are already token ids (e.g. a model's continuations), in this
+        """Index documents that are already token ids (e.g. a model's continuations), in this
         process. documents: (ids, first successor counted): only n-grams whose last token is
         at that position or later are counted (0: all; a prompt's length: its continuation's).
         source names them in the graph's inputs; weight: each occurrence counts this many
-        times (>= 1).
+        times (1..255).
         """
-        if weight < 1:
-            raise BuildError(f"weight must be >= 1, got {weight}")
-        from builder.partial_counts import count_token_documents
+        if not 1 <= weight <= 255:
+            raise BuildError(f"weight must be in 1..255, got {weight}")
+        from builder.index_task import index_token_documents
 
         if self._started is None:
             self._started = time.perf_counter()
@@ -288,10 +267,10 @@ class GraphBuilder:
                 array = np.asarray(ids, dtype=np.int64)
                 if array.size and (int(array.min()) < 0 or int(array.max()) >= vocab):
                     raise BuildError(f"{source}: a token id is outside the vocabulary [0, {vocab})")
-                yield array.astype(np.uint32), int(first)
+                yield array, int(first)
 
         spec = self._spec({"index": len(self._manifests), "pieces": []})
-        manifest = count_token_documents(checked(), spec, len(self._manifests), weight)
+        manifest = index_token_documents(checked(), spec, len(self._manifests), weight)
         self._manifests.append(manifest)
         self.stats.documents += manifest["documents"]
         self.stats.tokens += manifest["tokens"]
@@ -312,7 +291,7 @@ class GraphBuilder:
 
         stats = self.stats
         bar = tqdm(
-            desc=f"tokenizing+counting ({self.engine.name})",
+            desc=f"tokenizing+sorting ({self.engine.name})",
             total=len(specs),
             unit="partition",
             file=sys.stderr,
@@ -324,7 +303,7 @@ class GraphBuilder:
             log,
             self.progress_seconds,
             lambda: (
-                f"tokenizing+counting ({self.engine.name}): {bar.n}/{len(specs)} partitions, "
+                f"tokenizing+sorting ({self.engine.name}): {bar.n}/{len(specs)} partitions, "
                 f"{stats.tokens:,} tokens, {time.perf_counter() - begun:.0f} s"
             ),
         )
@@ -349,17 +328,14 @@ class GraphBuilder:
             stats.count_wall_seconds += time.perf_counter() - begun
 
     def _spec(self, partition: dict[str, Any]) -> dict[str, Any]:
-        """The plain-data task spec of one partition (see :func:`count_partition`)."""
+        """The plain-data task spec of one partition (see :func:`index_partition`)."""
         return {
             "partition": partition,
             "work_dir": str(self._run_dir),
             "tokenizer": self.tokenizer_name,
             "hf_token": self.hf_token,
             "fingerprint": self.fingerprint,
-            "key_bits": self._bits,
-            "max_order": self.max_order,
-            "chunk_size": self.chunk_size,
-            "spill_rows": self.spill_rows,
+            "vocab_size": self.vocab_size,
             "batch_docs": self.batch_docs,
             "batch_chars": self.batch_chars,
             "text_field": self._text_field,
@@ -384,9 +360,9 @@ class GraphBuilder:
         }
 
     def save(self, path: str | os.PathLike[str], *, append: bool = False) -> GraphMeta:
-        """Merge the runs, write the LMDB graph and publish it atomically at path.
+        """Merge the parts, write the graph and publish it atomically at path.
 
-        append: add this build's counts to those of the graph published at path (see
+        append: add this build's corpus to that of the graph published at path (see
         :mod:`builder.append`); the new graph's version is one more than that graph's.
         """
         out = Path(path).expanduser().absolute()
@@ -396,36 +372,20 @@ class GraphBuilder:
         if not append:
             return self._write(out, None)
         with append_lock(out):
-            base_dir = self._run_dir / f"base-{secrets.token_hex(4)}"
-            try:
-                base = export_base(out, base_dir, self._bits, self._append_check())
-                return self._write(out, base)
-            finally:
-                shutil.rmtree(base_dir, ignore_errors=True)
+            return self._write(out, open_base(out, self._append_check()))
 
     def _write(self, out: Path, base: BaseGraph | None) -> GraphMeta:
-        """Merge this build's runs (and the base graph's), write and publish the graph."""
+        """Merge this build's parts (after the base graph's), write and publish the graph."""
         remove_stale_temp_dirs(out)
         t0 = time.perf_counter()
-        runs = self.runs
-        if base is not None:
-            runs = {o: base.runs.get(o, []) + runs[o] for o in runs}
+        parts = self.parts if base is None else [base.part, *self.parts]
         tmp = make_temp_dir(out)
-        log.info("merging runs and writing graph to %s (building in %s)", out, tmp.name)
+        log.info("merging %d part(s) and writing graph to %s (in %s)", len(parts), out, tmp.name)
         try:
-            run_bytes = sum(
-                k.stat().st_size + c.stat().st_size for order in runs.values() for k, c in order
-            )
-            writer = GraphWriter(tmp, map_size=2 * run_bytes + (64 << 20))
+            orders, index = write_index(parts, tmp, self._run_dir, self.vocab_size, self.max_order)
+            meta = self._meta(orders, index, base.meta if base is not None else None)
+            writer = GraphWriter(tmp)
             try:
-                orders = [
-                    writer.write_order(
-                        KeyCodec(self._bits, o + 1),
-                        merge_runs(runs[o], self.merge_block_rows),
-                    )
-                    for o in range(1, self.max_order + 1)
-                ]
-                meta = self._meta(orders, base.meta if base is not None else None)
                 writer.write_meta(meta)
             finally:
                 writer.close()
@@ -441,7 +401,9 @@ class GraphBuilder:
         )
         return meta
 
-    def _meta(self, orders, base: GraphMeta | None) -> GraphMeta:
+    def _meta(
+        self, orders: list[OrderStats], index: dict[str, Any], base: GraphMeta | None
+    ) -> GraphMeta:
         """The meta record of the graph written: this build's, added to the base graph's."""
         started = self._started if self._started is not None else time.perf_counter()
         built_at = datetime.now(UTC).isoformat(timespec="seconds")
@@ -466,10 +428,7 @@ class GraphBuilder:
                 "inputs": list(self._inputs),
                 "doc_separator": self._doc_separator,
                 "text_field": self._text_field,
-                "chunk_size": self.chunk_size,
                 "max_order": self.max_order,
-                "spill_rows": self.spill_rows,
-                "merge_block_rows": self.merge_block_rows,
                 "datasets": list(self._datasets),
                 "engine": self.engine.name,
                 "workers": self._workers_seen(),
@@ -489,6 +448,7 @@ class GraphBuilder:
             sources=sources,
             # an append keeps the drafting defaults `speculant tune --write` stored in the base
             tuned=dict(base.tuned) if base is not None else {},
+            index=index,
         )
 
     def _workers_seen(self) -> int:
@@ -496,7 +456,7 @@ class GraphBuilder:
         return len({m["worker"] for m in self._manifests})
 
     def close(self) -> None:
-        """Remove the partial counts (also done when the builder is garbage collected) and
+        """Remove the partitions' parts (also done when the builder is garbage collected) and
         stop the engine if this builder started it."""
         self._cleanup()
         if self._own_engine:
@@ -507,3 +467,9 @@ class GraphBuilder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _part(directory: Path, weighted: bool) -> Part:
+    """The part a task wrote into directory (builder.index_task)."""
+    weights = directory / PART_WEIGHTS if weighted else None
+    return Part(directory / PART_STREAM, directory / PART_ENTRIES, weights)

@@ -22,9 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
-from speculant.graph_format import VALUE_DTYPE
 from speculant.graph_reader import NGramGraph
 
 
@@ -117,18 +114,7 @@ def tokenizer_labels(tokenizer: Any) -> Labels:
 
 def most_frequent_contexts(graph: NGramGraph, order: int, n: int) -> list[tuple[int, ...]]:
     """The n contexts of the order with the highest total count (ties: lowest ids), by a scan."""
-    txn, dbs = graph.raw_lookup()
-    best: list[tuple[int, tuple[int, ...]]] = []  # min-heap of (count, negated ids)
-    cursor = txn.cursor(db=dbs[order])
-    for key, value in cursor:
-        flat = np.frombuffer(value, dtype=VALUE_DTYPE)
-        total = int(flat[flat.size // 2 :].sum(dtype=np.int64))
-        entry = (total, tuple(-int(i) for i in np.frombuffer(key, dtype=">u4")))
-        if len(best) < n:
-            heapq.heappush(best, entry)
-        elif entry > best[0]:
-            heapq.heapreplace(best, entry)
-    return [tuple(-i for i in ids) for _, ids in sorted(best, reverse=True)]
+    return [ids for ids, _ in graph.frequent_contexts(order, n)]
 
 
 def context_node_id(ids: Sequence[int]) -> str:

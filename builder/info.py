@@ -8,7 +8,13 @@ from typing import Any
 
 import lmdb
 
-from speculant.graph_format import GraphFormatError, open_graph_env, order_db_name, read_meta
+from speculant.graph_format import (
+    FORMAT_VERSION,
+    GraphFormatError,
+    open_graph_env,
+    order_db_name,
+    read_meta,
+)
 
 
 def disk_usage(path: Path) -> int:
@@ -17,7 +23,8 @@ def disk_usage(path: Path) -> int:
 
 
 def graph_info(path: str | Path) -> dict[str, Any]:
-    """The meta record plus size on disk; checks every order's entry count against the meta.
+    """The meta record plus size on disk and bytes per corpus token; a format 1 graph's entry
+    count per order is checked against the meta.
 
     Raises GraphFormatError for a missing, unfinished or corrupt graph.
     """
@@ -25,7 +32,7 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     env = open_graph_env(path)
     try:
         meta = read_meta(env, path)
-        for stats in meta.orders:
+        for stats in meta.orders if meta.format_version != FORMAT_VERSION else ():
             try:
                 db = env.open_db(order_db_name(stats.order), create=False)
                 entries = _entries(env, db)
@@ -47,6 +54,7 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     info["path"] = str(path.resolve())
     info["size_on_disk_bytes"] = disk_usage(path)
     info["size_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    info["bytes_per_token"] = round(info["size_on_disk_bytes"] / max(1, meta.corpus_tokens), 2)
     return info
 
 
@@ -92,9 +100,9 @@ def format_info(info: dict[str, Any]) -> str:
         f"built at:       {info['built_at']} in {info['build_seconds']:.1f} s",
         f"inputs:         {' '.join(params.get('inputs', []))}",
         f"doc separator:  {params.get('doc_separator')!r}   text field: "
-        f"{params.get('text_field')!r}   chunk size: {params.get('chunk_size')}",
+        f"{params.get('text_field')!r}",
         f"size on disk:   {info['size_on_disk_bytes'] / 2**20:,.1f} MiB "
-        f"({info['size_bytes']:,} bytes)",
+        f"({info['size_bytes']:,} bytes, {info['bytes_per_token']:.1f} bytes a corpus token)",
     ]
     sources = info.get("sources") or []
     if len(sources) > 1:  # an appended graph: what each version added

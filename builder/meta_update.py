@@ -11,6 +11,7 @@ reading the old file; new readers see the new one. A crash leaves the old graph 
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,7 @@ def update_meta(path: str | Path, change: Callable[[GraphMeta], GraphMeta]) -> G
         try:
             for entry in path.iterdir():
                 if entry.is_file() and entry.name not in _SKIP:
-                    shutil.copyfile(entry, tmp / entry.name)
+                    _link_or_copy(entry, tmp / entry.name)
             _write_meta(tmp, meta)
             write_manifest(tmp)
             publish(tmp, path)
@@ -81,3 +82,16 @@ def _write_meta(directory: Path, meta: GraphMeta) -> None:
         env.sync(True)
     finally:
         env.close()
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """target as a hard link to source (a published graph's files never change in place, so the
+    new version may share them), or a copy where the file system has no links. The LMDB file is
+    always copied: the new meta is written into it."""
+    if source.name != DATA_FILE:
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, target)

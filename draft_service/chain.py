@@ -19,7 +19,6 @@ from draft_service.overlay import ContextIndex
 from draft_service.step_cache import StepCache, mix_key, point_mass
 from draft_service.successors import Successors, overlay_successors
 from speculant.graph_format import extend_tail, tail_key
-from speculant.graph_reader import decode_values, match_orders
 from speculant.types import DraftParams, DraftProposal, SparseDistribution
 
 
@@ -43,7 +42,6 @@ class ChainDrafter:
         successors, mixer = self.successors, self.successors.mixer
         max_order = successors.graph.max_order
         tail = tail_key(context_ids, max_order)
-        txn, dbs = successors.graph.raw_lookup()
         every_order = params.effective_mixing != "backoff"
         greedy = params.strategy == "greedy"
         rng = None if greedy else np.random.default_rng(seed)
@@ -63,7 +61,7 @@ class ChainDrafter:
                 )
                 step = cache.get(key) if cache is not None else None
                 if step is None:
-                    combined = successors.combined(tail, txn, dbs, params, found, learned)
+                    combined = successors.combined(tail, params, found, learned)
                     if greedy:
                         token, prob = successors.argmax_combined(combined, params)
                         dist = point_mass(token)
@@ -81,7 +79,7 @@ class ChainDrafter:
             elif greedy:
                 step = cache.get((tail, key_of_mix)) if cache is not None else None
                 if step is None:  # q(argmax) too: the draft's path probabilities need it
-                    step = successors.greedy_step(tail, txn, dbs, params, with_prob=True)
+                    step = successors.greedy_step(tail, params, with_prob=True)
                     if cache is not None:
                         remember((tail, key_of_mix), step)
                 token, order, prob = step
@@ -89,10 +87,10 @@ class ChainDrafter:
                     break  # dead end: a partial (possibly empty) draft
                 dist = point_mass(token)
             else:
-                orders, values = match_orders(tail, txn, dbs, every_order)
+                orders, ids_list, counts_list = successors.graph.match(tail, every_order)
                 if not orders:
                     break
-                ids, q = mixer.mix(orders, *decode_values(values), params)
+                ids, q = mixer.mix(orders, ids_list, counts_list, params)
                 if too_unlikely(running, q, min_prob, proposal):
                     break
                 token, dist, prob = sample(ids, q, rng)

@@ -201,11 +201,10 @@ class Drafter:
         """
         params = self.resolve(params.validate())
         self.validate_context(context_ids)
-        txn, dbs = self.graph.raw_lookup()
         tail = tail_key(context_ids, self.max_order)
         successors = self.successors
         orders, ids_list, counts_list, _ = successors.counts(
-            tail, txn, dbs, params, (), successors.learned(tail)[0]
+            tail, params, (), successors.learned(tail)[0]
         )
         if not orders:
             return None

@@ -6,9 +6,9 @@
 - ``speculant_draft_next_round_drafts_total``: next-round drafts prepared;
 - ``speculant_draft_learned_tokens_total``: tokens of reported generations learned (Learn);
 - ``speculant_draft_live_layer_bytes``: the live layer's estimated memory;
-- ``speculant_draft_lmdb_readers``: open LMDB read transactions on the graph (one per worker
-  thread that has drafted; the graph is opened without a lock file, so LMDB's own reader table,
-  ``Environment.readers()``, stays empty).
+- ``speculant_draft_graph_readers``: threads that have read the graph (a format 1 graph keeps
+  an LMDB read transaction open for each; the graph is opened without a lock file, so LMDB's own
+  reader table, ``Environment.readers()``, stays empty).
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ class DraftMetrics:
             "Estimated memory of the live layer (learned n-gram counts)",
             registry=registry,
         )
-        self.lmdb_readers = Gauge(
-            "speculant_draft_lmdb_readers",
-            "Open LMDB read transactions on the graph (one per drafting thread)",
+        self.graph_readers = Gauge(
+            "speculant_draft_graph_readers",
+            "Threads that have read the graph (one per drafting thread)",
             registry=registry,
         )
 
     def watch_readers(self, readers: Callable[[], float]) -> None:
-        """Report readers() as the LMDB readers gauge at every scrape."""
-        self.lmdb_readers.set_function(readers)
+        """Report readers() as the graph readers gauge at every scrape."""
+        self.graph_readers.set_function(readers)
 
     def observe(self, draft_tokens: int, next_round_drafts: int = 0) -> None:
         self.proposals.inc()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from speculant.graph_format import decode_successors, tail_key
-from speculant.graph_reader import NGramGraph, match_orders
+from speculant.graph_format import tail_key
+from speculant.graph_reader import NGramGraph
 
 
 def likeliest_outcomes(
@@ -45,11 +45,10 @@ def likeliest_outcomes(
 def top_successors(graph: NGramGraph, context: list[int], count: int) -> list[tuple[int, float]]:
     """(token, relative frequency) of the `count` most frequent successors at the highest
     order matching context's tail ([] at a dead end)."""
-    txn, dbs = graph.raw_lookup()
-    orders, values = match_orders(tail_key(context, graph.max_order), txn, dbs, False)
+    orders, ids_list, counts_list = graph.match(tail_key(context, graph.max_order), False)
     if not orders:
         return []
-    ids, counts = decode_successors(values[0])  # [n] each, counts descending
+    ids, counts = ids_list[0], counts_list[0]  # [n] each, counts descending
     total = float(counts.sum())
     top = min(ids.size, count)
     return [(int(t), float(c) / total) for t, c in zip(ids[:top], counts[:top], strict=True)]

@@ -319,7 +319,7 @@ class DraftServer:
         graph = NGramGraph.open(graph_path)
         self.servicer.load(graph)
         if self.metrics is not None:  # the current graph's, after reloads too
-            self.metrics.watch_readers(self._read_transactions)
+            self.metrics.watch_readers(self._graph_readers)
         self.server.set_serving()
         if self.watcher is None:
             self.watcher = GraphWatcher(graph_path, self.servicer.slot, self.reload_interval_s)
@@ -344,9 +344,9 @@ class DraftServer:
             f"weight {config.weight:g}, learn log {where or 'none (in memory only)'}"
         )
 
-    def _read_transactions(self) -> int:
+    def _graph_readers(self) -> int:
         current = self.servicer.slot.current
-        return current.graph.read_transactions() if current is not None else 0
+        return current.graph.readers() if current is not None else 0
 
     def reload_graph(self) -> bool:
         """Load the graph now published at the graph path if it is a new one (True when it was

@@ -13,14 +13,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import lmdb
 import numpy as np
 
 from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextIndex, as_arrays, combine
-from speculant.graph_format import VALUE_DTYPE
-from speculant.graph_reader import NGramGraph, decode_values, match_orders, match_successors
+from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 
 DEAD_END = (-1, 0, 0.0)  # a greedy step where no order matches: (token, order, q)
@@ -42,39 +40,22 @@ class Successors:
         LiveLayer.lookup; ((), ()) without a layer."""
         return self.live.lookup(tail) if self.live is not None else ((), ())
 
-    def counts(
-        self,
-        tail: bytes,
-        txn: lmdb.Transaction,
-        dbs: list,
-        params: DraftParams,
-        found: tuple,
-        learned: tuple,
-    ) -> Counts:
+    def counts(self, tail: bytes, params: DraftParams, found: tuple, learned: tuple) -> Counts:
         """The counts after tail: the graph's, combined with learned (the live layer's) and
         found (the overlay's, ContextIndex.successors) when there are any; no orders at a dead
         end."""
         if not (found or learned):
-            every_order = params.effective_mixing != "backoff"
-            return *match_successors(tail, txn, dbs, every_order), from_graph
-        combined = self.combined(tail, txn, dbs, params, found, learned)
+            return *self.graph.match(tail, params.effective_mixing != "backoff"), from_graph
+        combined = self.combined(tail, params, found, learned)
         return combined.orders, combined.ids, combined.counts, combined.source_of
 
-    def combined(
-        self,
-        tail: bytes,
-        txn: lmdb.Transaction,
-        dbs: list,
-        params: DraftParams,
-        found: tuple,
-        learned: tuple,
-    ) -> Combined:
+    def combined(self, tail: bytes, params: DraftParams, found: tuple, learned: tuple) -> Combined:
         """The graph's counts after tail plus live.weight times learned, then plus
         overlay_weight times found: c_graph + w_live c_live + w c_ctx per order. A token the
         live layer alone lists counts as "graph", one the overlay lists as "overlay" or
         "both"."""
         every_order = params.effective_mixing != "backoff"
-        orders, ids, counts = match_successors(tail, txn, dbs, every_order)
+        orders, ids, counts = self.graph.match(tail, every_order)
         if learned:
             assert self.live is not None
             shared = combine(orders, ids, counts, learned, self.live.weight, every_order)
@@ -84,13 +65,7 @@ class Successors:
         return combine(orders, ids, counts, as_arrays(found), params.overlay_weight, every_order)
 
     def greedy_step(
-        self,
-        tail: bytes,
-        txn: lmdb.Transaction,
-        dbs: list,
-        params: DraftParams,
-        *,
-        with_prob: bool,
+        self, tail: bytes, params: DraftParams, *, with_prob: bool
     ) -> tuple[int, int, float]:
         """(argmax q, matched order, q(argmax)) after tail from the graph alone; DEAD_END where
         no order matches.
@@ -99,21 +74,20 @@ class Successors:
         numpy sum per backoff step); such a cached step is recomputed when it is needed.
         """
         mode = params.effective_mixing
+        match = self.graph.match
         if mode == "witten-bell" and not with_prob:  # look at the highest order first
-            orders, values = match_orders(tail, txn, dbs, every_order=False)
+            orders, ids, counts = match(tail, every_order=False)
             if not orders:
                 return DEAD_END
-            if witten_bell_decided(values[0], params.escape_weight):
-                top = int(np.frombuffer(values[0], dtype=VALUE_DTYPE, count=1)[0])
-                return top, orders[0], math.nan
-            lower_orders, lower_values = match_orders(tail, txn, dbs, True, top=orders[0] - 1)
-            orders += lower_orders
-            values += lower_values
+            if witten_bell_decided(counts[0], params.escape_weight):
+                return int(ids[0][0]), orders[0], math.nan
+            lower_orders, lower_ids, lower_counts = match(tail, True, top=orders[0] - 1)
+            orders, ids, counts = orders + lower_orders, ids + lower_ids, counts + lower_counts
         else:
-            orders, values = match_orders(tail, txn, dbs, every_order=mode != "backoff")
+            orders, ids, counts = match(tail, every_order=mode != "backoff")
             if not orders:
                 return DEAD_END
-        token, prob = self.mixer.argmax(orders, *decode_values(values), params, with_prob)
+        token, prob = self.mixer.argmax(orders, ids, counts, params, with_prob)
         return token, orders[0], prob
 
     def argmax_combined(self, combined: Combined, params: DraftParams) -> tuple[int, float]:
@@ -125,7 +99,7 @@ class Successors:
         return self.mixer.argmax(combined.orders, combined.ids, combined.counts, params)
 
 
-def witten_bell_decided(value: memoryview, escape_weight: float) -> bool:
+def witten_bell_decided(counts: np.ndarray, escape_weight: float) -> bool:
     """Whether the highest matching order alone fixes the Witten-Bell argmax.
 
     With that order's counts a_1 >= a_2 >= ... (C in all, T distinct), b = escape_weight and
@@ -133,10 +107,9 @@ def witten_bell_decided(value: memoryview, escape_weight: float) -> bool:
     of the lower orders, so q(top) - q(y) >= (a_1 - a_2 - b T) / (C + b T) > 0 for every other y
     when a_1 - a_2 > b T: the top successor is the strict argmax whatever the lower orders say.
     """
-    flat = np.frombuffer(value, dtype=VALUE_DTYPE)  # [2T]: T ids, then T counts
-    types = flat.size >> 1
-    second = int(flat[types + 1]) if types > 1 else 0
-    return int(flat[types]) - second > escape_weight * types
+    types = counts.shape[0]
+    second = int(counts[1]) if types > 1 else 0
+    return int(counts[0]) - second > escape_weight * types
 
 
 def from_graph(_token: int) -> str:

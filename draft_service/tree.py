@@ -111,7 +111,6 @@ class TreeDrafter:
         successors = self.successors
         max_order = successors.graph.max_order
         root = tail_key(context_ids, max_order)
-        txn, dbs = successors.graph.raw_lookup()
         rng = np.random.default_rng(seed)
         proposal = DraftProposal()
         ties = itertools.count()
@@ -121,7 +120,7 @@ class TreeDrafter:
             neg_prob, _, node, depth, tail = heapq.heappop(frontier)
             found = overlay_successors(overlay, tail)
             orders, ids_list, counts_list, source_of = successors.counts(
-                tail, txn, dbs, params, found, successors.learned(tail)[0]
+                tail, params, found, successors.learned(tail)[0]
             )
             if not orders:
                 continue  # a dead end: no children
@@ -165,9 +164,8 @@ class TreeDrafter:
             key = (tail, key_of_mix)
         step = self.cache.entries.get(key)
         if step is None:
-            txn, dbs = successors.graph.raw_lookup()
             orders, ids_list, counts_list, source_of = successors.counts(
-                tail, txn, dbs, params, found, learned
+                tail, params, found, learned
             )
             step = (0, [])  # a dead end
             if orders:

@@ -71,8 +71,7 @@ class GraphConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPECULANT_GRAPH__", extra="forbid")
 
     tokenizer_name: str = ""
-    max_order: int = Field(5, ge=1, le=10)
-    chunk_size: int = Field(10_000, ge=1, description="documents per tokenizer batch")
+    max_order: int = Field(5, ge=1, le=64)  # the longest context drafts mix (suffix_index)
     graph_path: str = "graph"
 
 

@@ -1,21 +1,27 @@
-"""The on-disk format of an n-gram graph: an LMDB environment in a directory.
+"""The on-disk format of an n-gram graph: a directory with an LMDB environment and index files.
 
 Terms: an *order-o context* is a sequence of o token ids; its *successors* are the tokens that
-followed it in the corpus, with their *counts*. A chain of order o maps order-o contexts to
-successor counts. A graph holds the chains of orders 1..max_order.
+followed it in the corpus, with their *counts*. A graph answers, for any context of up to its
+max order, its successors and their counts.
 
-Layout (format version 1), one LMDB environment (``data.mdb`` in the graph directory):
+Layout (format version 2), in the graph directory:
 
-- named database ``meta``: key ``b"meta"`` -> UTF-8 JSON object (see :class:`GraphMeta`).
-  The meta record is written last, in the builder's final transaction: a graph without it is
-  unfinished and is never served.
-- named database ``order:<o>`` for o in 1..max_order:
-  key   = the o context token ids as big-endian uint32 (so LMDB's byte order is numeric order
-          and the builder can append keys in sorted order),
-  value = n successor ids as little-endian uint32, then their n counts as little-endian uint32;
-          successors sorted by count descending, then id ascending (the first is the argmax).
+- ``data.mdb``, an LMDB environment: named database ``meta``, key ``b"meta"`` -> UTF-8 JSON
+  object (see :class:`GraphMeta`). The meta record is written last, in the builder's final
+  transaction: a graph without it is unfinished and is never served.
+- the suffix index (:mod:`speculant.suffix_index`): the corpus as one token stream, its
+  positions sorted by the text before them, and a table of the successor counts of frequent
+  contexts; plain ``.npy`` arrays, 6 to 8 bytes a corpus token whatever the order, so a graph
+  answers contexts of any length up to ``suffix_index.MAX_CONTEXT`` tokens.
+- ``manifest.json``: the size and SHA-256 of every other file, written at publish.
 
-No pickle: keys and values are fixed-width integers, the meta record is JSON.
+Format version 1 (graphs built before 2026-12-03) kept one LMDB database per order, ``order:<o>``:
+key = the o context ids as big-endian uint32, value = n successor ids as little-endian uint32,
+then their n counts, sorted by count descending, then id ascending. Such graphs are still read
+(drafting works as before); appending to one or distilling into it asks for a rebuild.
+
+No pickle: keys and values are fixed-width integers, arrays are ``.npy`` files loaded with
+``allow_pickle=False``, the meta record is JSON.
 """
 
 from __future__ import annotations
@@ -37,13 +43,16 @@ import numpy as np
 from speculant.errors import FailedPreconditionError
 from speculant.map_guard import MappedFile
 
-FORMAT_VERSION = 1
-MAX_SUPPORTED_ORDER = 10
+FORMAT_VERSION = 2  # what the builder writes
+TABLES_FORMAT = 1  # the per-order LMDB tables of graphs built before the suffix index (read only)
+READ_FORMATS = (TABLES_FORMAT, FORMAT_VERSION)
+MAX_SUPPORTED_ORDER = 10  # of format 1 graphs (suffix_index.MAX_CONTEXT for format 2)
 META_DB = b"meta"
 META_KEY = b"meta"
 DATA_FILE = "data.mdb"
-# Written at publish: the size and SHA-256 of DATA_FILE, checked when a draft service opens the
-# graph, so a file damaged on disk or in a copy is refused instead of served.
+LOCK_FILE = "lock.mdb"  # LMDB's lock file, where a writer left one (never read)
+# Written at publish: the size and SHA-256 of every file of the graph, checked when a draft
+# service opens the graph, so a file damaged on disk or in a copy is refused instead of served.
 MANIFEST_FILE = "manifest.json"
 
 KEY_DTYPE = np.dtype(">u4")  # context ids in keys: big-endian so byte order == numeric order
@@ -126,6 +135,10 @@ class GraphMeta:
     # were measured}. The drafter uses tuned["params"] for every mixing parameter a request
     # leaves unset (see speculant.types.TUNABLE_FIELDS). Empty: the built-in defaults.
     tuned: dict[str, Any] = field(default_factory=dict)
+    # Format 2: the suffix index (speculant.suffix_index): stream_tokens (its length, SEPs
+    # included), entries, frequent_min (the smallest range tabled), table_ranges, weighted
+    # (whether positions carry weights), max_context.
+    index: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -166,6 +179,7 @@ _META_TYPES: dict[str, tuple[type, ...]] = {
     "version": (int,),
     "sources": (list,),
     "tuned": (dict,),
+    "index": (dict,),
 }
 _ORDER_TYPES: dict[str, tuple[type, ...]] = {
     "order": (int,),
@@ -317,10 +331,11 @@ def read_meta(env: lmdb.Environment | SharedGraphEnv, path: str | Path = "") -> 
         meta = GraphMeta.from_json(raw)
     except (ValueError, TypeError) as exc:
         raise GraphFormatError(f"corrupt graph {path}: unreadable meta record ({exc})") from exc
-    if meta.format_version != FORMAT_VERSION:
+    if meta.format_version not in READ_FORMATS:
+        readable = " and ".join(str(v) for v in READ_FORMATS)
         raise GraphFormatError(
-            f"graph {path} has format version {meta.format_version}; "
-            f"this version of speculant reads version {FORMAT_VERSION}: rebuild the graph"
+            f"graph {path} has format version {meta.format_version}; this version of "
+            f"speculant reads versions {readable}: rebuild the graph with `speculant build`"
         )
     return meta
 
@@ -334,17 +349,26 @@ def _sha256(path: Path) -> str:
 
 
 def write_manifest(directory: str | Path) -> None:
-    """Record the size and SHA-256 of the graph's data file (before it is published)."""
+    """Record the size and SHA-256 of every file of the graph (before it is published)."""
     directory = Path(directory)
-    data = directory / DATA_FILE
-    manifest = {"files": {DATA_FILE: {"bytes": data.stat().st_size, "sha256": _sha256(data)}}}
-    (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(directory.iterdir())
+        if f.is_file() and f.name not in (MANIFEST_FILE, LOCK_FILE) and not f.name.startswith(".")
+    }
+    (directory / MANIFEST_FILE).write_text(json.dumps({"files": files}, indent=2) + "\n")
 
 
 def verify_manifest(path: str | Path, checksum: bool = True) -> int:
-    """Check the data file against the manifest (its size, and with checksum its SHA-256);
-    return its size. GraphFormatError when it differs or the graph has no manifest (its data
-    file could not be checked before it is mapped)."""
+    """Check every file the manifest lists (its size, and with checksum its SHA-256); return
+    the data file's size. GraphFormatError when one differs or is missing, or the graph has
+    no manifest (its files could not be checked before they are mapped)."""
+    return manifest_sizes(path, checksum)[DATA_FILE]
+
+
+def manifest_sizes(path: str | Path, checksum: bool = True) -> dict[str, int]:
+    """{file name: size} of every file the manifest lists, each checked (see
+    :func:`verify_manifest`)."""
     path = Path(path)
     try:
         raw = (path / MANIFEST_FILE).read_text(encoding="utf-8")
@@ -357,22 +381,33 @@ def verify_manifest(path: str | Path, checksum: bool = True) -> int:
     except OSError as exc:
         raise GraphFormatError(f"cannot read {path / MANIFEST_FILE}: {exc}") from exc
     try:
-        expected = json.loads(raw)["files"][DATA_FILE]
-        size, digest = int(expected["bytes"]), str(expected["sha256"])
-    except (ValueError, KeyError, TypeError) as exc:
+        listed = json.loads(raw)["files"]
+        expected = {
+            str(name): (int(entry["bytes"]), str(entry["sha256"])) for name, entry in listed.items()
+        }
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise GraphFormatError(f"corrupt graph {path}: unreadable {MANIFEST_FILE}") from exc
-    data = path / DATA_FILE
-    if not data.is_file():
-        raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
-    actual = data.stat().st_size
-    if actual != size:
-        raise GraphFormatError(
-            f"corrupt graph {path}: {DATA_FILE} has {actual} bytes, the manifest says {size} "
-            "(truncated or modified after publishing)"
-        )
-    if checksum and _sha256(data) != digest:
-        raise GraphFormatError(
-            f"corrupt graph {path}: {DATA_FILE} does not match its checksum in {MANIFEST_FILE} "
-            "(damaged or modified after publishing)"
-        )
-    return size
+    if DATA_FILE not in expected:
+        raise GraphFormatError(f"corrupt graph {path}: {MANIFEST_FILE} does not list {DATA_FILE}")
+    sizes = {}
+    for name, (size, digest) in expected.items():
+        if "/" in name or name.startswith("."):
+            raise GraphFormatError(f"corrupt graph {path}: {MANIFEST_FILE} lists {name!r}")
+        data = path / name
+        if not data.is_file():
+            if name == DATA_FILE:
+                raise GraphFormatError(f"not a graph: {path} has no {DATA_FILE}")
+            raise GraphFormatError(f"corrupt graph {path}: {name} is missing")
+        actual = data.stat().st_size
+        if actual != size:
+            raise GraphFormatError(
+                f"corrupt graph {path}: {name} has {actual} bytes, the manifest says {size} "
+                "(truncated or modified after publishing)"
+            )
+        if checksum and _sha256(data) != digest:
+            raise GraphFormatError(
+                f"corrupt graph {path}: {name} does not match its checksum in {MANIFEST_FILE} "
+                "(damaged or modified after publishing)"
+            )
+        sizes[name] = size
+    return sizes

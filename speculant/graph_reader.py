@@ -1,24 +1,27 @@
 """Read-only access to a published n-gram graph (see :mod:`speculant.graph_format`).
 
 Terms: an *order-o context* is the last o token ids; its *successors* are the token ids seen after
-it in the corpus, with their *counts*. A context *matches* at order o when the chain of order o
-holds it.
+it in the corpus, with their *counts*. A context *matches* at order o when the corpus has it,
+followed by a successor.
 
-The LMDB environment is memory-mapped read-only: pages are read from the file on demand and belong
-to the page cache, so the process RSS does not grow with the graph's size. Each thread keeps one
-long-lived read transaction (the graph never changes once published), so a lookup is one B-tree
-``get`` per order with no transaction set-up, and values are zero-copy views into the map that
-stay valid while the graph is open.
+Every file is memory-mapped read-only: pages are read from the file on demand and belong to the
+page cache, so the process RSS does not grow with the graph's size. :meth:`NGramGraph.match` is
+the drafters' lookup: the successor counts of every matching order of a context, from the suffix
+index (format 2, :mod:`speculant.suffix_index`) or from the per-order LMDB databases of a format
+1 graph (one B-tree ``get`` per order in a long-lived per-thread read transaction; the values
+zero-copy views into the map that stay valid while the graph is open).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import heapq
 import logging
+import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +30,20 @@ import numpy as np
 
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import (
+    FORMAT_VERSION,
     KEY_DTYPE,
     MAX_SUPPORTED_ORDER,
     GraphFormatError,
     GraphMeta,
     SharedGraphEnv,
     decode_successors,
+    manifest_sizes,
     open_graph_env,
     order_db_name,
     read_meta,
 )
+from speculant.map_guard import MappedFile
+from speculant.suffix_index import INDEX_FILES, MAX_CONTEXT, WEIGHTS_FILE, SuffixIndex
 from speculant.types import TUNABLE_FIELDS, DraftParams
 
 _MADV_DONTNEED = 4
@@ -81,10 +88,24 @@ def tuned_draft_defaults(meta: GraphMeta, path: str | Path = "") -> dict[str, An
     return dict(params)
 
 
-class NGramGraph:
-    """A graph opened read-only: per-order successor lookups and its meta record."""
+# Successor counts of the matching orders of a context: (orders, highest first; successor ids
+# [n] per order; their counts [n] per order), successors sorted by count descending, then id.
+Matches = tuple[list[int], list[np.ndarray], list[np.ndarray]]
 
-    def __init__(self, path: Path, env: SharedGraphEnv, meta: GraphMeta) -> None:
+
+class NGramGraph:
+    """A graph opened read-only: successor lookups and its meta record."""
+
+    def __init__(
+        self,
+        path: Path,
+        env: SharedGraphEnv,
+        meta: GraphMeta,
+        index: SuffixIndex | None = None,
+        guards: Sequence[MappedFile] = (),
+    ) -> None:
+        """index: the suffix index of a format 2 graph (None: a format 1 graph's per-order
+        databases); guards: its files' damage checks (closed with the graph)."""
         self.path = path
         self.meta = meta
         # the tuned mixing parameters (``speculant tune --write``), defaults for every request
@@ -92,9 +113,11 @@ class NGramGraph:
         self.max_order = meta.max_order
         self.vocab_size = meta.vocab_size
         self._env = env
-        # dbs[o] is the handle of the chain of order o; dbs[0] is unused.
+        self._index = index
+        self._guards = list(guards)
+        # format 1: dbs[o] is the handle of the chain of order o; dbs[0] is unused.
         self._dbs: list[lmdb._Database | None] = [None]
-        for order in range(1, meta.max_order + 1):
+        for order in range(1, meta.max_order + 1 if index is None else 1):
             try:
                 self._dbs.append(env.open_db(order_db_name(order), create=False))
             except lmdb.Error as exc:
@@ -104,6 +127,7 @@ class NGramGraph:
                 ) from exc
         self._local = threading.local()
         self._txns: list[lmdb.Transaction] = []
+        self._index_readers = 0  # threads that have looked up in the suffix index
         self._txns_lock = threading.Lock()
         self._closed = False
 
@@ -114,19 +138,21 @@ class NGramGraph:
         if not path.is_dir():
             raise GraphFormatError(f"graph not found: {path} is not a directory")
         env = open_graph_env(path, checksum=True)  # the manifest, checked before mapping
+        guards: list[MappedFile] = []
         try:
             meta = read_meta(env, path)
+            indexed = meta.format_version == FORMAT_VERSION
+            top = MAX_CONTEXT if indexed else MAX_SUPPORTED_ORDER
+            if not 1 <= meta.max_order <= top or meta.vocab_size < 1:
+                raise GraphFormatError(
+                    f"corrupt graph {path}: max_order={meta.max_order}, "
+                    f"vocab_size={meta.vocab_size}"
+                )
+            index = _open_index(path, meta, guards) if indexed else None
+            return cls(path, env, meta, index, guards)
         except BaseException:
-            env.close()
-            raise
-        if not 1 <= meta.max_order <= MAX_SUPPORTED_ORDER or meta.vocab_size < 1:
-            env.close()
-            raise GraphFormatError(
-                f"corrupt graph {path}: max_order={meta.max_order}, vocab_size={meta.vocab_size}"
-            )
-        try:
-            return cls(path, env, meta)
-        except GraphFormatError:
+            for guard in guards:
+                guard.close()
             env.close()
             raise
 
@@ -135,12 +161,36 @@ class NGramGraph:
         """(device, inode) of the data file this graph maps (a republished graph has another)."""
         return self._env.file_id
 
+    @property
+    def indexed(self) -> bool:
+        """Whether the graph has a suffix index (format 2): contexts up to MAX_CONTEXT match."""
+        return self._index is not None
+
     def damage(self) -> str | None:
-        """Why the mapped data file can no longer be trusted (it shrank or changed since it
-        was verified, or a read hit its truncated end), or None (speculant.map_guard)."""
-        return self._env.mapped.damage()
+        """Why a mapped file of the graph can no longer be trusted (it shrank or changed since
+        it was verified, or a read hit its truncated end), or None (speculant.map_guard)."""
+        for guard in (self._env.mapped, *self._guards):
+            reason = guard.damage()
+            if reason is not None:
+                return reason
+        return None
 
     # -- lookups -------------------------------------------------------------------------------
+
+    def match(self, tail: bytes, every_order: bool = True, top: int | None = None) -> Matches:
+        """The successor counts of the orders that match the context ending ``tail``
+        (graph_format.tail_key), highest first, from ``top`` (default: the tail's length)
+        down; every_order False: the highest matching order only."""
+        if self._closed:
+            raise GraphFormatError(f"graph {self.path} is closed")
+        top = len(tail) >> 2 if top is None else top
+        if self._index is not None:
+            if not getattr(self._local, "reader", False):  # this thread's first lookup
+                self._register_reader()
+            ids = np.frombuffer(tail, dtype=KEY_DTYPE).astype(np.int64)
+            return self._index.match(ids, top, every_order)
+        orders, values = match_orders(tail, self._txn(), self._dbs, every_order, top)
+        return orders, *decode_values(values)
 
     def _txn(self) -> lmdb.Transaction:
         """This thread's long-lived read transaction (values it returns are views into the map)."""
@@ -154,17 +204,17 @@ class NGramGraph:
             self._local.txn = txn
         return txn
 
-    def read_transactions(self) -> int:
-        """How many read transactions are open on the graph (one per thread that looked up)."""
+    def _register_reader(self) -> None:
+        """Count this thread as a reader of a format 2 graph (format 1: its transaction)."""
+        self._local.reader = True
         with self._txns_lock:
-            return len(self._txns)
+            self._index_readers += 1
 
-    def raw_lookup(self) -> tuple[lmdb.Transaction, list[lmdb._Database | None]]:
-        """(this thread's transaction, db handle per order) for the drafter's hot loop.
-
-        ``txn.get(key, db=dbs[o])`` returns a memoryview into the map, valid until close().
-        """
-        return self._txn(), self._dbs
+    def readers(self) -> int:
+        """How many threads have read the graph (format 1: the read transactions open on it,
+        one per such thread)."""
+        with self._txns_lock:
+            return len(self._txns) + self._index_readers
 
     def successors(self, context_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
         """Successors of the whole context (order = len(context_ids)): (ids [n], counts [n]).
@@ -178,18 +228,50 @@ class NGramGraph:
         key = np.asarray(context_ids, dtype=np.int64)
         if key.min() < 0 or key.max() > 0xFFFFFFFF:
             return None
-        value = self._txn().get(key.astype(KEY_DTYPE).tobytes(), db=self._dbs[order])
-        if value is None:
+        orders, ids, counts = self.match(key.astype(KEY_DTYPE).tobytes(), False)
+        if not orders or orders[0] != order:
             return None
-        ids, counts = decode_successors(value)
-        return ids.astype(np.int64), counts.astype(np.int64)
+        return ids[0].astype(np.int64), counts[0].astype(np.int64)
+
+    def frequent_contexts(self, order: int, n: int) -> list[tuple[tuple[int, ...], int]]:
+        """The n contexts of the order with the highest total count (ties: lowest ids), with
+        their totals, by a scan."""
+        if self._index is not None:
+            return self._index.frequent_contexts(order, n)
+        best: list[tuple[int, tuple[int, ...]]] = []  # min-heap of (count, negated ids)
+        with self._env.begin(db=self._dbs[order], buffers=True) as txn:
+            for key, value in txn.cursor():
+                _, counts = decode_successors(value)
+                total = int(counts.sum(dtype=np.int64))
+                entry = (total, tuple(-int(i) for i in np.frombuffer(key, dtype=KEY_DTYPE)))
+                if len(best) < n:
+                    heapq.heappush(best, entry)
+                elif entry > best[0]:
+                    heapq.heapreplace(best, entry)
+        return [(tuple(-i for i in ids), total) for total, ids in sorted(best, reverse=True)]
+
+    def contexts(self, order: int) -> Iterator[tuple[tuple[int, ...], np.ndarray, np.ndarray]]:
+        """Every context of the order with its successors: (ids, successor ids [n], counts
+        [n]), successors by count descending, then id ascending (a scan: for tests and tools).
+        Format 1: in key order; format 2: in the index's order."""
+        if self._index is not None:
+            yield from self._index.contexts(order)
+            return
+        with self._env.begin(db=self._dbs[order]) as txn:
+            for key, value in txn.cursor():
+                ids, counts = decode_successors(value)
+                context = tuple(np.frombuffer(key, dtype=KEY_DTYPE).tolist())
+                yield context, ids.astype(np.int64), counts.astype(np.int64)
 
     def sample_contexts(self, order: int, n: int, rng: np.random.Generator) -> list[list[int]]:
-        """n contexts of the given order that exist in the graph, near uniformly random keys.
+        """n contexts of the given order that exist in the graph, near uniformly random.
 
-        Each is the first key at or after a random key (LMDB's ``set_range``); used by the
-        benchmark to build realistic requests.
+        Format 2: the contexts ending at random positions of the corpus. Format 1: each the
+        first key at or after a random key (LMDB's ``set_range``). Used by the benchmark to
+        build realistic requests.
         """
+        if self._index is not None:
+            return self._index.sample_contexts(order, n, rng)
         out: list[list[int]] = []
         with self._env.begin(db=self._dbs[order]) as txn:
             cursor = txn.cursor()
@@ -205,16 +287,19 @@ class NGramGraph:
     # -- resident memory -----------------------------------------------------------------------
 
     def _map_regions(self) -> list[tuple[int, int]]:
-        """(start, end) addresses of this graph's data.mdb mapping in this process (Linux)."""
-        return self._env.mapped.regions
+        """(start, end) addresses of this graph's file mappings in this process (Linux)."""
+        regions = list(self._env.mapped.regions)
+        for guard in self._guards:
+            regions.extend(guard.regions)
+        return regions
 
     def release_pages(self) -> int:
         """Unmap the graph pages this process has touched; return the bytes advised.
 
-        Lookups fault pages of the read-only map into the process (and the kernel maps
+        Lookups fault pages of the read-only maps into the process (and the kernel maps
         neighbouring cached pages too), so RSS would creep towards the graph's size. The pages
         stay in the OS page cache: the next lookup that needs one takes a cheap minor fault.
-        Safe at any time, also while other threads read (the mapping is read-only and shared).
+        Safe at any time, also while other threads read (the mappings are read-only, shared).
         """
         if self._closed or _MADVISE is None:
             return 0
@@ -227,7 +312,7 @@ class NGramGraph:
     # -- lifetime ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the environment; lookups afterwards raise GraphFormatError."""
+        """Close the environment and the index; lookups afterwards raise GraphFormatError."""
         if self._closed:
             return
         self._closed = True
@@ -236,6 +321,9 @@ class NGramGraph:
                 with contextlib.suppress(lmdb.Error):
                     txn.abort()
             self._txns.clear()
+        self._index = None  # the memmaps unmap once the last array view is gone
+        for guard in self._guards:
+            guard.close()
         self._env.close()
 
     def __enter__(self) -> NGramGraph:
@@ -245,9 +333,37 @@ class NGramGraph:
         self.close()
 
 
-# The hot path's reads. Drafting fetches the graph's per-thread transaction once per proposal
-# (NGramGraph.raw_lookup) and passes it here: values are memoryviews into the map, decoded
-# without copying.
+def _open_index(path: Path, meta: GraphMeta, guards: list[MappedFile]) -> SuffixIndex:
+    """Map a format 2 graph's index files (each checked against the manifest first), guarding
+    each map (speculant.map_guard); their guards are appended to ``guards``."""
+    sizes = manifest_sizes(path, checksum=False)  # open_graph_env checksummed them
+    names = [*INDEX_FILES, WEIGHTS_FILE] if meta.index.get("weighted") else list(INDEX_FILES)
+    arrays: dict[str, np.ndarray] = {}
+    for name in names:
+        if name not in sizes:
+            raise GraphFormatError(f"corrupt graph {path}: {name} is missing from its manifest")
+        file = path / name
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        guard = MappedFile(file, sizes[name], fd)
+        guards.append(guard)
+        try:
+            array = np.load(file, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise GraphFormatError(f"corrupt graph {path}: unreadable {name} ({exc})") from exc
+        stat = os.stat(file)
+        if (stat.st_dev, stat.st_ino) != guard.file_id:
+            raise GraphFormatError(f"graph {path}: {name} was replaced while it was opened")
+        guard.find_regions()
+        arrays[name] = array
+    try:
+        index = SuffixIndex(arrays)
+        index.warm_up()
+    except (KeyError, IndexError, ValueError) as exc:
+        raise GraphFormatError(f"corrupt graph {path}: inconsistent index files ({exc})") from exc
+    return index
+
+
+# Format 1 graphs' reads: values are memoryviews into the map, decoded without copying.
 
 
 def match_orders(
@@ -280,11 +396,3 @@ def decode_values(values: list[memoryview]) -> tuple[list[np.ndarray], list[np.n
         ids_list.append(ids)
         counts_list.append(counts)
     return ids_list, counts_list
-
-
-def match_successors(
-    tail: bytes, txn: lmdb.Transaction, dbs: list, every_order: bool
-) -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
-    """(matching orders, successor ids, counts) after tail, highest order first."""
-    orders, values = match_orders(tail, txn, dbs, every_order)
-    return orders, *decode_values(values)

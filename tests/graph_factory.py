@@ -1,4 +1,5 @@
-"""Hand-made n-gram graphs for tests, written in the real LMDB format of speculant.graph_format.
+"""Hand-made n-gram graphs for tests, in format 1 of speculant.graph_format (per-order LMDB
+tables, which the reader still reads): any counts, not only a corpus's.
 
 ``chains`` maps an order o to {context (o token ids): {successor id: count}}; the meta record is
 written last, in its own transaction, as the builder does.
@@ -14,10 +15,10 @@ import numpy as np
 
 from speculant.graph_format import (
     DATA_FILE,
-    FORMAT_VERSION,
     MAX_SUPPORTED_ORDER,
     META_DB,
     META_KEY,
+    TABLES_FORMAT,
     GraphMeta,
     OrderStats,
     encode_context,
@@ -37,7 +38,7 @@ def write_graph(
     fingerprint: str = "test-fingerprint",
     vocab_size: int = 100,
     max_order: int | None = None,
-    format_version: int = FORMAT_VERSION,
+    format_version: int = TABLES_FORMAT,
     write_meta: bool = True,
     version: int = 1,
     manifest: bool = True,

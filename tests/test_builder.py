@@ -1,4 +1,4 @@
-"""Builder: exact counting (vs brute force), long-document tokenization, the graph layout."""
+"""Builder: exact counts (vs brute force), long-document tokenization, the graph layout."""
 
 from __future__ import annotations
 
@@ -10,41 +10,29 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import builder.index_task
 from builder import GraphBuilder
-from builder.merge import FAN_IN
-from speculant.graph_format import (
-    decode_successors,
-    open_graph_env,
-    order_db_name,
-    read_meta,
-)
+from speculant.graph_format import FORMAT_VERSION, open_graph_env, read_meta
+from speculant.graph_reader import NGramGraph
 from tests.assets import GPT2_TOKENIZER, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS, needs
 
 
 def read_graph(path: Path) -> tuple[dict[int, dict[tuple, dict[int, int]]], object]:
-    """Every chain of the graph as {order: {context: {successor: count}}}, plus the meta.
+    """Every context of the graph as {order: {context: {successor: count}}}, plus the meta.
 
-    Also checks the value layout: successors sorted by count desc, then id asc.
+    Also checks the successors' order: by count desc, then id asc.
     """
-    env = open_graph_env(path)
-    try:
-        meta = read_meta(env, path)
+    with NGramGraph.open(path) as graph:
         chains = {}
-        for o in range(1, meta.max_order + 1):
-            db = env.open_db(order_db_name(o), create=False)
+        for o in range(1, graph.max_order + 1):
             chain = {}
-            with env.begin(db=db) as txn:
-                for key, value in txn.cursor():
-                    ctx = tuple(np.frombuffer(key, dtype=">u4").tolist())
-                    assert len(ctx) == o
-                    ids, counts = decode_successors(value)
-                    pairs = list(zip(ids.tolist(), counts.tolist(), strict=True))
-                    assert pairs == sorted(pairs, key=lambda p: (-p[1], p[0]))
-                    chain[ctx] = dict(pairs)
+            for ctx, ids, counts in graph.contexts(o):
+                assert len(ctx) == o and ctx not in chain
+                pairs = list(zip(ids.tolist(), counts.tolist(), strict=True))
+                assert pairs == sorted(pairs, key=lambda p: (-p[1], p[0]))
+                chain[ctx] = dict(pairs)
             chains[o] = chain
-        return chains, meta
-    finally:
-        env.close()
+        return chains, graph.meta
 
 
 def brute_force(docs_ids: list[list[int]], max_order: int) -> dict[int, dict[tuple, Counter]]:
@@ -85,42 +73,38 @@ def assert_graph_equals(path: Path, expected: dict[int, dict[tuple, Counter]], d
 
 
 @pytest.mark.parametrize(
-    ("chunk", "spill", "block"),
-    [(10000, 2_000_000, 262_144), (7, 400, 64), (1, 3, 1)],
-    ids=["defaults", "tiny-chunks", "one-token-chunks"],
+    ("sort_chunk", "partitions"),
+    [(1 << 22, None), (700, 3), (1, None)],
+    ids=["defaults", "small-chunks-and-partitions", "one-document-chunks"],
 )
-def test_counts_exact_vs_brute_force(tmp_path: Path, chunk: int, spill: int, block: int) -> None:
+def test_counts_exact_vs_brute_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sort_chunk: int, partitions: int | None
+) -> None:
+    """The graph's counts equal a brute-force count, whether a task sorts its documents at once
+    or in chunks that are merged, and whether the corpus is one partition or several."""
+    monkeypatch.setattr(builder.index_task, "SORT_CHUNK_TOKENS", sort_chunk)
     files, docs = small_corpus(tmp_path)
-    if chunk == 1:  # keep the slowest variant small
-        files, docs = files[1:], docs[-1:]
-    builder = GraphBuilder(
-        tokenizer_name=str(STORIES_MODEL),
-        max_order=5,
-        chunk_size=chunk,
-        spill_rows=spill,
-        merge_block_rows=block,
+    graph_builder = GraphBuilder(
+        tokenizer_name=str(STORIES_MODEL), max_order=5, partitions=partitions
     )
-    builder.build_from_files([str(f) for f in files], doc_separator=STORY_SEPARATOR)
-    if chunk == 7:  # more runs than one merge pass takes: an intermediate pass runs too
-        assert max(len(r) for r in builder.runs.values()) > FAN_IN
-    builder.save(tmp_path / "graph")
-    ids = [builder.tokenizer(d).input_ids for d in docs]
-    assert ids[0][0] == builder.tokenizer.bos_token_id  # documents start with BOS, like prompts
+    graph_builder.build_from_files([str(f) for f in files], doc_separator=STORY_SEPARATOR)
+    if partitions:
+        assert len(graph_builder.parts) > 1
+    graph_builder.save(tmp_path / "graph")
+    ids = [graph_builder.tokenizer(d).input_ids for d in docs]
+    assert ids[0][0] == graph_builder.tokenizer.bos_token_id  # documents start with BOS
     assert_graph_equals(tmp_path / "graph", brute_force(ids, 5), len(docs))
-    assert builder.stats.tokens == sum(len(i) for i in ids)
+    assert graph_builder.stats.tokens == sum(len(i) for i in ids)
 
 
 @needs(GPT2_TOKENIZER)
-def test_counts_exact_multiword_keys(tmp_path: Path) -> None:
-    """gpt-2 (16-bit ids) at order 6: 7 ids per row need two uint64 words per key."""
+def test_counts_exact_with_a_large_vocabulary(tmp_path: Path) -> None:
+    """gpt-2 (50,257 ids) at order 6: the counts are exact."""
     files, docs = small_corpus(tmp_path)
-    builder = GraphBuilder(
-        tokenizer_name=str(GPT2_TOKENIZER), max_order=6, chunk_size=13, spill_rows=1000
-    )
-    builder.merge_block_rows = 400
-    builder.build_from_files([str(f) for f in files], doc_separator=STORY_SEPARATOR)
-    builder.save(tmp_path / "graph")
-    ids = [builder.tokenizer(d).input_ids for d in docs]
+    graph_builder = GraphBuilder(tokenizer_name=str(GPT2_TOKENIZER), max_order=6)
+    graph_builder.build_from_files([str(f) for f in files], doc_separator=STORY_SEPARATOR)
+    graph_builder.save(tmp_path / "graph")
+    ids = [graph_builder.tokenizer(d).input_ids for d in docs]
     assert_graph_equals(tmp_path / "graph", brute_force(ids, 6), len(docs))
 
 
@@ -157,14 +141,16 @@ def test_long_document_tokenized_exactly(tmp_path: Path, name: Path) -> None:
 def test_meta_record(tinystories_graph: Path) -> None:
     chains_meta = read_meta(open_graph_env(tinystories_graph), tinystories_graph)
     m = chains_meta
-    assert m.format_version == 1 and m.max_order == 5 and m.vocab_size == 512
+    assert m.format_version == FORMAT_VERSION and m.max_order == 5 and m.vocab_size == 512
     assert m.tokenizer_name == str(STORIES_MODEL)
     assert m.tokenizer_fingerprint.startswith("sha256:")
     stories = TINYSTORIES_CORPUS.read_text(encoding="utf-8").split(STORY_SEPARATOR)
     assert m.corpus_documents == sum(1 for s in stories if s.strip())
     assert m.build_params["doc_separator"] == STORY_SEPARATOR
     assert m.build_params["inputs"] == [str(TINYSTORIES_CORPUS)]
-    assert m.build_params["max_order"] == 5 and m.build_params["chunk_size"] == 10000
+    assert m.build_params["max_order"] == 5
+    assert m.index["stream_tokens"] == m.corpus_tokens + m.corpus_documents  # a SEP after each
+    assert m.index["entries"] == m.orders[0].total_count and not m.index["weighted"]
     assert m.built_at.endswith("+00:00") and m.build_seconds > 0
     # order 1: one n-gram per token but the last of each document
     assert m.orders[0].total_count == m.corpus_tokens - m.corpus_documents
@@ -174,7 +160,8 @@ def test_meta_record(tinystories_graph: Path) -> None:
 
 
 def test_tinystories_sample_vs_brute_force(tinystories_graph: Path) -> None:
-    """1,000 random contexts per order (half from the graph, half from the corpus) are exact."""
+    """1,000 random contexts per order (half from the graph, half from the corpus) are exact,
+    and orders past the graph's max order are answered exactly too (the index has them all)."""
     from speculant.tokenizer import load_tokenizer
 
     tok = load_tokenizer(str(STORIES_MODEL))
@@ -183,34 +170,29 @@ def test_tinystories_sample_vs_brute_force(tinystories_graph: Path) -> None:
     # one stream, documents separated by -1 so that no window crosses a boundary
     stream = np.concatenate([np.append(np.asarray(i, np.int64), -1) for i in tok(docs).input_ids])
     rng = random.Random(1234)
-    env = open_graph_env(tinystories_graph)
-    try:
-        for o in range(1, 6):
-            db = env.open_db(order_db_name(o), create=False)
-            with env.begin(db=db) as txn:
-                keys = list(txn.cursor().iternext(keys=True, values=False))
-                wins = np.lib.stride_tricks.sliding_window_view(stream, o + 1)  # [N, o+1]
-                wins = wins[(wins >= 0).all(axis=1)]
-                picked = rng.sample(keys, min(500, len(keys)))
-                sample = {tuple(np.frombuffer(k, ">u4").tolist()) for k in picked}
-                for row in wins[rng.sample(range(len(wins)), 5000)]:
-                    if len(sample) >= min(1000, len(keys)):
-                        break
-                    sample.add(tuple(row[:o].tolist()))
-                assert len(sample) == min(1000, len(keys))
-                # brute force: a Counter of successors of each sampled context over the stream
-                expected: dict[tuple, Counter] = {c: Counter() for c in sample}
-                mult = np.array([512**j for j in range(o)], dtype=np.int64)  # exact: ids < 512
-                hashes = wins[:, :o] @ mult
-                wanted = np.array([np.array(c, np.int64) @ mult for c in sample])
-                for row in wins[np.isin(hashes, wanted)].tolist():
-                    ctx = tuple(row[:o])
-                    if ctx in expected:
-                        expected[ctx][row[o]] += 1
-                for ctx, counter in expected.items():
-                    value = txn.get(np.asarray(ctx, ">u4").tobytes())
-                    assert value is not None, f"order {o}: context {ctx} missing"
-                    ids, counts = decode_successors(value)
-                    assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == dict(counter)
-    finally:
-        env.close()
+    with NGramGraph.open(tinystories_graph) as graph:
+        for o in (1, 2, 3, 4, 5, 7):
+            wins = np.lib.stride_tricks.sliding_window_view(stream, o + 1)  # [N, o+1]
+            wins = wins[(wins >= 0).all(axis=1)]
+            keys = [ctx for ctx, _, _ in graph.contexts(o)]  # every context of the order
+            wanted_size = min(1000, len(keys))
+            sample = set(rng.sample(keys, min(500, len(keys))))
+            for row in wins[rng.sample(range(len(wins)), 5000)]:
+                if len(sample) >= wanted_size:
+                    break
+                sample.add(tuple(row[:o].tolist()))
+            assert len(sample) == wanted_size
+            # brute force: a Counter of successors of each sampled context over the stream
+            expected: dict[tuple, Counter] = {c: Counter() for c in sample}
+            mult = np.array([512**j for j in range(o)], dtype=np.int64)  # exact: ids < 512
+            hashes = wins[:, :o] @ mult
+            wanted = np.array([np.array(c, np.int64) @ mult for c in sample])
+            for row in wins[np.isin(hashes, wanted)].tolist():
+                ctx = tuple(row[:o])
+                if ctx in expected:
+                    expected[ctx][row[o]] += 1
+            tails = {ctx: np.asarray(ctx, ">u4").tobytes() for ctx in expected}
+            for ctx, counter in expected.items():
+                orders, ids, counts = graph.match(tails[ctx], every_order=False)
+                assert orders and orders[0] == o, f"order {o}: context {ctx} missing"
+                assert dict(zip(ids[0].tolist(), counts[0].tolist(), strict=True)) == dict(counter)

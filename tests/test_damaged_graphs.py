@@ -18,9 +18,10 @@ import grpc
 import pytest
 
 from builder import GraphBuilder
-from speculant.graph_format import DATA_FILE, MANIFEST_FILE
+from speculant.graph_format import MANIFEST_FILE
 from speculant.health import health_status, wait_until_serving
 from speculant.ports import free_ports
+from speculant.suffix_index import ENTRIES_FILE, STREAM_FILE
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 from tests.assets import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 
@@ -41,10 +42,11 @@ def good_graph(tmp_path_factory) -> Path:
 
 
 def damaged_copy(good_graph: Path, where: Path, *, manifest: bool, keep: float = 0.5) -> Path:
-    """A copy of the graph whose data file keeps only `keep` of its bytes."""
+    """A copy of the graph whose largest file (its sorted entries) keeps only `keep` of its
+    bytes."""
     copy = where / "graph"
     shutil.copytree(good_graph, copy)
-    data = copy / DATA_FILE
+    data = copy / ENTRIES_FILE
     os.truncate(data, int(data.stat().st_size * keep) // 4096 * 4096)
     if not manifest:
         (copy / MANIFEST_FILE).unlink()
@@ -154,7 +156,7 @@ def test_a_hot_reload_onto_a_truncated_graph_keeps_the_old_one_serving(good_grap
         process.wait(10)
 
 
-def test_a_data_file_truncated_under_the_service_never_kills_it(good_graph, tmp_path):
+def test_a_graph_file_truncated_under_the_service_never_kills_it(good_graph, tmp_path):
     graph = tmp_path / "served" / "graph"
     graph.parent.mkdir()
     shutil.copytree(good_graph, graph)
@@ -166,7 +168,7 @@ def test_a_data_file_truncated_under_the_service_never_kills_it(good_graph, tmp_
         with grpc.insecure_channel(address) as channel:
             stub = draft_pb2_grpc.DraftServiceStub(channel)
             expected = propose(stub).draft_token_ids
-            os.truncate(graph / DATA_FILE, 8192)  # under the running service
+            os.truncate(graph / STREAM_FILE, 8192)  # under the running service
             codes = set()
             for i in range(50):  # other contexts each time: lookups in the map, not caches
                 try:
@@ -190,18 +192,17 @@ def test_a_data_file_truncated_under_the_service_never_kills_it(good_graph, tmp_
 def test_a_read_past_a_truncated_end_reads_zeros_instead_of_killing(good_graph, tmp_path):
     graph = tmp_path / "graph"
     shutil.copytree(good_graph, graph)
-    # Read every entry of the highest order straight from the map, after truncating the file
-    # under it: without the guard, the first page past the new end raises SIGBUS.
+    # Read every context of the highest order straight from the maps, after truncating the
+    # token stream under them: without the guard, the first page past the new end raises SIGBUS.
     script = textwrap.dedent(
         f"""
         import os
         from speculant.graph_reader import NGramGraph
         graph = NGramGraph.open({str(graph)!r})
-        os.truncate({str(graph / DATA_FILE)!r}, 8192)
-        txn, dbs = graph.raw_lookup()
+        os.truncate({str(graph / STREAM_FILE)!r}, 8192)
         try:
-            for key, value in txn.cursor(db=dbs[graph.max_order]):
-                bytes(value)
+            for context in graph.contexts(graph.max_order):
+                pass
         except Exception as exc:
             print("lookup error:", type(exc).__name__)
         print("damage:", graph.damage())

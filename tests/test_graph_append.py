@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import lmdb
-import numpy as np
 import pytest
 
 from builder import GraphBuilder
@@ -17,17 +16,13 @@ from speculant.cli import main
 from speculant.graph_format import (
     DATA_FILE,
     MANIFEST_FILE,
-    MAX_SUPPORTED_ORDER,
     META_DB,
     META_KEY,
-    decode_successors,
-    open_graph_env,
-    order_db_name,
-    read_meta,
     write_manifest,
 )
 from speculant.graph_reader import NGramGraph
 from tests.assets import STORIES_MODEL
+from tests.graph_factory import write_graph
 
 CORPORA = {
     "a.txt": "Once upon a time, there was a cat.\n\nThe cat liked to play in the sun.\n\n" * 3,
@@ -51,19 +46,15 @@ def build(out: Path, files: list[Path], *, append: bool = False, max_order: int 
         return builder.save(out, append=append)
 
 
-def entries(graph: Path) -> dict[int, dict[bytes, bytes]]:
-    """Every (key, value) of every order, as stored."""
-    env = open_graph_env(graph)
-    try:
-        meta = read_meta(env, graph)
-        out = {}
-        for order in range(1, meta.max_order + 1):
-            db = env.open_db(order_db_name(order), create=False)
-            with env.begin(db=db) as txn:
-                out[order] = dict(txn.cursor().iternext())
-        return out
-    finally:
-        env.close()
+def entries(graph: Path) -> dict[int, dict[tuple, tuple[list[int], list[int]]]]:
+    """Every context of every order with its successors and counts, as the graph answers."""
+    with NGramGraph.open(graph) as opened:
+        return {
+            order: {
+                ctx: (ids.tolist(), counts.tolist()) for ctx, ids, counts in opened.contexts(order)
+            }
+            for order in range(1, opened.max_order + 1)
+        }
 
 
 def snapshot(graph: Path) -> dict[str, str]:
@@ -78,8 +69,8 @@ def snapshot(graph: Path) -> dict[str, str]:
     ("max_order", "options"),
     [
         (3, {}),
-        # multi-word keys (8 ids of 9 bits), many small runs, tiny merge blocks
-        (7, {"spill_rows": 7, "merge_block_rows": 5, "chunk_size": 5}),
+        # a higher order, and each build's corpus cut into several partitions
+        (7, {"partitions": 3}),
     ],
 )
 def test_appends_equal_a_build_of_all_corpora(tmp_path, corpus, max_order, options):
@@ -107,7 +98,7 @@ def test_appends_equal_a_build_of_all_corpora(tmp_path, corpus, max_order, optio
 def test_a_graph_built_before_versions_gets_version_2_and_its_sources(tmp_path, corpus):
     graph = tmp_path / "graph"
     build(graph, [corpus["a.txt"]])
-    env = lmdb.open(str(graph), max_dbs=MAX_SUPPORTED_ORDER + 2, subdir=True)
+    env = lmdb.open(str(graph), max_dbs=2, subdir=True)
     try:  # an older builder's meta record: no version, no sources
         db = env.open_db(META_DB, create=False)
         with env.begin(write=True, db=db) as txn:
@@ -132,11 +123,10 @@ def test_an_open_reader_keeps_reading_the_old_graph(tmp_path, corpus):
         build(graph, [corpus["b.txt"]], append=True)
         assert old.meta.version == 1
         for order, chain in before.items():  # every old lookup still answers as before
-            for key, value in chain.items():
-                ids, counts = old.successors(np.frombuffer(key, dtype=">u4").tolist())
-                expected_ids, expected_counts = decode_successors(value)
-                assert ids.tolist() == expected_ids.tolist(), order
-                assert counts.tolist() == expected_counts.tolist(), order
+            for ctx, (expected_ids, expected_counts) in chain.items():
+                ids, counts = old.successors(list(ctx))
+                assert ids.tolist() == expected_ids, order
+                assert counts.tolist() == expected_counts, order
         assert entries(graph) != before
         with NGramGraph.open(graph) as new:
             assert new.meta.version == 2
@@ -203,7 +193,7 @@ def test_append_to_nothing_is_refused(tmp_path, corpus, capsys):
     assert not (tmp_path / "none").exists()
 
 
-@pytest.mark.parametrize("where", ["export", "write"])
+@pytest.mark.parametrize("where", ["merge", "write"])
 def test_an_interrupted_append_leaves_the_old_graph_intact(tmp_path, corpus, monkeypatch, where):
     graph = tmp_path / "graph"
     build(graph, [corpus["a.txt"]])
@@ -212,9 +202,9 @@ def test_an_interrupted_append_leaves_the_old_graph_intact(tmp_path, corpus, mon
     def crash(*_args, **_kwargs):
         raise RuntimeError("simulated crash")
 
-    if where == "export":  # while reading the old graph's counts
-        monkeypatch.setattr("builder.append._put_rows", crash)
-    else:  # after every order is written, before the meta record and the publish
+    if where == "merge":  # while merging the new corpus's index with the old graph's
+        monkeypatch.setattr("builder.index_writer.merge_into", crash)
+    else:  # after the index is written, before the meta record and the publish
         monkeypatch.setattr("builder.graph_builder.GraphWriter.write_meta", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build(graph, [corpus["b.txt"]], append=True)
@@ -237,3 +227,15 @@ def test_an_append_keeps_the_tuned_drafting_defaults(tmp_path, corpus):
     assert meta.version == 2 and meta.tuned == tuned
     with NGramGraph.open(graph) as opened:
         assert opened.meta.tuned == tuned
+
+
+def test_appending_to_a_graph_of_format_1_asks_for_a_rebuild(tmp_path, corpus, capsys):
+    """A graph of per-order tables (format 1, built before the suffix index) keeps no stream of
+    its corpus: an append is refused in one line, before any tokenizing, and it is untouched."""
+    graph = write_graph(tmp_path / "old", {1: {(5,): {6: 1}}}, format_version=1, vocab_size=512)
+    before = snapshot(graph)
+    command = ["build", "--corpus", str(corpus["b.txt"]), "--tokenizer", str(STORIES_MODEL)]
+    assert main([*command, "--append", "--out", str(graph), "--max-order", "1", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "format 1" in err and "rebuild it from its corpus" in err and "Traceback" not in err
+    assert snapshot(graph) == before

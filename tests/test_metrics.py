@@ -202,7 +202,7 @@ def test_generate_is_counted_on_every_service(observed):
         )
         == proposals
     )
-    assert value(draft, "speculant_draft_lmdb_readers") >= 1
+    assert value(draft, "speculant_draft_graph_readers") >= 1
 
 
 def test_live_sessions_return_to_zero(observed):
@@ -388,7 +388,7 @@ def test_serve_draft_metrics_port_and_json_logs(tinystories_graph):
         assert wait_until_serving(f"127.0.0.1:{grpc_port}", timeout_s=60)
         samples = scrape(metrics_port)
         assert calls(samples, "grpc.health.v1.Health", "Check", "OK") >= 1
-        assert ("speculant_draft_lmdb_readers", ()) in samples
+        assert ("speculant_draft_graph_readers", ()) in samples
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)

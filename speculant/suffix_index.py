@@ -1,0 +1,358 @@
+"""A suffix index of a token stream: successor counts of contexts of any length up to a cap.
+
+Terms. The *stream* is the graph's corpus as one array of token ids, its documents separated
+by SEP (the largest value of the stream's dtype, never a token id). An *entry* is a position p
+of the stream whose token is followed, in the same document, by a counted successor
+``stream[p + 1]``; the context of order o *ending* at p is ``stream[p - o + 1 : p + 1]`` when
+those o tokens are in p's document. The *backward string* of p is ``stream[p], stream[p - 1],
+...`` up to its document's start: the contexts ending at p, read from their last token.
+
+The *suffix array* ``entries`` lists the entries sorted by backward string (the first MAX_CONTEXT
+tokens; ties, and strings that end first, by position), so the entries whose contexts of order o
+equal a given one are one range [lo, hi) of it, and a context one token longer (further back)
+has a sub-range of its range: a lookup narrows the range token by token from the last, one
+binary search each (the stream's dtype is 2 or 4 bytes a token, the array 4: 6 to 8 bytes a
+token, whatever the order). The successor counts of a range are the (weighted) counts of
+``stream[p + 1]`` over its entries; for ranges of at least ``frequent_min`` entries they are
+read from a table built with the index (counting them would read too much of the stream).
+
+The kernels are compiled with numba (no Python per step of a search): a lookup of every order
+of a context costs a few microseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numba
+import numpy as np
+
+MAX_CONTEXT = 64  # the longest context a lookup matches (the sort's depth)
+ENTRY_DTYPE = np.dtype("<u4")  # stream positions in the suffix array (streams < 4 Gi tokens)
+
+
+def stream_dtype(vocab_size: int) -> np.dtype:
+    """The stream's dtype for a vocabulary: 2 bytes a token when the ids and SEP fit."""
+    return np.dtype("<u2") if vocab_size < 0xFFFF else np.dtype("<u4")
+
+
+def separator(dtype: np.dtype) -> int:
+    """SEP of a stream dtype: its largest value."""
+    return int(np.iinfo(dtype).max)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def back_token(stream, sep, position, depth):
+    """The backward string of `position` at `depth`: the token `depth` places before it, or -1
+    past its document's start (callers stop at the first -1)."""
+    q = position - depth
+    if q < 0:
+        return -1
+    token = stream[q]
+    if token == sep:
+        return -1
+    return np.int64(token)
+
+
+@numba.njit(cache=True, nogil=True)
+def narrow(stream, sep, entries, lo, hi, depth, token):
+    """The sub-range of entries[lo:hi] (which agree on their first `depth` backward tokens)
+    whose backward token at `depth` is `token`: (lo', hi'), empty when lo' == hi'."""
+    a, b = np.int64(lo), np.int64(hi)
+    while a < b:  # the first entry at or after token
+        mid = (a + b) >> 1
+        if back_token(stream, sep, entries[mid], depth) < token:
+            a = mid + 1
+        else:
+            b = mid
+    start = a
+    b = np.int64(hi)
+    while a < b:  # the first entry after token
+        mid = (a + b) >> 1
+        if back_token(stream, sep, entries[mid], depth) <= token:
+            a = mid + 1
+        else:
+            b = mid
+    return start, a
+
+
+@numba.njit(cache=True, nogil=True)
+def match_ranges(stream, sep, entries, first, tail, out_lo, out_hi):
+    """The ranges of the contexts of orders 1, 2, ... ending the context `tail` (ids, oldest
+    first): out_lo[o - 1], out_hi[o - 1] for every order o that matches; returns how many
+    match (a longer context matches only where a shorter one does).
+
+    first[t] .. first[t + 1] is the range of the order-1 context (t,)."""
+    n = tail.shape[0]
+    if n == 0:
+        return 0
+    token = tail[n - 1]
+    if token < 0 or token + 1 >= first.shape[0]:
+        return 0
+    lo, hi = np.int64(first[token]), np.int64(first[token + 1])
+    if lo >= hi:
+        return 0
+    out_lo[0], out_hi[0] = lo, hi
+    matched = 1
+    limit = min(n, out_lo.shape[0])
+    for depth in range(1, limit):
+        token = tail[n - 1 - depth]
+        if token < 0:
+            break
+        lo, hi = narrow(stream, sep, entries, lo, hi, depth, token)
+        if lo >= hi:
+            break
+        out_lo[matched], out_hi[matched] = lo, hi
+        matched += 1
+    return matched
+
+
+@numba.njit(cache=True, nogil=True)
+def range_successors(stream, entries, weights, lo, hi):
+    """(ids [u], counts [u]) of the successors of entries[lo:hi], counts weighted (weights
+    empty: 1 each), sorted by count descending, then id ascending."""
+    size = hi - lo
+    ids = np.empty(size, np.int64)
+    for i in range(size):
+        ids[i] = stream[entries[lo + i] + 1]
+    order = np.argsort(ids, kind="mergesort")
+    out_ids = np.empty(size, np.int64)
+    out_counts = np.empty(size, np.int64)
+    distinct = 0
+    for j in range(size):
+        i = order[j]
+        w = 1 if weights.shape[0] == 0 else np.int64(weights[entries[lo + i]])
+        if distinct > 0 and out_ids[distinct - 1] == ids[i]:
+            out_counts[distinct - 1] += w
+        else:
+            out_ids[distinct] = ids[i]
+            out_counts[distinct] = w
+            distinct += 1
+    out_ids = out_ids[:distinct]
+    out_counts = out_counts[:distinct]
+    # count descending, id ascending: one sort key (counts and ids < 2^31)
+    key = (np.int64(0x7FFFFFFF) - out_counts) * np.int64(0x80000000) + out_ids
+    ranked = np.argsort(key)
+    return out_ids[ranked], out_counts[ranked]
+
+
+@numba.njit(cache=True, nogil=True)
+def _table_row(table_lo, table_hi, lo, hi):
+    """The row of the tabled range (lo, hi) (rows sorted by lo, then hi), or -1."""
+    a, b = 0, table_lo.shape[0]
+    while a < b:
+        mid = (a + b) >> 1
+        row_lo, row_hi = np.int64(table_lo[mid]), np.int64(table_hi[mid])
+        if row_lo < lo or (row_lo == lo and row_hi < hi):
+            a = mid + 1
+        else:
+            b = mid
+    if a < table_lo.shape[0] and np.int64(table_lo[a]) == lo and np.int64(table_hi[a]) == hi:
+        return a
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def lookup(
+    stream, sep, entries, weights, first, table_lo, table_hi, table_start, table_ids,
+    table_counts, tail, top, every_order,
+):  # fmt: skip
+    """The successor counts of the contexts ending `tail` (ids, oldest first), for the orders
+    top, top - 1, ..., 1 that match (every_order False: the highest only): (orders [m],
+    bounds [m + 1], ids [s], counts [s]), order orders[j]'s successors at
+    bounds[j]:bounds[j + 1], sorted by count descending, then id ascending. Ranges with a row
+    in the table (its rows: the ranges of at least frequent_min entries) are read from it,
+    smaller ones counted from the stream."""
+    lo = np.empty(top, np.int64)
+    hi = np.empty(top, np.int64)
+    matched = match_ranges(stream, sep, entries, first, tail[max(0, tail.shape[0] - top) :], lo, hi)
+    wanted = matched if every_order else min(matched, 1)
+    orders = np.empty(wanted, np.int64)
+    bounds = np.zeros(wanted + 1, np.int64)
+    parts_ids = []
+    parts_counts = []
+    total = 0
+    for j in range(wanted):
+        order = matched - j
+        a, b = lo[order - 1], hi[order - 1]
+        row = _table_row(table_lo, table_hi, a, b)
+        if row >= 0:
+            s, e = np.int64(table_start[row]), np.int64(table_start[row + 1])
+            ids = table_ids[s:e].astype(np.int64)
+            counts = table_counts[s:e].astype(np.int64)
+        else:
+            ids, counts = range_successors(stream, entries, weights, a, b)
+        orders[j] = order
+        parts_ids.append(ids)
+        parts_counts.append(counts)
+        total += ids.shape[0]
+        bounds[j + 1] = total
+    out_ids = np.empty(total, np.int64)
+    out_counts = np.empty(total, np.int64)
+    for j in range(wanted):
+        out_ids[bounds[j] : bounds[j + 1]] = parts_ids[j]
+        out_counts[bounds[j] : bounds[j + 1]] = parts_counts[j]
+    return orders, bounds, out_ids, out_counts
+
+
+# The index's files in a graph directory (plain .npy arrays, loaded without pickle).
+STREAM_FILE = "stream.npy"  # [N] the token stream, SEP between documents
+ENTRIES_FILE = "entries.npy"  # [E] uint32: the entries, sorted by backward string
+FIRST_FILE = "first.npy"  # [V + 1] uint32: the range of the order-1 context (t,) starts at [t]
+TABLE_RANGES_FILE = "table_ranges.npy"  # [R, 2] uint32: tabled ranges (lo, hi), sorted
+TABLE_START_FILE = "table_start.npy"  # [R + 1] uint64: range r's successors at [r]:[r + 1]
+TABLE_IDS_FILE = "table_ids.npy"  # [S] uint32: the tabled ranges' successors ...
+TABLE_COUNTS_FILE = "table_counts.npy"  # [S] uint32: ... and their (weighted) counts
+WEIGHTS_FILE = "weights.npy"  # [N] uint8: each position's weight (only in weighted graphs)
+INDEX_FILES = (
+    STREAM_FILE,
+    ENTRIES_FILE,
+    FIRST_FILE,
+    TABLE_RANGES_FILE,
+    TABLE_START_FILE,
+    TABLE_IDS_FILE,
+    TABLE_COUNTS_FILE,
+)
+NO_WEIGHTS = np.empty(0, np.uint8)  # every occurrence counts once
+
+
+class SuffixIndex:
+    """A graph's suffix index, its files memory-mapped read-only (thread-safe: reads only).
+
+    ``arrays`` maps each file name to its array (np.memmap): the process's RSS does not grow
+    with the graph; the pages belong to the page cache."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+        self.stream = arrays[STREAM_FILE]
+        self.sep = separator(self.stream.dtype)
+        self.entries = arrays[ENTRIES_FILE]
+        self.first = arrays[FIRST_FILE]
+        ranges = arrays[TABLE_RANGES_FILE]
+        self.table_lo = ranges[:, 0]
+        self.table_hi = ranges[:, 1]
+        self.table_start = arrays[TABLE_START_FILE]
+        self.table_ids = arrays[TABLE_IDS_FILE]
+        self.table_counts = arrays[TABLE_COUNTS_FILE]
+        self.weights = arrays.get(WEIGHTS_FILE, NO_WEIGHTS)
+
+    def warm_up(self) -> None:
+        """Run each lookup kernel once: the first call of a process loads their machine code
+        (numba's cache, about 0.2 s) or, on a fresh install, compiles it (a few seconds), which
+        a first request must not wait for."""
+        tail = np.zeros(1, np.int64)
+        self.match(tail, 1, True)
+        range_successors(self.stream, self.entries, self.weights, 0, min(1, self.entries.shape[0]))
+
+    def match(
+        self, tail: np.ndarray, top: int, every_order: bool
+    ) -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
+        """(orders, successor ids [n] per order, counts [n] per order) of the contexts ending
+        tail (int64 ids, oldest first) for the orders top .. 1 that match, highest first
+        (every_order False: the highest only); successors sorted by count descending, then id
+        ascending."""
+        orders, bounds, ids, counts = lookup(
+            self.stream,
+            self.sep,
+            self.entries,
+            self.weights,
+            self.first,
+            self.table_lo,
+            self.table_hi,
+            self.table_start,
+            self.table_ids,
+            self.table_counts,
+            tail,
+            top,
+            every_order,
+        )
+        cut = bounds.tolist()
+        pieces = range(len(cut) - 1)
+        return (
+            orders.tolist(),
+            [ids[cut[j] : cut[j + 1]] for j in pieces],
+            [counts[cut[j] : cut[j + 1]] for j in pieces],
+        )
+
+    def _groups(self, order: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lo [g], hi [g], total [g]) of every context of `order` tokens (see
+        :func:`context_groups`), totals weighted."""
+        lo, hi = context_groups(self.stream, self.sep, self.entries, order)
+        if self.weights.shape[0] == 0 or lo.size == 0:
+            return lo, hi, hi - lo
+        per_entry = self.weights[self.entries].astype(np.int64)  # [E]
+        return lo, hi, np.add.reduceat(per_entry, lo) if lo.size else lo
+
+    def _context(self, lo: int, order: int) -> tuple[int, ...]:
+        end = int(self.entries[lo])
+        return tuple(int(t) for t in self.stream[end - order + 1 : end + 1])
+
+    def frequent_contexts(self, order: int, n: int) -> list[tuple[tuple[int, ...], int]]:
+        """The n contexts of `order` tokens with the largest totals (ties: lowest ids), with
+        their totals: (ids, total), by a scan of the index."""
+        lo, _, totals = self._groups(order)
+        if totals.size > n:  # the candidates: totals at least the n-th largest
+            keep = totals >= np.partition(totals, totals.size - n)[totals.size - n]
+            lo, totals = lo[keep], totals[keep]
+        found = [
+            (self._context(start, order), int(total))
+            for start, total in zip(lo.tolist(), totals.tolist(), strict=True)
+        ]
+        return sorted(found, key=lambda item: (-item[1], item[0]))[:n]
+
+    def contexts(self, order: int) -> Iterator[tuple[tuple[int, ...], np.ndarray, np.ndarray]]:
+        """Every context of `order` tokens with its successors: (ids, successor ids [n],
+        counts [n]), successors by count descending, then id ascending (a scan: for tests
+        and tools, not the hot path)."""
+        lo, hi, _ = self._groups(order)
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+            ids, counts = range_successors(self.stream, self.entries, self.weights, a, b)
+            yield self._context(a, order), ids, counts
+
+    def sample_contexts(self, order: int, n: int, rng: np.random.Generator) -> list[list[int]]:
+        """n contexts of the given order that occur (those ending at random entries whose
+        document is long enough; fewer when few are)."""
+        out: list[list[int]] = []
+        stream, entries = self.stream, self.entries
+        for _ in range(20 * n):
+            if len(out) >= n or entries.shape[0] == 0:
+                break
+            end = int(entries[int(rng.integers(entries.shape[0]))])
+            context = stream[max(0, end - order + 1) : end + 1].astype(np.int64)
+            if context.size == order and not (context == self.sep).any():
+                out.append(context.tolist())
+        return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _same_context(stream, sep, a, b, order):
+    """Whether the contexts of `order` tokens ending at entries a and b are equal and whole
+    (a == b: whether a has one: its document has `order` tokens up to it)."""
+    for depth in range(order):
+        x = back_token(stream, sep, a, depth)
+        if x < 0 or x != back_token(stream, sep, b, depth):
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def context_groups(stream, sep, entries, order):
+    """(lo [g], hi [g]): the range of sorted entries of every context of `order` tokens, in
+    entry order (entries without a whole order-`order` context belong to none)."""
+    los = np.empty(entries.shape[0], np.int64)
+    his = np.empty(entries.shape[0], np.int64)
+    groups = 0
+    i = 0
+    size = entries.shape[0]
+    while i < size:
+        start = np.int64(entries[i])
+        lo = i
+        i += 1
+        if not _same_context(stream, sep, start, start, order):
+            continue  # its document has fewer than `order` tokens up to it
+        while i < size and _same_context(stream, sep, start, np.int64(entries[i]), order):
+            i += 1
+        los[groups] = lo
+        his[groups] = i
+        groups += 1
+    return los[:groups], his[:groups]
