@@ -154,45 +154,41 @@ def _table_row(table_lo, table_hi, lo, hi):
 
 @numba.njit(cache=True, nogil=True)
 def lookup(
-    stream, sep, entries, weights, first, table_lo, table_hi, table_start, table_ids,
-    table_counts, tail, top, every_order,
+    stream, sep, entries, weights, first, table_lo, table_hi, tail, top, every_order,
 ):  # fmt: skip
-    """The successor counts of the contexts ending `tail` (ids, oldest first), for the orders
-    top, top - 1, ..., 1 that match (every_order False: the highest only): (orders [m],
-    bounds [m + 1], ids [s], counts [s]), order orders[j]'s successors at
-    bounds[j]:bounds[j + 1], sorted by count descending, then id ascending. Ranges with a row
-    in the table (its rows: the ranges of at least frequent_min entries) are read from it,
-    smaller ones counted from the stream."""
+    """Where the successor counts of the contexts ending `tail` (ids, oldest first) are, for
+    the orders top, top - 1, ..., 1 that match (every_order False: the highest only): (orders
+    [m], rows [m], ids [s], counts [s], bounds [m + 1]). Order orders[j]'s successors are the
+    table's row rows[j] when it is >= 0 (a range of at least frequent_min entries), else
+    ids/counts[bounds[j]:bounds[j + 1]], counted from the stream (sorted by count descending,
+    then id ascending)."""
     lo = np.empty(top, np.int64)
     hi = np.empty(top, np.int64)
     matched = match_ranges(stream, sep, entries, first, tail[max(0, tail.shape[0] - top) :], lo, hi)
     wanted = matched if every_order else min(matched, 1)
     orders = np.empty(wanted, np.int64)
+    rows = np.empty(wanted, np.int64)
     bounds = np.zeros(wanted + 1, np.int64)
-    parts_ids = []
-    parts_counts = []
     total = 0
-    for j in range(wanted):
+    for j in range(wanted):  # the rows, and the room the counted ranges need
         order = matched - j
-        a, b = lo[order - 1], hi[order - 1]
-        row = _table_row(table_lo, table_hi, a, b)
-        if row >= 0:
-            s, e = np.int64(table_start[row]), np.int64(table_start[row + 1])
-            ids = table_ids[s:e].astype(np.int64)
-            counts = table_counts[s:e].astype(np.int64)
-        else:
-            ids, counts = range_successors(stream, entries, weights, a, b)
         orders[j] = order
-        parts_ids.append(ids)
-        parts_counts.append(counts)
-        total += ids.shape[0]
-        bounds[j + 1] = total
+        rows[j] = _table_row(table_lo, table_hi, lo[order - 1], hi[order - 1])
+        if rows[j] < 0:
+            total += hi[order - 1] - lo[order - 1]
     out_ids = np.empty(total, np.int64)
     out_counts = np.empty(total, np.int64)
+    at = 0
     for j in range(wanted):
-        out_ids[bounds[j] : bounds[j + 1]] = parts_ids[j]
-        out_counts[bounds[j] : bounds[j + 1]] = parts_counts[j]
-    return orders, bounds, out_ids, out_counts
+        bounds[j] = at
+        if rows[j] < 0:
+            order = orders[j]
+            ids, counts = range_successors(stream, entries, weights, lo[order - 1], hi[order - 1])
+            out_ids[at : at + ids.shape[0]] = ids
+            out_counts[at : at + ids.shape[0]] = counts
+            at += ids.shape[0]
+    bounds[wanted] = at
+    return orders, rows, out_ids[:at], out_counts[:at], bounds
 
 
 # The index's files in a graph directory (plain .npy arrays, loaded without pickle).
@@ -219,10 +215,12 @@ NO_WEIGHTS = np.empty(0, np.uint8)  # every occurrence counts once
 class SuffixIndex:
     """A graph's suffix index, its files memory-mapped read-only (thread-safe: reads only).
 
-    ``arrays`` maps each file name to its array (np.memmap): the process's RSS does not grow
-    with the graph; the pages belong to the page cache."""
+    ``arrays`` maps each file name to its array (over an np.memmap): the process's RSS does not
+    grow with the graph; the pages belong to the page cache."""
 
     def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        # plain arrays over the maps: a slice of an np.memmap is a memmap, ten times dearer
+        arrays = {name: np.asarray(array) for name, array in arrays.items()}
         self.arrays = arrays
         self.stream = arrays[STREAM_FILE]
         self.sep = separator(self.stream.dtype)
@@ -250,8 +248,8 @@ class SuffixIndex:
         """(orders, successor ids [n] per order, counts [n] per order) of the contexts ending
         tail (int64 ids, oldest first) for the orders top .. 1 that match, highest first
         (every_order False: the highest only); successors sorted by count descending, then id
-        ascending."""
-        orders, bounds, ids, counts = lookup(
+        ascending. A tabled order's arrays are views of the memory-mapped table."""
+        orders, rows, ids, counts, bounds = lookup(
             self.stream,
             self.sep,
             self.entries,
@@ -259,20 +257,22 @@ class SuffixIndex:
             self.first,
             self.table_lo,
             self.table_hi,
-            self.table_start,
-            self.table_ids,
-            self.table_counts,
             tail,
             top,
             every_order,
         )
+        ids_list: list[np.ndarray] = []
+        counts_list: list[np.ndarray] = []
         cut = bounds.tolist()
-        pieces = range(len(cut) - 1)
-        return (
-            orders.tolist(),
-            [ids[cut[j] : cut[j + 1]] for j in pieces],
-            [counts[cut[j] : cut[j + 1]] for j in pieces],
-        )
+        for j, row in enumerate(rows.tolist()):
+            if row >= 0:
+                a, b = int(self.table_start[row]), int(self.table_start[row + 1])
+                ids_list.append(self.table_ids[a:b])
+                counts_list.append(self.table_counts[a:b])
+            else:
+                ids_list.append(ids[cut[j] : cut[j + 1]])
+                counts_list.append(counts[cut[j] : cut[j + 1]])
+        return orders.tolist(), ids_list, counts_list
 
     def _groups(self, order: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(lo [g], hi [g], total [g]) of every context of `order` tokens (see
