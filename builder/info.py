@@ -104,6 +104,14 @@ def format_info(info: dict[str, Any]) -> str:
         f"size on disk:   {info['size_on_disk_bytes'] / 2**20:,.1f} MiB "
         f"({info['size_bytes']:,} bytes, {info['bytes_per_token']:.1f} bytes a corpus token)",
     ]
+    index = info.get("index") or {}
+    if index:  # format 2: the suffix index
+        lines.append(
+            f"index:          contexts of up to {index.get('max_context', '?')} tokens; "
+            f"{index.get('entries', 0):,} positions, {index.get('table_ranges', 0):,} tabled "
+            f"ranges (>= {index.get('frequent_min', '?')} positions)"
+            + (", weighted" if index.get("weighted") else "")
+        )
     sources = info.get("sources") or []
     if len(sources) > 1:  # an appended graph: what each version added
         lines.append("sources:")

@@ -233,6 +233,20 @@ def order_statistics(stream, sep, entries, lcp, weights, max_order, vocab):
     return stats
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _count_range(stream, entries, weights, lo, hi, count, touched):
+    """Add the (weighted) successors of entries[lo:hi] into count (by token); the distinct
+    tokens go to touched[:returned]."""
+    distinct = 0
+    for i in range(lo, hi):
+        s = np.int64(stream[entries[i] + 1])
+        if count[s] == 0:
+            touched[distinct] = s
+            distinct += 1
+        count[s] += 1 if weights.shape[0] == 0 else np.int64(weights[entries[i]])
+    return distinct
+
+
 @numba.njit(cache=True, nogil=True)
 def range_tables(stream, entries, weights, lo, hi, vocab):
     """The successor counts of each range lo[r]..hi[r] (sorted by lo, then hi): (start [r + 1],
@@ -241,39 +255,18 @@ def range_tables(stream, entries, weights, lo, hi, vocab):
     count = np.zeros(vocab, np.int64)
     touched = np.empty(vocab, np.int64)
     starts = np.zeros(lo.shape[0] + 1, np.int64)
-    total = 0
-    for r in range(lo.shape[0]):  # first pass: sizes
-        distinct = 0
-        for i in range(lo[r], hi[r]):
-            s = np.int64(stream[entries[i] + 1])
-            if count[s] == 0:
-                touched[distinct] = s
-                distinct += 1
-            count[s] += 1
-        for k in range(distinct):
-            count[touched[k]] = 0
-        total += distinct
-        starts[r + 1] = total
-    ids = np.empty(total, np.uint32)
-    counts = np.empty(total, np.uint32)
+    for r in range(lo.shape[0]):  # first pass: how many successors each range has
+        distinct = _count_range(stream, entries, weights, lo[r], hi[r], count, touched)
+        count[touched[:distinct]] = 0
+        starts[r + 1] = starts[r] + distinct
+    ids = np.empty(starts[-1], np.uint32)
+    counts = np.empty(starts[-1], np.uint32)
     for r in range(lo.shape[0]):
-        distinct = 0
-        for i in range(lo[r], hi[r]):
-            s = np.int64(stream[entries[i] + 1])
-            if count[s] == 0:
-                touched[distinct] = s
-                distinct += 1
-            count[s] += 1 if weights.shape[0] == 0 else np.int64(weights[entries[i]])
+        distinct = _count_range(stream, entries, weights, lo[r], hi[r], count, touched)
         got = touched[:distinct].copy()
-        key = np.empty(distinct, np.int64)
-        for k in range(distinct):
-            key[k] = (np.int64(0x7FFFFFFF) - count[got[k]]) * np.int64(0x80000000) + got[k]
-        ranked = np.argsort(key)
-        base = starts[r]
-        for k in range(distinct):
-            s = got[ranked[k]]
-            ids[base + k] = s
-            counts[base + k] = count[s]
-        for k in range(distinct):
-            count[got[k]] = 0
+        key = (np.int64(0x7FFFFFFF) - count[got]) * np.int64(0x80000000) + got
+        ranked = got[np.argsort(key)]  # count descending, then id ascending
+        ids[starts[r] : starts[r + 1]] = ranked
+        counts[starts[r] : starts[r + 1]] = count[ranked]
+        count[got] = 0
     return starts, ids, counts

@@ -312,4 +312,5 @@ def test_cli_builds_from_jsonl_with_a_text_field(
     meta = read_meta(open_graph_env(out), out)
     assert meta.corpus_documents == 300 and meta.max_order == 4
     assert main(["graph-info", str(out)]) == 0
-    assert "bytes a corpus token" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "bytes a corpus token" in shown and "contexts of up to 64 tokens" in shown
