@@ -117,7 +117,7 @@ class InProcessSystems:
 
     def warm_up_learning(self, variant: Variant, prompts: list[list[int]], seed: int) -> None:
         """Generate the warm-up prompts through the variant, its live layer learning each."""
-        from gateway.coordinator import GenerationRequest
+        from gateway.generation import GenerationRequest
 
         coordinator = self.coordinator(variant)
         coordinator.learner = self.live_layer(variant.graph)
@@ -164,7 +164,7 @@ class InProcessSystems:
         return RunRecord(result.token_ids, wall, self.forwards.count - before)
 
     def run_embedded(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
-        from gateway.coordinator import GenerationRequest
+        from gateway.generation import GenerationRequest
         from speculant.types import DraftParams
 
         draft = DraftConfig(

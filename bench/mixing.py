@@ -78,7 +78,8 @@ def _run_variant(
     systems: InProcessSystems, coordinators: dict, variant: MixVariant, ids: list[int], seed: int
 ) -> RunRecord:
     """One embedded generation of variant on a tokenized prompt."""
-    from gateway.coordinator import Coordinator, GenerationRequest
+    from gateway.coordinator import Coordinator
+    from gateway.generation import GenerationRequest
 
     if variant not in coordinators:
         from draft_service.drafting import Drafter

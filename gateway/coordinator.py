@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from gateway.adaptive_k import next_draft_length
-from gateway.detokenizer import IncrementalDetokenizer
 from gateway.draft_sizing import RequestSizer, SizingModel
+from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
 from gateway.interfaces import (
     DraftCall,
     DraftSource,
@@ -39,91 +39,18 @@ from gateway.interfaces import (
     PreparingDraftSource,
     TargetVerifier,
 )
+from gateway.output_buffer import OutputBuffer
 from gateway.stats import GenerationStats
-from gateway.stopping import FinishReason, find_stop_string, safe_text_length
 from speculant.cost_profile import CostProfile, verify_cost_profile
-from speculant.errors import InvalidArgumentError, OutOfRangeError
+from speculant.errors import OutOfRangeError
 from speculant.types import (
     DraftParams,
     DraftProposal,
     NextRoundDraft,
-    SamplingControls,
-    TokenLogprobs,
     VerifyResult,
-    check_top_logprobs,
 )
 
 log = logging.getLogger(__name__)
-
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 1000  # per stop string
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """A tokenized request: what to generate and how to draft."""
-
-    prompt_ids: list[int]
-    max_tokens: int = 100
-    temperature: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    draft: DraftParams = field(default_factory=DraftParams)
-    # top_k, top_p, min_p and the penalties (see SamplingControls; unset: the model's defaults)
-    sampling: SamplingControls = field(default_factory=SamplingControls)
-    top_logprobs: int | None = None  # report logprobs with this many alternatives; None: none
-
-    def validate(self) -> GenerationRequest:
-        """Raise InvalidArgumentError naming the first bad field."""
-        if not self.prompt_ids:
-            raise InvalidArgumentError("prompt", "must not be empty")
-        if self.max_tokens < 0:
-            raise InvalidArgumentError("max_tokens", f"must be >= 0, got {self.max_tokens}")
-        if not (self.temperature >= 0 and self.temperature < float("inf")):
-            raise InvalidArgumentError(
-                "temperature", f"must be a finite number >= 0, got {self.temperature}"
-            )
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            raise InvalidArgumentError("seed", f"must be in 0..2^64-1, got {self.seed}")
-        if len(self.stop) > MAX_STOP_STRINGS or any(
-            not 0 < len(s) <= MAX_STOP_CHARS for s in self.stop
-        ):
-            raise InvalidArgumentError(
-                "stop",
-                f"at most {MAX_STOP_STRINGS} stop strings, none of them empty or longer than "
-                f"{MAX_STOP_CHARS} characters",
-            )
-        self.sampling.validate()
-        check_top_logprobs(self.top_logprobs)
-        try:
-            self.draft.validate()
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"draft.{exc.field}", exc.problem) from exc
-        return self
-
-
-@dataclass
-class StreamChunk:
-    """Tokens accepted since the last chunk and their text (never a split character)."""
-
-    token_ids: list[int]
-    text_delta: str
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked
-
-
-@dataclass
-class GenerationResult:
-    """The whole output of one request."""
-
-    text: str
-    token_ids: list[int]  # generated tokens only: no prompt, no final EOS
-    finish_reason: FinishReason
-    stats: GenerationStats
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.stats.acceptance_rate
 
 
 def _accepted_sources(proposal: DraftProposal, result: VerifyResult) -> list[str]:
@@ -138,92 +65,6 @@ def _accepted_sources(proposal: DraftProposal, result: VerifyResult) -> list[str
 def _draft_seed(seed: int | None, round_index: int) -> int | None:
     """A distinct, reproducible drafter seed per round of a seeded request."""
     return None if seed is None else (seed * 1_000_003 + round_index) % 2**63
-
-
-class _OutputBuffer:
-    """Generated tokens and text, checked token by token against the stop conditions."""
-
-    def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        request: GenerationRequest,
-        eos_token_ids: set[int],
-        max_context_length: int,
-    ) -> None:
-        self._request = request
-        self._eos = eos_token_ids
-        self._max_total = max_context_length
-        self._detokenizer = IncrementalDetokenizer(tokenizer, request.prompt_ids)
-        self.token_ids: list[int] = []
-        self.logprobs: list[TokenLogprobs] = []  # [i]: token i's, when the request asks
-        self._text_end: list[int] = []  # [i] = length of the text once token i is decoded
-        self.text = ""
-        self.finish_reason: FinishReason | None = None
-        self._tokens_streamed = 0
-        self._text_streamed = 0
-        if request.max_tokens == 0:
-            self.finish_reason = FinishReason.MAX_TOKENS
-
-    @property
-    def remaining(self) -> int:
-        """Tokens that may still be emitted."""
-        by_context = self._max_total - len(self._request.prompt_ids) - len(self.token_ids)
-        return max(0, min(self._request.max_tokens - len(self.token_ids), by_context))
-
-    def add(self, new_tokens: list[int], logprobs: list[TokenLogprobs] | None = None) -> None:
-        """Take the verifier's tokens in order (and their logprobs, one per token, when the
-        request asks for them), stopping at the first stop condition."""
-        stops = list(self._request.stop)
-        for index, token in enumerate(new_tokens):
-            if self.finish_reason is not None:
-                return
-            if token in self._eos:
-                self.finish_reason = FinishReason.EOS
-                return
-            previous_length = len(self.text)
-            self.token_ids.append(token)
-            if logprobs:
-                self.logprobs.append(logprobs[index])
-            self._detokenizer.add([token])
-            self.text = self._detokenizer.text
-            self._text_end.append(len(self.text))
-            match = find_stop_string(self.text, stops, previous_length)
-            if match is not None:
-                self._cut_at(match.position)
-                self.finish_reason = FinishReason.STOP
-            elif len(self.token_ids) >= self._request.max_tokens:
-                self.finish_reason = FinishReason.MAX_TOKENS
-            elif self.remaining == 0:
-                self.finish_reason = FinishReason.CONTEXT_LENGTH
-
-    def _cut_at(self, position: int) -> None:
-        """Drop the stop string and everything after it (tokens that reach into it too)."""
-        keep = sum(1 for end in self._text_end if end <= position)
-        del self.token_ids[keep:]
-        del self.logprobs[keep:]
-        del self._text_end[keep:]
-        self.text = self.text[:position]
-
-    def finish(self) -> None:
-        if self.finish_reason != FinishReason.STOP:
-            self._detokenizer.flush()
-            self.text = self._detokenizer.text
-
-    def take_chunk(self) -> StreamChunk:
-        """What can be streamed now: text that no stop string can still cut, and its tokens."""
-        if self.finish_reason is None:
-            safe = safe_text_length(self.text, list(self._request.stop))
-            tokens_end = sum(1 for end in self._text_end if end <= safe)
-        else:
-            safe, tokens_end = len(self.text), len(self.token_ids)
-        chunk = StreamChunk(
-            self.token_ids[self._tokens_streamed : tokens_end],
-            self.text[self._text_streamed : safe],
-            self.logprobs[self._tokens_streamed : tokens_end],
-        )
-        self._tokens_streamed = max(self._tokens_streamed, tokens_end)
-        self._text_streamed = max(self._text_streamed, safe)
-        return chunk
 
 
 class _ImmediateDraftCall:
@@ -242,6 +83,23 @@ class _ImmediateDraftCall:
 
     def discard(self) -> None:
         pass
+
+
+@dataclass
+class _Run:
+    """One generation's state across its rounds."""
+
+    request: GenerationRequest
+    session_id: str
+    stats: GenerationStats
+    output: OutputBuffer
+    sizer: RequestSizer | None
+    draft_length: int  # with draft.adaptive_k: set round by round
+    prefilled: bool = False  # the verifier holds a session to release
+    context: list[int] = field(default_factory=list)  # prompt and output so far
+    # drafts the draft service prepared last round, by (accepted, next token)
+    prepared: dict[tuple[int, int], DraftProposal] = field(default_factory=dict)
+    outcome: tuple[int, int] = (-1, -1)  # (accepted drafts, last emitted token) of last round
 
 
 class Coordinator:
@@ -313,113 +171,141 @@ class Coordinator:
                 f"{self.max_context_length} tokens (leave room for at least one new token)"
             )
         started = time.perf_counter()
-        stats = GenerationStats(prompt_tokens=len(request.prompt_ids))
-        output = _OutputBuffer(self.tokenizer, request, self.eos_token_ids, self.max_context_length)
-        session_id = uuid.uuid4().hex
-        prefilled = False
+        run = _Run(
+            request=request,
+            session_id=uuid.uuid4().hex,
+            stats=GenerationStats(prompt_tokens=len(request.prompt_ids)),
+            output=OutputBuffer(
+                self.tokenizer, request, self.eos_token_ids, self.max_context_length
+            ),
+            sizer=self._sizer(request.draft),
+            draft_length=request.draft.k,
+        )
         try:
-            if output.finish_reason is None:
-                t0 = time.perf_counter()
-                first = self.verifier.start(
-                    session_id,
-                    request.prompt_ids,
-                    temperature=request.temperature,
-                    controls=request.sampling,
-                    seed=request.seed,
-                    top_logprobs=request.top_logprobs,
-                )
-                prefilled = True
-                stats.verify_seconds += time.perf_counter() - t0
-                stats.rounds += 1
-                output.add(first.token_ids, first.logprobs)
-                yield output.take_chunk()
-            context = list(request.prompt_ids) + output.token_ids
-            prepared: dict[tuple[int, int], DraftProposal] = {}  # by (accepted, next token)
-            outcome = (-1, -1)  # (accepted drafts, last emitted token) of the last round
-            draft_length = request.draft.k  # with draft.adaptive_k: set round by round
-            sizer = self._sizer(request.draft)
-            while output.finish_reason is None:
+            if run.output.finish_reason is None:
+                self._prefill(run)
+                yield run.output.take_chunk()
+            run.context = list(request.prompt_ids) + run.output.token_ids
+            while run.output.finish_reason is None:
                 if cancelled is not None and cancelled():
-                    log.info("generation cancelled after %d tokens", len(output.token_ids))
+                    log.info("generation cancelled after %d tokens", len(run.output.token_ids))
                     return
-                round_started = time.perf_counter()
-                k = min(draft_length, output.remaining - 1)
-                params = request.draft
-                if sizer is not None:  # this round's budget (None: no draft)
-                    planned = sizer.plan(params, k)
-                    params, k = (params, 0) if planned is None else (planned, planned.k)
-                ready = prepared.get(outcome) if k > 0 else None  # prepared last round?
-                call = self._start_draft(context, params, k, request.seed, stats, ready)
-                if ready is not None:
-                    drafted = ready.truncated(k)  # no waiting for a draft call this round
-                    stats.prepared_drafts_used += 1
-                else:
-                    drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
-                draft_s = time.perf_counter() - round_started
-                proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
-                stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
-                stats.rounds_without_draft += not proposal.token_ids
-                t0 = time.perf_counter()
-                sampled = request.draft.strategy == "sampling"
-                try:
-                    dists = proposal.distributions if sampled and proposal.token_ids else None
-                    result = self.verifier.verify(
-                        session_id, proposal.token_ids, dists, proposal.parents or None
-                    )
-                except BaseException:
-                    if call is not None:
-                        call.discard()
-                    raise
-                verify_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                prepared = {
-                    (d.accepted_count, d.next_token): d.proposal
-                    for d in (call.next_round() if call is not None else ())
-                }
-                draft_s += time.perf_counter() - t0
-                stats.draft_seconds += draft_s
-                stats.verify_seconds += verify_s
-                outcome = (result.accepted_count, result.token_ids[-1])
-                # a chain's length, a tree's depth
-                positions = max(proposal.depths(), default=-1) + 1
-                stats.record_round(
-                    len(proposal.token_ids),
-                    result.accepted_count,
-                    _accepted_sources(proposal, result),
-                    positions,
-                )
-                if request.draft.adaptive_k and k > 0:
-                    draft_length = next_draft_length(
-                        k, positions, result.accepted_count, request.draft.k
-                    )
-                before, start = len(output.token_ids), len(context)
-                output.add(result.token_ids, result.logprobs)
-                context.extend(output.token_ids[before:])
-                if sizer is not None:
-                    round_s = time.perf_counter() - round_started
-                    timings = (draft_s, verify_s, round_s)
-                    sizer.observe(
-                        drafted if k > 0 else None, proposal, result, start, context, timings
-                    )
-                yield output.take_chunk()
-            if sizer is not None:
-                sizer.finish()
-            output.finish()
-            if prefilled:
-                prefilled = False
-                self._release(session_id)
-            stats.generated_tokens = len(output.token_ids)
-            stats.total_seconds = time.perf_counter() - started
-            final_chunk = output.take_chunk()
-            if final_chunk.token_ids or final_chunk.text_delta:
-                yield final_chunk
-            self._learn(request.prompt_ids, output.token_ids)
-            yield GenerationResult(
-                output.text, output.token_ids, output.finish_reason, stats, output.logprobs
-            )
+                self._round(run)
+                yield run.output.take_chunk()
+            yield from self._finish(run, started)
         finally:
-            if prefilled:
-                self._release(session_id)
+            if run.prefilled:
+                self._release(run.session_id)
+
+    def _prefill(self, run: _Run) -> None:
+        """Round 1: the verifier runs the prompt and samples the first token."""
+        request = run.request
+        t0 = time.perf_counter()
+        first = self.verifier.start(
+            run.session_id,
+            request.prompt_ids,
+            temperature=request.temperature,
+            controls=request.sampling,
+            seed=request.seed,
+            top_logprobs=request.top_logprobs,
+        )
+        run.prefilled = True
+        run.stats.verify_seconds += time.perf_counter() - t0
+        run.stats.rounds += 1
+        run.output.add(first.token_ids, first.logprobs)
+
+    def _round(self, run: _Run) -> None:
+        """One draft-and-verify round: plan, draft, cut, verify, then take the tokens."""
+        request, stats, sizer = run.request, run.stats, run.sizer
+        round_started = time.perf_counter()
+        k = min(run.draft_length, run.output.remaining - 1)
+        params = request.draft
+        if sizer is not None:  # this round's budget (None: no draft)
+            planned = sizer.plan(params, k)
+            params, k = (params, 0) if planned is None else (planned, planned.k)
+        ready = run.prepared.get(run.outcome) if k > 0 else None  # prepared last round?
+        call = self._start_draft(run.context, params, k, request.seed, stats, ready)
+        if ready is not None:
+            drafted = ready.truncated(k)  # no waiting for a draft call this round
+            stats.prepared_drafts_used += 1
+        else:
+            drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
+        draft_s = time.perf_counter() - round_started
+        proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
+        stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
+        stats.rounds_without_draft += not proposal.token_ids
+        result, verify_s = self._verify(run, proposal, call)
+        t0 = time.perf_counter()
+        run.prepared = {
+            (d.accepted_count, d.next_token): d.proposal
+            for d in (call.next_round() if call is not None else ())
+        }
+        draft_s += time.perf_counter() - t0
+        stats.draft_seconds += draft_s
+        stats.verify_seconds += verify_s
+        start = self._take(run, proposal, result, k)
+        if sizer is not None:
+            timings = (draft_s, verify_s, time.perf_counter() - round_started)
+            sizer.observe(drafted if k > 0 else None, proposal, result, start, run.context, timings)
+
+    def _verify(
+        self, run: _Run, proposal: DraftProposal, call: DraftCall | None
+    ) -> tuple[VerifyResult, float]:
+        """The verifier's result for the proposal, and its seconds (a failed call discards
+        the draft call's next-round drafts)."""
+        t0 = time.perf_counter()
+        sampled = run.request.draft.strategy == "sampling"
+        try:
+            dists = proposal.distributions if sampled and proposal.token_ids else None
+            result = self.verifier.verify(
+                run.session_id, proposal.token_ids, dists, proposal.parents or None
+            )
+        except BaseException:
+            if call is not None:
+                call.discard()
+            raise
+        return result, time.perf_counter() - t0
+
+    def _take(self, run: _Run, proposal: DraftProposal, result: VerifyResult, k: int) -> int:
+        """Count the round and take its tokens into the output and context; returns the
+        context length the draft continued."""
+        stats, request = run.stats, run.request
+        run.outcome = (result.accepted_count, result.token_ids[-1])
+        positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
+        stats.record_round(
+            len(proposal.token_ids),
+            result.accepted_count,
+            _accepted_sources(proposal, result),
+            positions,
+        )
+        if request.draft.adaptive_k and k > 0:
+            run.draft_length = next_draft_length(
+                k, positions, result.accepted_count, request.draft.k
+            )
+        before, start = len(run.output.token_ids), len(run.context)
+        run.output.add(result.token_ids, result.logprobs)
+        run.context.extend(run.output.token_ids[before:])
+        return start
+
+    def _finish(self, run: _Run, started: float) -> Iterator[StreamChunk | GenerationResult]:
+        """The end of a generation: release the session, the last chunk, learning, the
+        result."""
+        if run.sizer is not None:
+            run.sizer.finish()
+        output, stats = run.output, run.stats
+        output.finish()
+        if run.prefilled:
+            run.prefilled = False
+            self._release(run.session_id)
+        stats.generated_tokens = len(output.token_ids)
+        stats.total_seconds = time.perf_counter() - started
+        final_chunk = output.take_chunk()
+        if final_chunk.token_ids or final_chunk.text_delta:
+            yield final_chunk
+        self._learn(run.request.prompt_ids, output.token_ids)
+        yield GenerationResult(
+            output.text, output.token_ids, output.finish_reason, stats, output.logprobs
+        )
 
     def _sizer(self, params: DraftParams) -> RequestSizer | None:
         """The request's cost-aware sizing: None with draft_size "fixed", and for sampled drafts

@@ -22,12 +22,8 @@ from pathlib import Path
 from draft_service.drafting import Drafter
 from draft_service.live_layer import LiveLayer
 from gateway.alignment import check_tokenizer_alignment
-from gateway.coordinator import (
-    Coordinator,
-    GenerationRequest,
-    GenerationResult,
-    StreamChunk,
-)
+from gateway.coordinator import Coordinator
+from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
 from speculant.cost_profile import verify_cost_profile
 from speculant.graph_reader import NGramGraph

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.coordinator import GenerationResult
+from gateway.generation import GenerationResult
 from gateway.http_logprobs import LogprobEntry, TokenText
 from gateway.openai_format import ApiRequest
 from gateway.stopping import FinishReason

@@ -48,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.coordinator import GenerationResult
+from gateway.generation import GenerationResult
 from gateway.http_answers import ResponseWriter, generate_response
 from gateway.http_io import EventStream, HttpError, event, http_error, on_disconnect, read_json
 from gateway.http_runs import ChoiceRuns

@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gateway.coordinator import GenerationResult, StreamChunk
+from gateway.generation import GenerationResult, StreamChunk
 from gateway.http_logprobs import LogprobEntry, TokenTexts
 from gateway.server import GatewayServicer
 from speculant.v1 import gateway_pb2

@@ -23,14 +23,10 @@ from collections.abc import Callable, Iterator, Sequence
 import grpc
 
 from gateway.alignment import check_tokenizer_alignment
-from gateway.coordinator import (
-    Coordinator,
-    GenerationRequest,
-    GenerationResult,
-    StreamChunk,
-)
+from gateway.coordinator import Coordinator
 from gateway.deadlines import request_deadline
 from gateway.draft_client import GrpcDraftClient
+from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
 from gateway.interfaces import GenerationLearner, RemoteDraftTier, RemoteVerifier
 from gateway.learning import LearnReporter
 from gateway.metrics import GatewayMetrics

@@ -31,7 +31,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.types import DraftParams
 
 PROMPT = "One day,"

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.coordinator import Coordinator, GenerationRequest, GenerationResult, StreamChunk
+from gateway.coordinator import Coordinator
+from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
 from speculant.types import DraftParams, DraftProposal, ModelInfo, VerifyResult
 
 EOS = 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.coordinator import GenerationRequest, GenerationResult
+from gateway.generation import GenerationRequest, GenerationResult
 from gateway.stopping import FinishReason
 from speculant.errors import InvalidArgumentError, OutOfRangeError
 from speculant.types import DraftParams

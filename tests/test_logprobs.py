@@ -24,7 +24,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from gateway.coordinator import GenerationRequest, GenerationResult
+from gateway.generation import GenerationRequest, GenerationResult
 from speculant.types import DraftParams, SamplingControls
 from speculant.v1 import common_pb2, gateway_pb2
 from tests.assets import load_dev_prompts

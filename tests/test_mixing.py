@@ -17,7 +17,7 @@ from graph_factory import write_graph
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
 from draft_service.server import start_server
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.config import DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph

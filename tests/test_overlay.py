@@ -20,7 +20,7 @@ from draft_service import overlay
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache, merge_order
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph

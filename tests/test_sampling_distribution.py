@@ -18,7 +18,7 @@ import torch
 from scipy.stats import chisquare
 
 import verifier_service.rejection as rejection
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.types import DraftParams
 from tests.fixtures.e2e import verifier_config
 from tests.sampling_checks import (

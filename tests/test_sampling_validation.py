@@ -9,7 +9,7 @@ import math
 import grpc
 import pytest
 
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.config import GenerationConfig
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftParams, SamplingControls

@@ -14,7 +14,7 @@ import torch
 
 from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
 from gateway.baseline import PlainDecoder
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.prompt_records import load_prompts
 from speculant.types import DraftParams
 from tests.assets import PYTHON_CORPUS, SMOLLM2_MODEL, needs

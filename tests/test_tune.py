@@ -15,7 +15,7 @@ from bench.greedy_sim import GreedyTrace, simulate, verify_all
 from builder.meta_update import update_meta
 from draft_service.drafting import Drafter
 from draft_service.server import DraftServicer
-from gateway.coordinator import GenerationRequest
+from gateway.generation import GenerationRequest
 from speculant.cli import main
 from speculant.graph_format import DATA_FILE, GraphFormatError, verify_manifest, write_manifest
 from speculant.graph_reader import NGramGraph
