@@ -33,7 +33,7 @@ import psutil
 
 from bench.drafts import make_contexts, start_service
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
-from speculant.graph_format import DATA_FILE
+from speculant.graph_manifest import DATA_FILE
 from speculant.graph_reader import NGramGraph
 
 START_DELAY_S = 1.5  # clients start together this long after launch (all connected by then)

@@ -27,14 +27,8 @@ from typing import Any
 
 from builder.errors import BuildError
 from builder.index_writer import Part
-from speculant.graph_format import (
-    DATA_FILE,
-    FORMAT_VERSION,
-    GraphMeta,
-    manifest_sizes,
-    open_graph_env,
-    read_meta,
-)
+from speculant.graph_format import FORMAT_VERSION, GraphMeta, open_graph_env, read_meta
+from speculant.graph_manifest import DATA_FILE, manifest_sizes
 from speculant.suffix_index import ENTRIES_FILE, STREAM_FILE, WEIGHTS_FILE
 
 

@@ -52,7 +52,8 @@ from builder.publish import (
     remove_stale_run_dirs,
     remove_stale_temp_dirs,
 )
-from speculant.graph_format import FORMAT_VERSION, GraphMeta, OrderStats, write_manifest
+from speculant.graph_format import FORMAT_VERSION, GraphMeta, OrderStats
+from speculant.graph_manifest import write_manifest
 from speculant.suffix_index import MAX_CONTEXT
 
 log = logging.getLogger("builder")

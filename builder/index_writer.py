@@ -101,8 +101,35 @@ def write_index(
     stream.flush()
     entries = _merged_entries(parts, starts, stream, sep, out, scratch)
     log.info("merged %d part(s): %d entries", len(parts), entries.shape[0])
-    no_weights = np.empty(0, np.uint8)
-    position_weights = no_weights if weights is None else weights
+    position_weights = np.empty(0, np.uint8) if weights is None else weights
+    orders, ranges = _write_tables(
+        stream, sep, entries, position_weights, out, scratch, vocab_size, max_order, frequent_min
+    )
+    index = {
+        "stream_tokens": int(total),
+        "entries": int(entries.shape[0]),
+        "frequent_min": frequent_min,
+        "table_ranges": ranges,
+        "weighted": weighted,
+        "max_context": MAX_CONTEXT,
+    }
+    return orders, index
+
+
+def _write_tables(
+    stream: np.ndarray,
+    sep: int,
+    entries: np.ndarray,
+    weights: np.ndarray,
+    out: Path,
+    scratch: Path,
+    vocab_size: int,
+    max_order: int,
+    frequent_min: int,
+) -> tuple[list[OrderStats], int]:
+    """Write what the sorted entries give: each token's first entry, and the ranges of at
+    least frequent_min entries with their successor counts; (the statistics of orders
+    1..max_order, the ranges tabled)."""
     save_array(out / FIRST_FILE, first_offsets(stream, entries, vocab_size), hint="")
     lcp = open_array(scratch / f"lcp-{secrets.token_hex(4)}.npy", np.int32, (entries.shape[0],))
     common_prefixes_into(stream, sep, entries, lcp)
@@ -110,27 +137,18 @@ def write_index(
     order = np.lexsort((hi, lo))
     lo, hi = lo[order], hi[order]
     table_start, table_ids, table_counts = range_tables(
-        stream, entries, position_weights, lo, hi, vocab_size
+        stream, entries, weights, lo, hi, vocab_size
     )
     save_array(out / TABLE_RANGES_FILE, np.stack([lo, hi], axis=1).astype(np.uint32), hint="")
     save_array(out / TABLE_START_FILE, table_start.astype(np.uint64), hint="")
     save_array(out / TABLE_IDS_FILE, table_ids, hint="")
     save_array(out / TABLE_COUNTS_FILE, table_counts, hint="")
-    figures = order_statistics(stream, sep, entries, lcp, position_weights, max_order, vocab_size)
+    figures = order_statistics(stream, sep, entries, lcp, weights, max_order, vocab_size)
     orders = [
         OrderStats(order=o + 1, contexts=int(c), ngrams=int(g), total_count=int(t))
         for o, (c, g, t) in enumerate(figures.tolist())
     ]
-    del lcp
-    index = {
-        "stream_tokens": int(total),
-        "entries": int(entries.shape[0]),
-        "frequent_min": frequent_min,
-        "table_ranges": int(lo.shape[0]),
-        "weighted": weighted,
-        "max_context": MAX_CONTEXT,
-    }
-    return orders, index
+    return orders, int(lo.shape[0])
 
 
 def _merged_entries(

@@ -11,7 +11,8 @@ from pathlib import Path
 import lmdb
 
 from builder.disk import write_failure
-from speculant.graph_format import DATA_FILE, META_DB, META_KEY, GraphMeta
+from speculant.graph_format import META_DB, META_KEY, GraphMeta
+from speculant.graph_manifest import DATA_FILE
 
 GRAPH_HINT = "the graph is written beside --out: free space on that disk"
 

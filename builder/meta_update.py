@@ -21,8 +21,6 @@ import lmdb
 from builder.append import append_lock
 from builder.publish import make_temp_dir, publish
 from speculant.graph_format import (
-    DATA_FILE,
-    MANIFEST_FILE,
     MAX_SUPPORTED_ORDER,
     META_DB,
     META_KEY,
@@ -30,8 +28,8 @@ from speculant.graph_format import (
     GraphMeta,
     open_graph_env,
     read_meta,
-    write_manifest,
 )
+from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE, write_manifest
 
 _SKIP = {MANIFEST_FILE, "lock.mdb"}  # rewritten / never part of a published graph
 

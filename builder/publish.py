@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from builder.errors import BuildError
-from speculant.graph_format import DATA_FILE
+from speculant.graph_manifest import DATA_FILE
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2

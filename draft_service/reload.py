@@ -26,7 +26,8 @@ from pathlib import Path
 from draft_service.graph_slot import GraphSlot
 from speculant.config import DEFAULT_RELOAD_INTERVAL_S
 from speculant.errors import SpeculantError
-from speculant.graph_format import DATA_FILE, GraphMeta
+from speculant.graph_format import GraphMeta
+from speculant.graph_manifest import DATA_FILE
 from speculant.graph_reader import NGramGraph
 
 log = logging.getLogger(__name__)

@@ -37,11 +37,11 @@ from speculant.graph_format import (
     GraphMeta,
     SharedGraphEnv,
     decode_successors,
-    manifest_sizes,
     open_graph_env,
     order_db_name,
     read_meta,
 )
+from speculant.graph_manifest import manifest_sizes
 from speculant.map_guard import MappedFile
 from speculant.suffix_index import INDEX_FILES, MAX_CONTEXT, WEIGHTS_FILE, SuffixIndex
 from speculant.types import TUNABLE_FIELDS, DraftParams

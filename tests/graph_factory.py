@@ -14,7 +14,6 @@ import lmdb
 import numpy as np
 
 from speculant.graph_format import (
-    DATA_FILE,
     MAX_SUPPORTED_ORDER,
     META_DB,
     META_KEY,
@@ -24,8 +23,8 @@ from speculant.graph_format import (
     encode_context,
     encode_successors,
     order_db_name,
-    write_manifest,
 )
+from speculant.graph_manifest import DATA_FILE, write_manifest
 
 Chains = dict[int, dict[tuple[int, ...], dict[int, int]]]
 

@@ -18,7 +18,8 @@ import builder.corpus as corpus
 from builder import BuildError, CorpusError, GraphBuilder
 from builder.cli import parse_escapes
 from speculant.cli import main
-from speculant.graph_format import open_graph_env, read_meta, write_manifest
+from speculant.graph_format import open_graph_env, read_meta
+from speculant.graph_manifest import write_manifest
 from tests.assets import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
 
 STORIES = str(STORIES_MODEL)

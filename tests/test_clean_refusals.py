@@ -16,7 +16,8 @@ import pytest
 
 from speculant.auth import TOKEN_ENV, load_token
 from speculant.errors import InvalidArgumentError
-from speculant.graph_format import META_DB, META_KEY, GraphFormatError, GraphMeta, write_manifest
+from speculant.graph_format import META_DB, META_KEY, GraphFormatError, GraphMeta
+from speculant.graph_manifest import write_manifest
 from speculant.ports import free_ports
 from tests.assets import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
 from tests.graph_factory import write_graph

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from builder import GraphBuilder
-from speculant.graph_format import MANIFEST_FILE
+from speculant.graph_manifest import MANIFEST_FILE
 from speculant.health import health_status, wait_until_serving
 from speculant.ports import free_ports
 from speculant.suffix_index import ENTRIES_FILE, STREAM_FILE

@@ -42,7 +42,8 @@ from distill.run import (
 )
 from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder
 from gateway.baseline import PlainDecoder
-from speculant.graph_format import open_graph_env, read_meta, verify_manifest
+from speculant.graph_format import open_graph_env, read_meta
+from speculant.graph_manifest import verify_manifest
 from tests.assets import ROOT, STORIES_MODEL, STORY_SEPARATOR
 from tests.fixtures.e2e import verifier_config
 

@@ -16,7 +16,8 @@ from scipy import stats
 from draft_service.drafting import Drafter
 from draft_service.mixing import order_weights
 from speculant.errors import InvalidArgumentError
-from speculant.graph_format import META_DB, META_KEY, GraphFormatError, write_manifest
+from speculant.graph_format import META_DB, META_KEY, GraphFormatError
+from speculant.graph_manifest import write_manifest
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from tests.fixtures.graphs import CORE_CHAINS, CORE_VOCAB

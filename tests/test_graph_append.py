@@ -13,13 +13,8 @@ import pytest
 from builder import GraphBuilder
 from builder.errors import BuildError
 from speculant.cli import main
-from speculant.graph_format import (
-    DATA_FILE,
-    MANIFEST_FILE,
-    META_DB,
-    META_KEY,
-    write_manifest,
-)
+from speculant.graph_format import META_DB, META_KEY
+from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE, write_manifest
 from speculant.graph_reader import NGramGraph
 from tests.assets import STORIES_MODEL
 from tests.graph_factory import write_graph

@@ -12,7 +12,8 @@ import pytest
 
 from builder import GraphBuilder
 from speculant.cli import main
-from speculant.graph_format import DATA_FILE, MANIFEST_FILE, GraphFormatError
+from speculant.graph_format import GraphFormatError
+from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE
 from speculant.graph_reader import NGramGraph
 from tests.assets import STORIES_MODEL
 

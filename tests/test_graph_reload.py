@@ -26,7 +26,7 @@ from draft_service import cli as draft_cli
 from draft_service.graph_slot import GraphSlot
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S
 from draft_service.server import DraftServer, start_server
-from speculant.graph_format import DATA_FILE, write_manifest
+from speculant.graph_manifest import DATA_FILE, write_manifest
 from speculant.graph_reader import NGramGraph
 from speculant.ports import free_port
 from speculant.tokenizer import load_tokenizer

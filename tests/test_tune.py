@@ -17,7 +17,8 @@ from draft_service.drafting import Drafter
 from draft_service.server import DraftServicer
 from gateway.generation import GenerationRequest
 from speculant.cli import main
-from speculant.graph_format import DATA_FILE, GraphFormatError, verify_manifest, write_manifest
+from speculant.graph_format import GraphFormatError
+from speculant.graph_manifest import DATA_FILE, verify_manifest, write_manifest
 from speculant.graph_reader import NGramGraph
 from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
