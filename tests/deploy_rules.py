@@ -33,6 +33,7 @@ EXTERNAL_ENV: dict[str, tuple[str, ...]] = {
     "HF_TOKEN": ("speculant/tokenizer.py", "verifier_service/model_loading.py"),
     "HF_HUB_OFFLINE": ("speculant/hub.py", "huggingface_hub.constants"),
     "HF_HOME": ("huggingface_hub.constants",),
+    "NUMBA_CACHE_DIR": ("numba.core.config",),
 }
 SERVE_COMMANDS = ("serve-draft", "serve-verifier", "serve-gateway")
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
