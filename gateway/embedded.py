@@ -1,4 +1,5 @@
-"""Embedded mode: the drafter and the verifier as in-process objects, no servers.
+"""Embedded mode: the gateway's engine (gateway.engine) over the drafter and the verifier as
+in-process objects, no servers.
 
 from gateway import SpeculativeDecoder, DraftConfig, VerifierConfig, GenerationConfig
 
@@ -17,19 +18,71 @@ print(result.text, result.acceptance_rate, result.stats.tokens_per_round)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draft_service.drafting import Drafter
 from draft_service.live_layer import LiveLayer
 from gateway.alignment import check_tokenizer_alignment
-from gateway.coordinator import Coordinator
-from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
+from gateway.engine import GenerationEngine
+from gateway.generation import GenerationResult, PromptRequest, StreamChunk
+from gateway.rounds.coordinator import Coordinator
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
-from speculant.cost_profile import verify_cost_profile
+from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
-from speculant.prompting import encode_prompt
-from speculant.types import DraftParams, SamplingControls
+from speculant.sampling_controls import SamplingControls
+from speculant.types import ModelInfo
 from verifier_service.verifier import LocalVerifier
+
+
+@dataclass(frozen=True)
+class LocalGraph:
+    """The graph's description, as a draft tier answers GetGraphInfo."""
+
+    graph_path: str
+    graph_version: int
+    max_order: int
+    tokenizer_name: str
+    tokenizer_fingerprint: str
+
+
+class LocalDraftTier:
+    """The drafter in this process as the engine drives a draft tier: always there."""
+
+    def __init__(self, drafter: Drafter, graph: NGramGraph, path: str | Path) -> None:
+        meta = graph.meta
+        self.propose = drafter.propose
+        self.graph = LocalGraph(
+            str(path), 0, meta.max_order, meta.tokenizer_name, meta.tokenizer_fingerprint
+        )
+
+    def graph_info(self, timeout_s: float = 5.0) -> LocalGraph:
+        return self.graph
+
+    def close(self) -> None:
+        pass
+
+
+class LocalBackendVerifier:
+    """The verifier in this process as the engine drives a verifier service: always up."""
+
+    address = "in-process"
+
+    def __init__(self, verifier: LocalVerifier) -> None:
+        self.start = verifier.start
+        self.verify = verifier.verify
+        self.release = verifier.release
+        self._verifier = verifier
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._verifier.info
+
+    def health(self, timeout_s: float) -> str:
+        return "SERVING"
+
+    def forget_info(self) -> None:
+        pass
 
 
 class SpeculativeDecoder:
@@ -49,7 +102,7 @@ class SpeculativeDecoder:
         output never changes). False: drafts from the graph alone.
 
         verify_cost: the cost profile that sizes drafts (draft_size "cost", the default; see
-        gateway.draft_sizing): "measured" (the verifier's, measured at start-up and refreshed
+        gateway.rounds.draft_sizing): "measured" (the verifier's, measured at start-up and refreshed
         from every Verify), "flat" (every forward costs the same, as on a GPU for small drafts)
         or the path of a ``speculant bench cost --json`` file (CostProfileError if unreadable).
         """
@@ -60,46 +113,25 @@ class SpeculativeDecoder:
         self.verifier = LocalVerifier(self.verifier_config)
         info = self.verifier.info
         meta = self.graph.meta
-        check_tokenizer_alignment(
+        check_tokenizer_alignment(  # at once, naming both tokenizers
             meta.tokenizer_name,
             meta.tokenizer_fingerprint,
             info.tokenizer_name,
             info.tokenizer_fingerprint,
         )
         self.tokenizer = self.verifier.model.tokenizer
-        profile = (
-            self.verifier.cost_profile  # the verifier's own: refreshed as it verifies
-            if verify_cost == "measured"
-            else verify_cost_profile(verify_cost, info)
-        )
-        self.coordinator = Coordinator(
-            Drafter(self.graph, live=self.live),
-            self.verifier,
-            self.tokenizer,
-            draft_context_window=meta.max_order,
+        self.engine = GenerationEngine(
+            LocalDraftTier(Drafter(self.graph, live=self.live), self.graph, graph_path),
+            LocalBackendVerifier(self.verifier),
+            draft_defaults=self.draft_config,
+            next_round_drafts=0,  # nothing drafts while this process verifies
             learner=self.live,
-            verify_cost=profile,
+            # "measured": the verifier's own profile, refreshed as it verifies
+            verify_cost=self.verifier.cost_profile if verify_cost == "measured" else verify_cost,
+            tokenizer=self.tokenizer,
+            log_generations=False,
         )
-
-    def _request(
-        self,
-        prompt: str,
-        messages: list[dict[str, str]] | None,
-        generation_config: GenerationConfig | None,
-        draft_config: DraftConfig | None,
-    ) -> GenerationRequest:
-        generation = generation_config or GenerationConfig()
-        draft = draft_config or self.draft_config
-        return GenerationRequest(
-            prompt_ids=encode_prompt(self.tokenizer, prompt, messages),
-            max_tokens=generation.max_tokens,
-            temperature=generation.temperature,
-            seed=generation.seed,
-            stop=tuple(generation.stop),
-            draft=DraftParams.from_config(draft),
-            sampling=SamplingControls.from_config(generation),
-            top_logprobs=generation.top_logprobs,
-        )
+        self.coordinator: Coordinator = self.engine.coordinator()
 
     def generate(
         self,
@@ -110,8 +142,15 @@ class SpeculativeDecoder:
         draft_config: DraftConfig | None = None,
     ) -> GenerationResult:
         """Generate a completion of a text prompt (or of chat messages)."""
-        request = self._request(prompt, messages, generation_config, draft_config)
-        return self.coordinator.generate(request)
+        for item in self.generate_stream(
+            prompt,
+            messages=messages,
+            generation_config=generation_config,
+            draft_config=draft_config,
+        ):
+            if isinstance(item, GenerationResult):
+                return item
+        raise AssertionError("a generation ended without a result")
 
     def generate_stream(
         self,
@@ -122,5 +161,28 @@ class SpeculativeDecoder:
         draft_config: DraftConfig | None = None,
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Yield StreamChunks as tokens are accepted, then the GenerationResult."""
-        request = self._request(prompt, messages, generation_config, draft_config)
-        return self.coordinator.stream(request)
+        request = prompt_request(prompt, messages, generation_config, draft_config)
+        return self.engine.generate(request)
+
+
+def prompt_request(
+    prompt: str,
+    messages: list[dict[str, str]] | None,
+    generation_config: GenerationConfig | None,
+    draft_config: DraftConfig | None,
+) -> PromptRequest:
+    """The library call as the engine's request: every generation field from
+    generation_config (default GenerationConfig()), every drafting field from draft_config
+    when given (else the decoder's)."""
+    generation = generation_config or GenerationConfig()
+    return PromptRequest(
+        prompt=prompt,
+        messages=tuple(messages or ()),
+        max_tokens=generation.max_tokens,
+        temperature=generation.temperature,
+        seed=generation.seed,
+        stop=tuple(generation.stop),
+        draft=asdict(DraftParams.from_config(draft_config)) if draft_config else {},
+        sampling=SamplingControls.from_config(generation),
+        top_logprobs=generation.top_logprobs,
+    )

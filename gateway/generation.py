@@ -1,17 +1,46 @@
-"""The library's request and result types of one generation: what to generate (a tokenized
-prompt, limits, sampling and drafting parameters), what streams back, and what it ends with."""
+"""The library's request and result types of one generation: what a client asks for
+(:class:`PromptRequest`, before tokenizing and defaults), what to generate (a tokenized
+:class:`GenerationRequest`: limits, sampling and drafting parameters), what streams back, and
+what it ends with."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.stats import GenerationStats
-from gateway.stopping import FinishReason
+from gateway.rounds.stats import GenerationStats
+from gateway.rounds.stopping import FinishReason
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.types import DraftParams, SamplingControls, TokenLogprobs, check_top_logprobs
+from speculant.sampling_controls import SamplingControls, check_top_logprobs
+from speculant.types import TokenLogprobs
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000  # per stop string
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """A generation as a client asks for it, whatever the door (gRPC, HTTP, the library):
+    the prompt untokenized, and None (or empty) wherever the serving defaults apply
+    (:meth:`gateway.request_defaults.RequestDefaults.prepare` fills them and validates).
+
+    Exactly one of ``prompt``, ``messages`` (chat messages, ``{"role", "content"}``, rendered
+    with the tokenizer's chat template) and ``prompt_token_ids`` is given. ``draft``: the
+    drafting fields the request sets (:class:`DraftParams` names; ``strategy`` a name, e.g.
+    "greedy"); ``sampling``: the controls it sets (unset fields None).
+    """
+
+    prompt: str = ""
+    messages: tuple[Mapping[str, str], ...] = ()
+    prompt_token_ids: tuple[int, ...] = ()
+    max_tokens: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    draft: Mapping[str, object] = field(default_factory=dict)
+    sampling: SamplingControls = field(default_factory=SamplingControls)
+    top_logprobs: int | None = None
 
 
 @dataclass(frozen=True)

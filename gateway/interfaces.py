@@ -3,9 +3,9 @@
 Two carry a round: a drafter (DraftSource, with DraftCall and PreparingDraftSource for drafts
 prepared while the verifier runs) and a verifier (TargetVerifier). Each has an in-process
 implementation (embedded mode: draft_service.drafting.Drafter and
-verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.draft_client,
-gateway.verifier_client), so the same round logic runs in one process or across services. The
-gRPC ones add what the gateway server needs of them (RemoteDraftTier, RemoteVerifier), and
+verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.backends.draft_client,
+gateway.backends.verifier_client), so the same round logic runs in one process or across services.
+The gRPC ones add what the gateway server needs of them (RemoteDraftTier, RemoteVerifier), and
 GenerationLearner is what learns from finished generations.
 """
 
@@ -14,16 +14,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from speculant.draft_params import DraftParams
+from speculant.sampling_controls import SamplingControls
 from speculant.types import (
-    DraftParams,
     DraftProposal,
     ModelInfo,
     NextRoundDraft,
-    SamplingControls,
     SparseDistribution,
     VerifyResult,
 )
-from speculant.v1 import draft_pb2
 
 
 class DraftSource(Protocol):
@@ -104,10 +103,21 @@ class TargetVerifier(Protocol):
     def release(self, session_id: str) -> bool: ...
 
 
-class RemoteDraftTier(PreparingDraftSource, Protocol):
-    """The draft services as the gateway server drives them (gateway.draft_client)."""
+class DraftTierGraph(Protocol):
+    """What the engine reads of a draft tier's graph (a GetGraphInfoResponse has it all)."""
 
-    def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
+    graph_path: str
+    graph_version: int
+    max_order: int
+    tokenizer_name: str
+    tokenizer_fingerprint: str
+
+
+class RemoteDraftTier(DraftSource, Protocol):
+    """A draft tier as the engine drives it: the draft services (gateway.backends.draft_client,
+    which can also prepare next-round drafts) or the drafter in this process (gateway.embedded)."""
+
+    def graph_info(self, timeout_s: float = 5.0) -> DraftTierGraph:
         """The graph meta of the first replica that answers (UnavailableError if none)."""
         ...
 
@@ -115,7 +125,8 @@ class RemoteDraftTier(PreparingDraftSource, Protocol):
 
 
 class RemoteVerifier(TargetVerifier, Protocol):
-    """The verifier service as the gateway server drives them (gateway.verifier_client)."""
+    """A verifier as the engine drives it: the verifier service (gateway.backends.verifier_client)
+    or the model in this process (gateway.embedded)."""
 
     address: str
 
@@ -130,8 +141,8 @@ class RemoteVerifier(TargetVerifier, Protocol):
 
 class GenerationLearner(Protocol):
     """Learns from finished generations: a draft tier's live layer (draft_service.live_layer)
-    in one process, a reporter to the draft services over gRPC (gateway.learning). Best effort
-    and quick: it never raises into the request and never waits for the network."""
+    in one process, a reporter to the draft services over gRPC (gateway.backends.learning). Best
+    effort and quick: it never raises into the request and never waits for the network."""
 
     def learn(self, token_ids: Sequence[int]) -> object:
         """Take one finished generation's tokens: the prompt's, then the output's."""

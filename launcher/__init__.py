@@ -1,2 +1,3 @@
-"""Launching: commands that run several packages together (the demo). The one package, with the
-root command line, that may import every other one (tests/test_layers.py)."""
+"""Launching: the ``speculant`` root command line (:mod:`launcher.cli`), which registers every
+package's commands, and the demo. The one package that may import every other one
+(tests/test_layers.py)."""

@@ -57,22 +57,11 @@ def _load_prompts(path: str) -> list[str]:
 def run_demo(args: argparse.Namespace) -> int:
     import torch
 
-    from builder import GraphBuilder
     from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder, VerifierConfig
-    from gateway.baseline import PlainDecoder
+    from gateway.launch.baseline import PlainDecoder
 
     torch.set_num_threads(args.torch_threads)
-    graph = Path(args.graph)
-    if args.rebuild or not graph.exists():
-        print(f"1. building the n-gram graph of {args.corpus} -> {graph}", file=sys.stderr)
-        started = time.perf_counter()
-        builder = GraphBuilder(tokenizer_name=args.model, max_order=5)
-        builder.build_from_files([args.corpus], doc_separator=args.doc_separator)
-        builder.save(graph)
-        print(f"   built in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-    else:
-        print(f"1. using the graph at {graph} (--rebuild to rebuild it)", file=sys.stderr)
-
+    graph = _graph(args)
     print(f"2. loading {args.model} (embedded verifier) and the graph", file=sys.stderr)
     decoder = SpeculativeDecoder(
         graph_path=graph,
@@ -117,3 +106,20 @@ def run_demo(args: argparse.Namespace) -> int:
         f"outputs identical to plain greedy decoding: {identical}/{len(prompts)}"
     )
     return 0 if identical == len(prompts) else 1
+
+
+def _graph(args: argparse.Namespace) -> Path:
+    """The demo's graph: built from --corpus unless it exists (or with --rebuild)."""
+    from builder import GraphBuilder
+
+    graph = Path(args.graph)
+    if args.rebuild or not graph.exists():
+        print(f"1. building the n-gram graph of {args.corpus} -> {graph}", file=sys.stderr)
+        started = time.perf_counter()
+        builder = GraphBuilder(tokenizer_name=args.model, max_order=5)
+        builder.build_from_files([args.corpus], doc_separator=args.doc_separator)
+        builder.save(graph)
+        print(f"   built in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    else:
+        print(f"1. using the graph at {graph} (--rebuild to rebuild it)", file=sys.stderr)
+    return graph

@@ -2,8 +2,8 @@
 
 Shared pieces used by every service: the LMDB graph format (:mod:`speculant.graph_format`),
 tokenizer loading and fingerprints (:mod:`speculant.tokenizer`), settings
-(:mod:`speculant.config`), gRPC server helpers (:mod:`speculant.grpc_server`), the generated
-protobuf stubs (:mod:`speculant.v1`) and the ``speculant`` command line (:mod:`speculant.cli`).
+(:mod:`speculant.config`), gRPC server helpers (:mod:`speculant.grpc_server`) and the generated
+protobuf stubs (:mod:`speculant.v1`). The ``speculant`` command line is :mod:`launcher.cli`.
 """
 
 __version__ = "0.1.0"

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
 from speculant.errors import InvalidArgumentError
-from speculant.interceptors import refusing_handler
+from speculant.interceptors import HandlerInterceptor, refusing_handler
 
 TOKEN_ENV = "SPECULANT_AUTH_TOKEN"
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -59,22 +58,19 @@ def bearer_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
-class BearerTokenInterceptor(grpc.ServerInterceptor):
+class BearerTokenInterceptor(HandlerInterceptor):
     """Rejects calls without ``authorization: Bearer <token>`` (health checks exempt)."""
 
     def __init__(self, token: str) -> None:
         self._expected = expected_bearer(token)
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
         if (
             handler is None
-            or handler_call_details.method.startswith(_OPEN_PREFIXES)
-            or self._authorized(handler_call_details.invocation_metadata)
+            or details.method.startswith(_OPEN_PREFIXES)
+            or self._authorized(details.invocation_metadata)
         ):
             return handler
         # No deserializer: the request is never parsed before the caller is authenticated.

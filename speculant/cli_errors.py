@@ -10,7 +10,7 @@ failure look alike), never a traceback. The exit status says what went wrong:
   that do not go together); found before any work starts, as argparse does;
 - 130: interrupted (Ctrl-C); 141: the reader of its output went away (``| head``).
 
-:func:`speculant.cli.main` sets the command name; handlers call :func:`fail` (or raise
+:func:`launcher.cli.main` sets the command name; handlers call :func:`fail` (or raise
 :class:`CommandError`) and return its status.
 """
 

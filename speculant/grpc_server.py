@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 from speculant import termination
 from speculant.auth import BearerTokenInterceptor
 from speculant.errors import InvalidArgumentError, ResourceExhaustedError, SpeculantError
-from speculant.interceptors import refusing_handler, wrap_behaviour, wrappable
+from speculant.interceptors import HandlerInterceptor, refusing_handler, wrap_behaviour, wrappable
 from speculant.metrics import Metrics
 from speculant.request_context import RequestIdInterceptor
 from speculant.tls import ServerTls
@@ -188,7 +188,7 @@ class MalformedRequestError(InvalidArgumentError):
         super().__init__("request", f"malformed {method} message: {error}")
 
 
-class MalformedRequestInterceptor(grpc.ServerInterceptor):
+class MalformedRequestInterceptor(HandlerInterceptor):
     """Answer INVALID_ARGUMENT, not gRPC's INTERNAL, to request bytes that do not decode.
 
     gRPC's Python server aborts with INTERNAL ("Exception deserializing request!") when a
@@ -199,15 +199,12 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
     map_stream_errors maps like any InvalidArgumentError).
     """
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
         if not wrappable(handler) or handler.request_deserializer is None:
             return handler
-        method = handler_call_details.method
+        method = details.method
         deserialize = handler.request_deserializer
 
         def tolerant(data: bytes) -> Any:
@@ -263,7 +260,7 @@ class MalformedRequestInterceptor(grpc.ServerInterceptor):
 SHUTTING_DOWN = "the server is shutting down; retry elsewhere"
 
 
-class RefuseWhileStoppingInterceptor(grpc.ServerInterceptor):
+class RefuseWhileStoppingInterceptor(HandlerInterceptor):
     """Once `stopping` is set, refuses new calls to the service's own methods with UNAVAILABLE
     (health checks and reflection still answer: a probe then reads NOT_SERVING). Calls already
     in progress are not affected. grpc's own server.stop() refuses new calls too, but it is
@@ -273,16 +270,13 @@ class RefuseWhileStoppingInterceptor(grpc.ServerInterceptor):
         self._prefixes = tuple(f"/{name}/" for name in service_names)
         self._stopping = stopping
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
         if (
             handler is None
             or not self._stopping.is_set()
-            or not handler_call_details.method.startswith(self._prefixes)
+            or not details.method.startswith(self._prefixes)
         ):
             return handler
         return refusing_handler(handler, grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN)

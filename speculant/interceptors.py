@@ -1,6 +1,6 @@
-"""Wrapping a gRPC method handler's behaviour, as each of the project's server interceptors does
-(request ids, metrics, malformed requests), or replacing it with one that refuses the call
-(authentication, shutdown).
+"""The project's server interceptors (request ids, metrics, malformed requests, authentication,
+shutdown) are :class:`HandlerInterceptor`s: each looks at a method's handler and wraps its
+behaviour or replaces it with one that refuses the call.
 
 A handler has one behaviour of four kinds: unary_unary and stream_unary return one response,
 unary_stream and stream_stream yield responses; request_streaming says whether the first
@@ -60,3 +60,22 @@ def refusing_handler(
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(refuse)
     return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+class HandlerInterceptor(grpc.ServerInterceptor):
+    """A server interceptor that sees each call's method handler and returns the one to run
+    (the same, a wrapped one, or one that refuses the call): subclasses define
+    :meth:`intercept`."""
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        return self.intercept(continuation(handler_call_details), handler_call_details)
+
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        """The handler to run for this call (None: the method does not exist)."""
+        raise NotImplementedError

@@ -21,6 +21,7 @@ Services add their own metrics to :attr:`Metrics.registry`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from speculant.interceptors import wrap_behaviour, wrappable
+from speculant.interceptors import HandlerInterceptor, wrap_behaviour, wrappable
 
 log = logging.getLogger(__name__)
 
@@ -196,21 +197,25 @@ class _MethodMetrics:
             round_.received_at = time.perf_counter()
             yield request
 
+    @contextlib.contextmanager
+    def measured(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """Time the call within, and count its status code when it ends (see finish)."""
+        started = time.perf_counter()
+        try:
+            yield
+        except BaseException as exc:
+            self.finish(context, started, exc)
+            raise
+        self.finish(context, started, None)
+
     def unary(self, inner: Callable[..., Any], request_streaming: bool) -> Callable[..., Any]:
         """A handler answering one message, measured."""
 
         def call(request: Any, context: grpc.ServicerContext) -> Any:
-            started = time.perf_counter()
-            error: BaseException | None = None
-            if request_streaming:
-                request = self.counted(request, _Round())
-            try:
+            with self.measured(context):
+                if request_streaming:
+                    request = self.counted(request, _Round())
                 return inner(request, context)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                self.finish(context, started, error)
 
         return call
 
@@ -219,42 +224,32 @@ class _MethodMetrics:
         request message it answers when requests stream too)."""
 
         def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            started = time.perf_counter()
-            error: BaseException | None = None
-            round_ = _Round()
-            if request_streaming:
-                request = self.counted(request, round_)
-            try:
+            with self.measured(context):
+                round_ = _Round()
+                if request_streaming:
+                    request = self.counted(request, round_)
                 for response in inner(request, context):
                     self.sent.inc()
                     if round_.received_at is not None:
                         self.message_latency.observe(time.perf_counter() - round_.received_at)
                         round_.received_at = None
                     yield response
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                self.finish(context, started, error)
 
         return call
 
 
-class MetricsInterceptor(grpc.ServerInterceptor):
+class MetricsInterceptor(HandlerInterceptor):
     """Counts every call by status code, times it, and counts streaming calls' messages."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
         if not wrappable(handler):
             return handler
-        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        service, _, method = details.method.lstrip("/").rpartition("/")
         measured = _MethodMetrics(self._metrics, service, method, handler)
         return wrap_behaviour(handler, measured.unary, measured.streaming)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from speculant.interceptors import wrap_behaviour, wrappable
+from speculant.interceptors import HandlerInterceptor, wrap_behaviour, wrappable
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 128
@@ -75,19 +75,16 @@ def request_id_scope(request_id: str | None) -> Iterator[None]:
             REQUEST_ID.reset(token)
 
 
-class RequestIdInterceptor(grpc.ServerInterceptor):
+class RequestIdInterceptor(HandlerInterceptor):
     """Serve each call under its request id: the call's x-request-id or a new one, returned to
     the caller in the initial metadata."""
 
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
         if not wrappable(handler):
             return handler
-        given = request_id_from_metadata(handler_call_details.invocation_metadata)
+        given = request_id_from_metadata(details.invocation_metadata)
 
         def begin(context: grpc.ServicerContext) -> str:
             request_id = given or new_request_id()

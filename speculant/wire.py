@@ -1,14 +1,15 @@
 """The codec between the library's types (:mod:`speculant.types`) and their protobuf
-messages: the ``*_to_pb`` / ``*_from_pb`` of the services and the gateway (two gateway-only
-conversions live with their one caller in :mod:`gateway.server`: ``stats_to_proto`` and
-``GatewayServicer._to_request``).
+messages: the ``*_to_pb`` / ``*_from_pb`` of the services and the gateway (the gateway's own
+messages, GenerateRequest and its answers, are converted by its gRPC door,
+:mod:`gateway.api.server`).
 
 Drafts: a gateway turns a context and DraftParams into a ProposeRequest
 (:func:`propose_request_to_pb`), the draft service reads them back
 (:func:`draft_params_from_pb`, unset fields taking its defaults) and answers with a
 ProposeResponse (:func:`proposal_to_pb`, :func:`next_round_to_pb`), which the gateway decodes
-(:func:`proposal_from_pb`). Clients' DraftOptions become DraftParams in the gateway
-(:func:`draft_options_from_pb`). q's travel as SparseDistribution messages.
+(:func:`proposal_from_pb`). A client's DraftOptions are read as the fields it sets
+(:func:`draft_fields_from_pb`), which the gateway puts over its defaults. q's travel as
+SparseDistribution messages.
 """
 
 from __future__ import annotations
@@ -20,23 +21,22 @@ from dataclasses import asdict, fields, replace
 
 import numpy as np
 
-from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS, DraftConfig
+from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
 from speculant.request_context import REQUEST_ID
+from speculant.sampling_controls import SamplingControls, check_top_logprobs
 from speculant.strategies import STRATEGY_FROM_PROTO, STRATEGY_TO_PROTO
 from speculant.types import (
-    DraftParams,
     DraftProposal,
     LiveStats,
     ModelInfo,
     NextRoundDraft,
-    SamplingControls,
     SparseDistribution,
     TokenLogprobs,
     VerifierStats,
     VerifyResult,
-    check_top_logprobs,
 )
 from speculant.v1 import common_pb2, draft_pb2, verifier_pb2
 
@@ -89,19 +89,9 @@ def propose_request_to_pb(
     return draft_pb2.ProposeRequest(
         request_id=REQUEST_ID.get() or "",
         context_token_ids=context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:],  # what a replica takes
-        k=params.k,
         strategy=STRATEGY_TO_PROTO[params.strategy],
-        attentive_mix=params.attentive_mix,
-        order_bias=params.order_bias,
-        mix_temperature=params.mix_temperature,
-        reliability_weight=params.reliability_weight,
-        entropy_penalty=params.entropy_penalty,
         seed=seed,
-        mixing=params.mixing,
-        escape_weight=params.escape_weight,
-        min_draft_prob=params.min_draft_prob,
-        overlay_weight=params.overlay_weight,
-        tree_nodes=params.tree_nodes,
+        **{name: getattr(params, name) for name in _PROPOSE_FIELDS},
     )
 
 
@@ -160,17 +150,14 @@ def proposal_from_pb(
     )
 
 
-def draft_options_from_pb(options: common_pb2.DraftOptions, defaults: DraftConfig) -> DraftParams:
-    """Request draft options over the configured defaults (unset optional field = default).
-
-    Mixing parameters set neither in the request nor in the gateway's configuration stay unset
-    (None): the draft service then uses its graph's tuned defaults.
-    """
+def draft_fields_from_pb(options: common_pb2.DraftOptions) -> dict[str, object]:
+    """The drafting fields a request's DraftOptions set, by DraftParams name (``strategy`` as
+    its name, e.g. "greedy"); see gateway.request_defaults for the defaults of the others."""
     if options.strategy not in REQUESTED_STRATEGY:
         raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
-    values = asdict(DraftParams.from_config(defaults)) | _given(options, _OPTION_FIELDS)
-    values["strategy"] = REQUESTED_STRATEGY[options.strategy] or defaults.strategy
-    return DraftParams(**values)
+    given = _given(options, _OPTION_FIELDS)
+    strategy = REQUESTED_STRATEGY[options.strategy]
+    return given if strategy is None else given | {"strategy": strategy}
 
 
 def sparse_from_pb(dist: common_pb2.SparseDistribution) -> SparseDistribution:
@@ -179,16 +166,15 @@ def sparse_from_pb(dist: common_pb2.SparseDistribution) -> SparseDistribution:
     )
 
 
+# LiveLayerStats's fields that a LiveStats has (all but the drafting weight)
+_LIVE_FIELDS = tuple(
+    f.name for f in draft_pb2.LiveLayerStats.DESCRIPTOR.fields if f.name != "weight"
+)
+
+
 def live_stats_to_pb(stats: LiveStats, weight: float) -> draft_pb2.LiveLayerStats:
     return draft_pb2.LiveLayerStats(
-        documents=stats.documents,
-        tokens=stats.tokens,
-        contexts=stats.contexts,
-        estimated_bytes=stats.estimated_bytes,
-        max_bytes=stats.max_bytes,
-        learned_documents=stats.learned_documents,
-        forgotten_documents=stats.forgotten_documents,
-        weight=weight,
+        weight=weight, **{name: getattr(stats, name) for name in _LIVE_FIELDS}
     )
 
 

@@ -16,10 +16,10 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.api.http_logprobs import LogprobEntry, TokenText
+from gateway.api.openai_format import ApiRequest
 from gateway.generation import GenerationResult
-from gateway.http_logprobs import LogprobEntry, TokenText
-from gateway.openai_format import ApiRequest
-from gateway.stopping import FinishReason
+from gateway.rounds.stopping import FinishReason
 
 # OpenAI's finish reasons: the model ended or a stop string matched -> "stop"; a length limit
 # (max_tokens, or the model's context) -> "length".

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from gateway.draft_replicas import Replica, stream_refused
+from gateway.backends.draft_replicas import Replica, stream_refused
 from speculant.errors import RemoteError, UnavailableError
 from speculant.stream_exchange import StreamExchange
 from speculant.types import (
@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class ReplicaCalls(Protocol):
-    """What a draft call needs of its client (gateway.draft_client.GrpcDraftClient): propose
-    on any replica, and the replica streams it checks out, reads, returns and holds off."""
+    """What a draft call needs of its client (gateway.backends.draft_client.GrpcDraftClient):
+    propose on any replica, and the replica streams it checks out, reads, returns and holds off."""
 
     def propose_message(
         self, request: draft_pb2.ProposeRequest, skip: Replica | None = None

@@ -1,4 +1,4 @@
-"""The HTTP API's server: uvicorn serving gateway.http_api's app from a thread of its own, on a
+"""The HTTP API's server: uvicorn serving gateway.api.http_api's app from a thread of its own, on a
 socket bound up front (so a port in use is a clear error naming the flag)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import time
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from gateway.http_api import HttpApi
-from gateway.server import GatewayServicer
+from gateway.api.http_api import HttpApi
+from gateway.engine import GenerationEngine
 from speculant.tls import ServerTls
 
 # uvicorn's bounds: an idle keep-alive connection is closed after KEEP_ALIVE_S; beyond
@@ -46,7 +46,7 @@ class HttpApiServer:
 
     def __init__(
         self,
-        servicer: GatewayServicer,
+        engine: GenerationEngine,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
@@ -60,7 +60,7 @@ class HttpApiServer:
         signed by its client CA, if any). registry: the metrics to serve at /metrics.
         stopping: see HttpApi."""
         self.api = HttpApi(
-            servicer,
+            engine,
             auth_token=auth_token,
             model_name=model_name,
             registry=registry,

@@ -1,13 +1,13 @@
-"""Command-line subcommands of the gateway: serve-gateway, generate, up, demo."""
+"""The gateway's command-line registration: serve-gateway and generate (run by
+gateway.launch.commands), and the flag groups other commands share (generation, sampling,
+verify cost, HTTP API)."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import sys
 
-from speculant import termination
+from gateway.launch.cli_options import SAMPLING_FLAGS
+from gateway.launch.commands import run_generate, run_serve_gateway
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
     DEFAULT_NEXT_ROUND_DRAFTS,
@@ -20,7 +20,6 @@ from speculant.request_context import add_log_format_argument
 from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
 
 _DRAFT_DEFAULTS = DraftConfig.model_fields
-log = logging.getLogger(__name__)
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,36 +115,10 @@ def add_verify_cost_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_verify_cost(spec: str) -> None:
-    """InvalidArgumentError naming --verify-cost unless it is measured, flat or a readable
-    cost profile file."""
-    from speculant.cost_profile import VERIFY_COST_MODES, CostProfile, CostProfileError
-    from speculant.errors import InvalidArgumentError
-
-    if spec in VERIFY_COST_MODES:
-        return
-    try:
-        CostProfile.load(spec)
-    except CostProfileError as exc:
-        raise InvalidArgumentError("--verify-cost", str(exc)) from None
-
-
-# The sampling-control flags: (name, type, help); default None = the model's
-# generation_config value where it sets one, else off (see speculant.types.SamplingControls).
-_SAMPLING_FLAGS = (
-    ("top_k", int, "keep the k most likely tokens (0 = off)"),
-    ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),
-    ("min_p", float, "drop tokens below min_p times the top probability (0 = off)"),
-    ("repetition_penalty", float, "Hugging Face's repetition penalty (0.01..100, 1 = off)"),
-    ("presence_penalty", float, "OpenAI's presence penalty, in [-2, 2] (0 = off)"),
-    ("frequency_penalty", float, "OpenAI's frequency penalty, in [-2, 2] (0 = off)"),
-)
-
-
 def add_sampling_arguments(parser: argparse.ArgumentParser, logprobs: bool = True) -> None:
     """--top-k, --top-p, --min-p, the penalties and (logprobs) --logprobs (all exact: the
     output follows the processed distribution)."""
-    for name, kind, text in _SAMPLING_FLAGS:
+    for name, kind, text in SAMPLING_FLAGS:
         parser.add_argument(
             "--" + name.replace("_", "-"),
             type=kind,
@@ -163,12 +136,6 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, logprobs: bool = Tru
         help="report each token's log-probability and its N most likely alternatives (0..20; "
         "default: none)",
     )
-
-
-def sampling_options(args: argparse.Namespace) -> dict[str, object]:
-    """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
-    names = [name for name, _, _ in _SAMPLING_FLAGS] + ["top_logprobs"]
-    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -297,204 +264,3 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
-
-
-def _fail(message: str, code: int = 1) -> int:
-    """One error line; exit status 1 (the job failed) or 2 (a wrong command line)."""
-    from speculant.cli_errors import fail
-
-    return fail(message, code)
-
-
-def _error_status(exc: BaseException) -> int:
-    """2 for a bad flag value (InvalidArgumentError), else 1."""
-    from speculant.errors import InvalidArgumentError
-
-    return 2 if isinstance(exc, InvalidArgumentError) else 1
-
-
-def run_serve_gateway(args: argparse.Namespace) -> int:
-    from gateway.http_server import HttpApiServer
-    from gateway.server import start_gateway
-    from speculant.auth import load_token
-    from speculant.draft_flags import draft_defaults_from_args
-    from speculant.errors import SpeculantError
-    from speculant.metrics import Metrics, metrics_from_args
-    from speculant.tls import client_tls_from_args, server_tls_from_args
-
-    termination.catch()  # before anything can report SERVING
-    drafts = [a.strip() for a in args.draft.split(",") if a.strip()]
-    if not args.draft_refresh >= 0:
-        return _fail(f"--draft-refresh must be >= 0 seconds, got {args.draft_refresh}", 2)
-    if not args.verifier_timeout > 0:
-        return _fail(f"--verifier-timeout must be > 0 seconds, got {args.verifier_timeout}", 2)
-    server = metrics = None
-    try:
-        draft_defaults = draft_defaults_from_args(args)
-        check_verify_cost(args.verify_cost)
-        metrics = metrics_from_args(args)
-        if metrics is None and args.http_port:
-            metrics = Metrics()  # served at the HTTP API's /metrics only
-        token = load_token(args.auth_token_file)
-        tls = server_tls_from_args(args)
-        backend_tls = client_tls_from_args(args, "--backend-tls")
-        server, servicer = start_gateway(
-            drafts,
-            args.verifier,
-            host=args.host,
-            port=args.port,
-            tokenizer_name=args.tokenizer,
-            draft_timeout_s=args.draft_timeout,
-            verifier_timeout_s=args.verifier_timeout,
-            draft_refresh_s=args.draft_refresh,
-            max_concurrent=args.max_concurrent,
-            next_round_drafts=args.next_round_drafts,
-            draft_defaults=draft_defaults,
-            auth_token=token,
-            tls=tls,
-            backend_tls=backend_tls,
-            metrics=metrics,
-            learn=not args.no_learn,
-            verify_cost=args.verify_cost,
-        )
-        http = None
-        if args.http_port:
-            http = HttpApiServer(
-                servicer,
-                args.host,
-                args.http_port,
-                auth_token=token,
-                tls=tls,
-                model_name=args.http_model_name,
-                registry=metrics.registry,
-                stopping=server.stopping,
-            ).start()
-    except (SpeculantError, OSError, RuntimeError) as exc:
-        if server is not None:
-            server.stop(0)
-        if metrics is not None:
-            metrics.close()
-        return _fail(str(exc), _error_status(exc))
-    log.info("gateway serving on %s", server.address)
-    if http is not None:
-        log.info("HTTP API serving on %s", http.url)
-    try:
-        server.wait_for_termination_signal()
-    finally:
-        if http is not None:
-            http.stop()
-        if metrics is not None:
-            metrics.close()
-    return 0
-
-
-def _print_result(result_dict: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result_dict, indent=2))
-        return
-    stats = result_dict["stats"]
-    print(result_dict["text"])
-    print(
-        f"\n[{stats['generated_tokens']} tokens, finish: {result_dict['finish_reason']}, "
-        f"acceptance {stats['acceptance_rate']:.1%}, "
-        f"{stats['tokens_per_round']:.2f} tokens per verifier call, "
-        f"{stats['tokens_per_second']:.0f} tokens/s]",
-        file=sys.stderr,
-    )
-
-
-def run_generate(args: argparse.Namespace) -> int:
-    from speculant.errors import SpeculantError
-
-    try:
-        if args.gateway:
-            result = _generate_via_gateway(args)
-        else:
-            if not args.graph or not args.model:
-                return _fail("embedded mode needs --graph and --model (or use --gateway)", 2)
-            result = _generate_embedded(args)
-    except SpeculantError as exc:
-        return _fail(str(exc), _error_status(exc))
-    _print_result(result, args.json)
-    return 0
-
-
-# The drafting flags of add_generation_arguments, named as DraftConfig / DraftOptions fields.
-_DRAFT_FLAGS = (
-    "k",
-    "strategy",
-    "attentive_mix",
-    "mixing",
-    "escape_weight",
-    "min_draft_prob",
-    "overlay_weight",
-    "tree_nodes",
-    "adaptive_k",
-    "draft_size",
-)
-
-
-def _draft_options(args: argparse.Namespace) -> dict[str, object]:
-    """The drafting flags given (a mixing flag left out takes the graph's tuned default)."""
-    values = {name: getattr(args, name, None) for name in _DRAFT_FLAGS}
-    return {name: value for name, value in values.items() if value is not None}
-
-
-def _generate_embedded(args: argparse.Namespace) -> dict:
-    from pydantic import ValidationError
-
-    from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
-    from speculant.errors import InvalidArgumentError
-
-    try:
-        check_verify_cost(args.verify_cost)
-        draft = DraftConfig(**_draft_options(args))
-        generation = GenerationConfig(
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-            stop=args.stop,
-            **sampling_options(args),
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "arguments"
-        raise InvalidArgumentError(flag, first["msg"]) from exc
-    from gateway.embedded import SpeculativeDecoder  # after the flags: it imports torch
-
-    decoder = SpeculativeDecoder(
-        graph_path=args.graph,
-        verifier_config=VerifierConfig(model_name=args.model),
-        draft_config=draft,
-        verify_cost=args.verify_cost,
-    )
-    from gateway.http_answers import generate_response
-
-    result = decoder.generate(prompt=args.prompt, generation_config=generation)
-    return generate_response(result)  # with the logprobs when asked, as the gateway's
-
-
-def _generate_via_gateway(args: argparse.Namespace) -> dict:
-    from google.protobuf import json_format
-
-    from speculant.auth import load_token
-    from speculant.client import SpeculantClient
-    from speculant.tls import client_tls_from_args
-
-    tls = client_tls_from_args(args, "--tls")
-    token = load_token(args.auth_token_file)
-    with SpeculantClient(args.gateway, tls=tls, token=token) as client:
-        response = client.generate(
-            args.prompt,
-            max_tokens=args.max_tokens,
-            temperature=args.temperature,
-            seed=args.seed,
-            stop=args.stop,
-            sampling=sampling_options(args),
-            **_draft_options(args),
-        )
-    result = json_format.MessageToDict(
-        response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    result["finish_reason"] = result["finish_reason"].removeprefix("FINISH_REASON_").lower()
-    return result

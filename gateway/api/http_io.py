@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.json_depth import TooDeep, check_depth
-from gateway.openai_format import ApiRequest, renamed
+from gateway.api.json_depth import TooDeep, check_depth
+from gateway.api.openai_format import ApiRequest, renamed
 from speculant.errors import InvalidArgumentError, OutOfRangeError, SpeculantError
 from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
 
@@ -93,7 +93,7 @@ def _refuse_constant(name: str) -> None:
 
 async def read_json(request: Request) -> Any:
     """The request body as JSON (400 if it is not, or if it nests deeper than
-    gateway.json_depth allows; 413 over MAX_BODY_BYTES)."""
+    gateway.api.json_depth allows; 413 over MAX_BODY_BYTES)."""
     too_large = HttpError(413, "invalid_request_error", f"body over {MAX_BODY_BYTES} bytes")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:

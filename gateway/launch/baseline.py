@@ -9,12 +9,13 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
-from speculant.types import SamplingControls
+from speculant.sampling_controls import SamplingControls
 
 
 class OpenAIPenalties(LogitsProcessor):
     """OpenAI's presence and frequency penalties over the whole sequence (prompt included), as
-    the verifier applies them (see speculant.types.SamplingControls); HF has no such processor."""
+    the verifier applies them (see speculant.sampling_controls.SamplingControls); HF has no such
+    processor."""
 
     def __init__(self, presence: float, frequency: float) -> None:
         self.presence = presence

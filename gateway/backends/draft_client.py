@@ -12,19 +12,22 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.deadlines import remaining_time
-from gateway.draft_calls import GrpcDraftCall, UnaryDraftCall
-from gateway.draft_replicas import REPLICA_HOLD_OFF_S, Replica, expand_addresses, stream_refused
-from gateway.stream_watchdog import StreamWatchdog
+from gateway.backends.deadlines import remaining_time
+from gateway.backends.draft_calls import GrpcDraftCall, UnaryDraftCall
+from gateway.backends.draft_replicas import (
+    REPLICA_HOLD_OFF_S,
+    Replica,
+    expand_addresses,
+    stream_refused,
+)
+from gateway.backends.stream_watchdog import StreamWatchdog
 from speculant.config import DEFAULT_DRAFT_REFRESH_S
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
 from speculant.request_context import request_metadata
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
-from speculant.types import (
-    DraftParams,
-    DraftProposal,
-)
+from speculant.types import DraftProposal
 from speculant.v1 import (
     draft_pb2,
 )
@@ -55,8 +58,8 @@ class GrpcDraftClient:
     (see expand_addresses) a background thread resolves them again every ``refresh_s`` seconds,
     so replicas a scaler adds are used and removed ones are dropped without a restart.
 
-    Streams: each replica's open streams are pooled (gateway.stream_pool): idle ones are closed
-    after a few seconds, and a replica that refuses a new stream (it serves its limit: each
+    Streams: each replica's open streams are pooled (gateway.backends.stream_pool): idle ones are
+    closed after a few seconds, and a replica that refuses a new stream (it serves its limit: each
     open stream holds one of its threads) is asked by unary Propose until it takes streams
     again, which is not a failure."""
 

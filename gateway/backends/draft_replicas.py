@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from gateway.backend_channel import backend_channel
-from gateway.stream_pool import StreamPool
+from gateway.backends.backend_channel import backend_channel
+from gateway.backends.stream_pool import StreamPool
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls

@@ -1,8 +1,8 @@
 """The gateway's HTTP API: ``/health``, ``/generate``, OpenAI-compatible completions and
 ``/metrics``, beside the gRPC server in the same process.
 
-A Starlette (ASGI) app (served by gateway.http_server: uvicorn on an event loop of its own
-thread; bodies, errors and event streams in gateway.http_io). Routes (JSON in
+A Starlette (ASGI) app (served by gateway.api.http_server: uvicorn on an event loop of its own
+thread; bodies, errors and event streams in gateway.api.http_io). Routes (JSON in
 and out; streams are server-sent events ending with ``data: [DONE]``):
 - ``GET /health``: 200 ``{"status": "ok", "model": NAME}`` while the verifier answers its health
   checks and the tokenizers agree (as the gRPC health), else 503. Open even when a bearer token
@@ -12,12 +12,12 @@ and out; streams are server-sent events ending with ``data: [DONE]``):
 - ``GET /v1/models``: the one served model.
 - ``POST /generate``: a GenerateRequest as JSON -> ``{text, token_ids, finish_reason, stats}``.
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's requests and answers
-  (see gateway.openai_format and gateway.http_answers), ``"stream": true`` for server-sent
+  (see gateway.api.openai_format and gateway.api.http_answers), ``"stream": true`` for server-sent
   events.
 
-Every generation runs through GatewayServicer.generation, the code path of the gRPC Generate
-(the same validation, concurrency limit, coordinator and error classes), in a worker thread
-(gateway.http_runs): an answer with n choices takes n of the gateway's slots. Errors are
+Every generation runs through GenerationEngine.generate, as the gRPC Generate does (the same
+defaults, validation, concurrency limit, coordinator and error classes), in a worker thread
+(gateway.api.http_runs): an answer with n choices takes n of the gateway's slots. Errors are
 OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status of the
 error class (400 bad request, 401 no or wrong token, 404, 405, 412 tokenizer mismatch, 413 body
 over MAX_BODY_BYTES, 429 over capacity, 503 backend down or the gateway stopping, 500 anything
@@ -48,16 +48,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from gateway.generation import GenerationResult
-from gateway.http_answers import ResponseWriter, generate_response
-from gateway.http_io import EventStream, HttpError, event, http_error, on_disconnect, read_json
-from gateway.http_runs import ChoiceRuns
-from gateway.openai_format import (
+from gateway.api.http_answers import ResponseWriter, generate_response
+from gateway.api.http_io import EventStream, HttpError, event, http_error, on_disconnect, read_json
+from gateway.api.http_runs import ChoiceRuns
+from gateway.api.openai_format import (
     ApiRequest,
     parse_generate_request,
     parse_openai_request,
 )
-from gateway.server import GatewayServicer
+from gateway.api.server import prompt_request_from_pb
+from gateway.engine import GenerationEngine
+from gateway.generation import GenerationResult
 from speculant.auth import bearer_matches, expected_bearer
 from speculant.errors import (
     UnavailableError,
@@ -76,7 +77,7 @@ class HttpApi:
 
     def __init__(
         self,
-        servicer: GatewayServicer,
+        engine: GenerationEngine,
         *,
         auth_token: str | None = None,
         model_name: str | None = None,
@@ -88,7 +89,7 @@ class HttpApi:
         verifier's). registry: the metrics /metrics serves (None: /metrics is 404).
         stopping: set when the gateway begins to stop (its ServiceServer.stopping): from then
         on /health answers 503 and new requests are refused with 503, as its gRPC calls are."""
-        self.servicer = servicer
+        self.engine = engine
         self._stopping = stopping
         self._expected = None if auth_token is None else expected_bearer(auth_token)
         self._model_name = model_name
@@ -169,16 +170,16 @@ class HttpApi:
     def model_name(self) -> str:
         """The served model's name (asks the verifier once the backends are up; blocking)."""
         if self._model_name is None:
-            self.servicer.coordinator()  # the backends answer and their tokenizers agree
-            self._model_name = self.servicer.verifier.info.model_name
+            self.engine.coordinator()  # the backends answer and their tokenizers agree
+            self._model_name = self.engine.verifier.info.model_name
         return self._model_name
 
     def _health_body(self) -> tuple[int, dict[str, Any]]:
         try:
             self._refuse_while_stopping()
-            if self.servicer.problem is not None:  # from the gateway's last backend check
-                raise UnavailableError(self.servicer.problem)
-            self.servicer.coordinator()  # the backends answer and their tokenizers agree
+            if self.engine.problem is not None:  # from the gateway's last backend check
+                raise UnavailableError(self.engine.problem)
+            self.engine.coordinator()  # the backends answer and their tokenizers agree
             return 200, {"status": "ok", "model": self.model_name()}
         except Exception as exc:
             return 503, {"status": "unavailable", "error": status_details(exc)}
@@ -202,9 +203,9 @@ class HttpApi:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def _generate(self, request: Request) -> Response:
-        generate = parse_generate_request(await read_json(request))
+        generate = prompt_request_from_pb(parse_generate_request(await read_json(request)))
         runs = ChoiceRuns(
-            self.servicer, [generate], stream=False, logprobs=generate.HasField("top_logprobs")
+            self.engine, [generate], stream=False, logprobs=generate.top_logprobs is not None
         )
         async with on_disconnect(request.receive, runs.cancel.set):
             await runs.start()
@@ -223,7 +224,7 @@ class HttpApi:
         api_request = parse_openai_request(await read_json(request), chat=chat)
         writer = ResponseWriter(api_request, await run_in_threadpool(self.model_name))
         runs = ChoiceRuns(
-            self.servicer,
+            self.engine,
             api_request.generates,
             stream=api_request.stream,
             logprobs=api_request.logprobs,

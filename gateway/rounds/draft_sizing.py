@@ -1,12 +1,13 @@
 """Cost-aware draft sizes: how much to draft, and how much of it to verify, round by round.
 
 A draft token pays only when the chance that it is accepted is worth what it costs to draft and
-to verify. Each round of a request (gateway.coordinator) asks its :class:`RequestSizer`:
+to verify. Each round of a request (gateway.rounds.coordinator) asks its :class:`RequestSizer`:
 
 1. **plan** (before drafting): whether to draft at all, how many nodes (a tree's node budget, or
    a chain's length) and whether to use the context overlay;
 2. **cut** (after drafting): which best-first prefix of the draft to verify. With s_i the
-   survival of the i-th likeliest node (gateway.acceptance: the drafter's confidence, calibrated
+   survival of the i-th likeliest node (gateway.rounds.acceptance: the drafter's confidence,
+   calibrated
    against what the target emitted), the verifier emits 1 + s_1 + ... + s_n tokens in expectation
    when n nodes are verified, in T + V(n) seconds, where V(n) is the Verify call over the
    pending token and n drafts (the cost profile's forward over n + 1 tokens,
@@ -56,9 +57,15 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from gateway.acceptance import NodeFeatures, PendingDrafts, RequestAcceptance, SharedAcceptance
+from gateway.rounds.acceptance import (
+    NodeFeatures,
+    PendingDrafts,
+    RequestAcceptance,
+    SharedAcceptance,
+)
 from speculant.cost_profile import CostProfile
-from speculant.types import DraftParams, DraftProposal, VerifyResult
+from speculant.draft_params import DraftParams
+from speculant.types import DraftProposal, VerifyResult
 
 MAX_SKIP = 16  # rounds without drafting between two probes, at most
 QUIET_ROUNDS = 8  # rounds in a row where no draft paid before a request stops drafting

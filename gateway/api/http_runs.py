@@ -1,6 +1,6 @@
 """The generations of one HTTP answer, run in worker threads and read from the event loop.
 
-GatewayServicer.generation is blocking (gRPC calls to the backends, round after round), so each
+GenerationEngine.generate is blocking (gRPC calls to the backends, round after round), so each
 *choice* of an answer (OpenAI's ``n``, and a completion's several prompts) runs it in a thread
 of its own, and its items reach the event loop through an asyncio queue. Setting
 :attr:`ChoiceRuns.cancel` (the client went away, or another choice failed) ends every choice
@@ -17,10 +17,9 @@ import threading
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gateway.generation import GenerationResult, StreamChunk
-from gateway.http_logprobs import LogprobEntry, TokenTexts
-from gateway.server import GatewayServicer
-from speculant.v1 import gateway_pb2
+from gateway.api.http_logprobs import LogprobEntry, TokenTexts
+from gateway.engine import GenerationEngine
+from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 
 _DONE = object()  # a choice's thread has ended
 
@@ -44,15 +43,15 @@ class ChoiceRuns:
 
     def __init__(
         self,
-        servicer: GatewayServicer,
-        requests: Sequence[gateway_pb2.GenerateRequest],
+        engine: GenerationEngine,
+        requests: Sequence[PromptRequest],
         *,
         stream: bool,
         logprobs: bool,
     ) -> None:
         self.cancel = threading.Event()
         self.count = len(requests)
-        self._servicer = servicer
+        self._engine = engine
         self._stream = stream
         self._logprobs = logprobs
         self._loop = asyncio.get_running_loop()
@@ -74,16 +73,16 @@ class ChoiceRuns:
         except RuntimeError:  # the event loop is closed: the server stopped
             self.cancel.set()
 
-    def _work(self, index: int, request: gateway_pb2.GenerateRequest) -> None:
+    def _work(self, index: int, request: PromptRequest) -> None:
         texts: TokenTexts | None = None
         try:
-            generation = self._servicer.generation(request, cancelled=self.cancel.is_set)
+            generation = self._engine.generate(request, cancelled=self.cancel.is_set)
             with contextlib.closing(generation) as items:
                 for item in items:
                     entries: list[LogprobEntry] = []
                     if self._logprobs and isinstance(item, StreamChunk) == self._stream:
                         if texts is None:
-                            texts = TokenTexts(self._servicer.coordinator().tokenizer)
+                            texts = TokenTexts(self._engine.coordinator().tokenizer)
                         entries = texts.entries(item.logprobs)
                     self._put((index, ChoiceItem(index, item, entries)))
                     if self.cancel.is_set():

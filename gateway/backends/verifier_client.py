@@ -10,19 +10,15 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.backend_channel import backend_channel
-from gateway.deadlines import remaining_time
-from gateway.stream_watchdog import StreamWatchdog
+from gateway.backends.backend_channel import backend_channel
+from gateway.backends.deadlines import remaining_time
+from gateway.backends.stream_watchdog import StreamWatchdog
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.request_context import request_metadata
+from speculant.sampling_controls import SamplingControls
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
-from speculant.types import (
-    ModelInfo,
-    SamplingControls,
-    SparseDistribution,
-    VerifyResult,
-)
+from speculant.types import ModelInfo, SparseDistribution, VerifyResult
 from speculant.v1 import (
     verifier_pb2,
     verifier_pb2_grpc,

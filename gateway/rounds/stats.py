@@ -28,7 +28,7 @@ class GenerationStats:
     accepted_from_overlay: int = 0
     accepted_from_both: int = 0
     prepared_drafts_used: int = 0  # rounds whose draft was prepared during the last verify
-    unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.draft_sizing)
+    unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.rounds.draft_sizing)
     rounds_without_draft: int = 0  # Verify rounds with no draft token (plain decoding steps)
 
     @property

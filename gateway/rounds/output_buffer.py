@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from gateway.detokenizer import IncrementalDetokenizer
 from gateway.generation import GenerationRequest, StreamChunk
-from gateway.stopping import FinishReason, find_stop_string, safe_text_length
+from gateway.rounds.detokenizer import IncrementalDetokenizer
+from gateway.rounds.stopping import FinishReason, find_stop_string, safe_text_length
 from speculant.types import TokenLogprobs
 
 

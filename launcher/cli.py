@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     from builder import cli as builder_cli
     from distill import cli as distill_cli
     from draft_service import cli as draft_cli
-    from gateway import cli as gateway_cli
-    from gateway.up import register_up
+    from gateway.launch import cli as gateway_cli
+    from gateway.launch.up import register_up
     from launcher.demo import register_demo
     from verifier_service import cli as verifier_cli
 

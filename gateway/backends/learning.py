@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.draft_client import GrpcDraftClient
+from gateway.backends.draft_client import GrpcDraftClient
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,12 @@ One request:
    and never emitted past them.
 
 With ``draft.draft_size`` "cost" (the default) each round's draft is sized by the verifier's
-cost profile and calibrated acceptance (:mod:`gateway.draft_sizing`): the drafter is asked for a
-budget of nodes, and only the best-first part of its draft that pays is verified (possibly
+cost profile and calibrated acceptance (:mod:`gateway.rounds.draft_sizing`): the drafter is asked
+for a budget of nodes, and only the best-first part of its draft that pays is verified (possibly
 nothing: then the round is a plain decoding step). With "fixed" every drafted token is
 verified. With ``draft.adaptive_k`` the draft length of each round follows the request's
-acceptance history (:mod:`gateway.adaptive_k`), between 1 and draft.k; otherwise it is draft.k.
+acceptance history (:mod:`gateway.rounds.adaptive_k`), between 1 and draft.k; otherwise it is
+draft.k.
 
 Drafts are only an optimisation: if the drafter fails, the round goes on with an empty draft
 (the verifier then emits exactly one token) and the output is unchanged.
@@ -29,8 +30,6 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from gateway.adaptive_k import next_draft_length
-from gateway.draft_sizing import RequestSizer, SizingModel
 from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
 from gateway.interfaces import (
     DraftCall,
@@ -39,16 +38,14 @@ from gateway.interfaces import (
     PreparingDraftSource,
     TargetVerifier,
 )
-from gateway.output_buffer import OutputBuffer
-from gateway.stats import GenerationStats
+from gateway.rounds.adaptive_k import next_draft_length
+from gateway.rounds.draft_sizing import RequestSizer, SizingModel
+from gateway.rounds.output_buffer import OutputBuffer
+from gateway.rounds.stats import GenerationStats
 from speculant.cost_profile import CostProfile, verify_cost_profile
+from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError
-from speculant.types import (
-    DraftParams,
-    DraftProposal,
-    NextRoundDraft,
-    VerifyResult,
-)
+from speculant.types import DraftProposal, NextRoundDraft, VerifyResult
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +116,13 @@ class Coordinator:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
         with a request's draft.overlay_weight > 0 it sees the whole context instead.
 
-        verify_cost: the cost profile cost-aware draft sizes use (gateway.draft_sizing; the
+        verify_cost: the cost profile cost-aware draft sizes use (gateway.rounds.draft_sizing; the
         coordinator adds what its Verify calls cost beyond it, as it measures them); None: the
         verifier's profile as its info reports it (flat when it reports none).
 
         next_round_drafts: with a drafter that can prepare them
-        (gateway.draft_client.GrpcDraftClient), ask it each round to prepare drafts for this
-        many likely outcomes of the verification while the verifier runs; when the outcome is
+        (gateway.backends.draft_client.GrpcDraftClient), ask it each round to prepare drafts for
+        this many likely outcomes of the verification while the verifier runs; when the outcome is
         one of them, the next round starts without waiting for a draft call. The output is the
         same either way (0 = off).
 

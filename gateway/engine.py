@@ -1,0 +1,317 @@
+"""The gateway's engine: generations over a draft tier and a verifier, whatever the door.
+
+:class:`GenerationEngine` owns what every front door shares: the slots of ``max_concurrent``
+generations, the backends' health, finding the draft tier, the tokenizers' agreement and the
+request defaults. Its :meth:`~GenerationEngine.generate` takes a transport-free
+:class:`~gateway.generation.PromptRequest` and yields StreamChunks, then one GenerationResult.
+The doors are thin: the gRPC servicer (gateway.api.server) and the HTTP app (gateway.api.http_api)
+each turn their wire format into a PromptRequest and the engine's typed errors
+(speculant.errors) into their status codes.
+
+At start-up (and again whenever the check has not yet succeeded, e.g. a backend was down) the
+engine compares the graph's tokenizer fingerprint with the verifier's and refuses to generate
+on a mismatch (FAILED_PRECONDITION naming both tokenizers).
+
+Drafts are an optimisation: while no draft replica answers (the draft tier is down at the
+gateway's start, say), the engine serves verifier-only (empty drafts: exactly the target's
+output, one token per forward) and asks the draft tier for its graph again at each backend
+check; once one answers and its tokenizer is the verifier's, requests draft again. Both switches
+are logged. While the verifier does not answer its health check, new generations are refused
+at once (UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+import grpc
+
+from gateway.alignment import check_tokenizer_alignment
+from gateway.backends.deadlines import request_deadline
+from gateway.generation import GenerationResult, PromptRequest, StreamChunk
+from gateway.interfaces import (
+    DraftTierGraph,
+    GenerationLearner,
+    RemoteDraftTier,
+    RemoteVerifier,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.prompt_limits import SLACK, max_token_chars
+from gateway.request_defaults import PromptLimits, RequestDefaults
+from gateway.rounds.coordinator import Coordinator
+from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig, GenerationConfig
+from speculant.cost_profile import CostProfile, verify_cost_profile
+from speculant.draft_params import DraftParams
+from speculant.errors import (
+    FailedPreconditionError,
+    RemoteError,
+    ResourceExhaustedError,
+    SpeculantError,
+    UnavailableError,
+)
+from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
+from speculant.types import DraftProposal
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 2.0  # deadline of the backend checks
+
+
+class NoDrafts:
+    """The drafter while no draft replica answers: every draft is empty (the verifier then
+    emits one token per round, the target model's own)."""
+
+    def propose(self, context_ids: Sequence[int], params: DraftParams, seed=None) -> DraftProposal:
+        return DraftProposal()
+
+
+class GenerationEngine:
+    """Validate, tokenize and run generations over remote backends, at most max_concurrent
+    at once."""
+
+    def __init__(
+        self,
+        drafter: RemoteDraftTier,
+        verifier: RemoteVerifier,
+        *,
+        tokenizer_name: str | None = None,
+        draft_defaults: DraftConfig | None = None,
+        generation_defaults: GenerationConfig | None = None,
+        max_concurrent: int = 64,
+        next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
+        metrics: GatewayMetrics | None = None,
+        learner: GenerationLearner | None = None,
+        verify_cost: str | CostProfile = "measured",
+        tokenizer: object | None = None,
+        log_generations: bool = True,
+    ) -> None:
+        """tokenizer_name: the prompts' tokenizer (default: the verifier's, by its name).
+        draft_defaults, generation_defaults: for the fields a request leaves unset.
+        max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
+        next_round_drafts: drafts the draft service prepares for the next round while the
+        verifier runs (see Coordinator; 0 = off). metrics: count generations in it.
+        learner: gets every finished generation (gateway.backends.learning.LearnReporter; None: the
+        draft tier learns nothing from this gateway). verify_cost: the cost profile that sizes
+        drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
+        profile file (see speculant.cost_profile.verify_cost_profile) or the profile itself.
+        tokenizer: the prompts' tokenizer, already loaded (in process: the verifier's own).
+        log_generations: log one line per finished generation (a server's access log)."""
+        if next_round_drafts < 0:
+            raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
+        self.drafter = drafter
+        self.verifier = verifier
+        self.tokenizer_name = tokenizer_name
+        self.defaults = RequestDefaults(
+            draft_defaults or DraftConfig(), generation_defaults or GenerationConfig()
+        )
+        self.max_concurrent = max_concurrent
+        self.next_round_drafts = next_round_drafts
+        self.metrics = metrics
+        self.learner = learner
+        self.verify_cost = verify_cost
+        self.log_generations = log_generations
+        self._slots = threading.BoundedSemaphore(max_concurrent)
+        self._coordinator: Coordinator | None = None
+        self._lock = threading.Lock()
+        # The draft tier's graph, once a replica has answered (None: serving verifier-only).
+        self._graph: DraftTierGraph | None = None
+        self._draft_tier_missing_logged = False
+        # Why the verifier's last health check failed (None: it answered SERVING).
+        self._verifier_down: str | None = None
+        # Why the engine cannot serve, from the last backend check (None: it can).
+        self.problem: str | None = None
+        # (name, fingerprint, tokenizer, the most characters a token stands for)
+        self._tokenizer: tuple[str, str, object, int] | None = None
+        self._given_tokenizer = tokenizer
+
+    # -- generations ---------------------------------------------------------------------
+
+    def generate(
+        self,
+        request: PromptRequest,
+        *,
+        time_remaining_s: float | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[StreamChunk | GenerationResult]:
+        """Run one request: StreamChunks as tokens are accepted, then one GenerationResult.
+
+        It takes a slot of max_concurrent, fills the request's defaults, tokenizes and
+        validates it (errors are raised before the first item) and drives the coordinator.
+        time_remaining_s: the request's deadline; cancelled: polled between rounds. Closing the
+        iterator early releases the verifier session and the slot.
+        """
+        if not self._slots.acquire(blocking=False):
+            raise ResourceExhaustedError(
+                f"the gateway is running its limit of {self.max_concurrent} generations; "
+                "retry later"
+            )
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
+        try:
+            with request_deadline(time_remaining_s):
+                coordinator = self.coordinator()
+                prepared = self.defaults.prepare(request, coordinator.tokenizer, self._limits())
+                for item in coordinator.stream(prepared, cancelled=cancelled):
+                    if isinstance(item, GenerationResult):
+                        self._finished(item)
+                    yield item
+        except RemoteError as exc:
+            if exc.code == grpc.StatusCode.UNAVAILABLE:
+                self._forget_backends()
+            raise
+        finally:
+            self._slots.release()
+            if self.metrics is not None:
+                self.metrics.in_flight.dec()
+
+    def _limits(self) -> PromptLimits:
+        info = self.verifier.info
+        assert self._tokenizer is not None  # loaded with the coordinator
+        chars = SLACK * info.max_context_length * self._tokenizer[3]
+        return PromptLimits(info.vocab_size, info.max_context_length, chars)
+
+    def _finished(self, result: GenerationResult) -> None:
+        """Log (one line per generation) and count a finished generation."""
+        stats = result.stats
+        if self.log_generations:
+            log.info(
+                "generated %d tokens (prompt %d) in %.3f s: %d rounds, acceptance %.2f, finish %s",
+                stats.generated_tokens,
+                stats.prompt_tokens,
+                stats.total_seconds,
+                stats.rounds,
+                stats.acceptance_rate,
+                result.finish_reason.value,
+            )
+        if self.metrics is not None:
+            self.metrics.observe(stats, result.finish_reason.value)
+
+    # -- backends ------------------------------------------------------------------------
+
+    def coordinator(self) -> Coordinator:
+        """The coordinator, created once the backends answer and their tokenizers agree
+        (UnavailableError at once while the verifier's health check fails)."""
+        if self._coordinator is None and self._graph is None:
+            self.find_draft_tier()  # drafting from the start if a replica answers
+        with self._lock:
+            if self._coordinator is None:
+                if self._verifier_down is not None:
+                    raise UnavailableError(
+                        f"the verifier at {self.verifier.address} does not answer "
+                        f"({self._verifier_down}); retry later"
+                    )
+                self._coordinator = self._connect()
+            return self._coordinator
+
+    def _connect(self) -> Coordinator:
+        info = self.verifier.info
+        graph = self._graph
+        if graph is not None:
+            check_tokenizer_alignment(
+                graph.tokenizer_name,
+                graph.tokenizer_fingerprint,
+                info.tokenizer_name,
+                info.tokenizer_fingerprint,
+            )
+        tokenizer = self._load_tokenizer(info.tokenizer_name, info.tokenizer_fingerprint)
+        log.info(
+            "backends ready: model %s, %s (tokenizer %s)",
+            info.model_name,
+            "verifier-only: no draft replica answers yet"
+            if graph is None
+            else f"graph of order {graph.max_order}",
+            info.tokenizer_name,
+        )
+        return Coordinator(
+            self.drafter if graph is not None else NoDrafts(),
+            self.verifier,
+            tokenizer,
+            draft_context_window=graph.max_order if graph is not None else 1,
+            next_round_drafts=self.next_round_drafts if graph is not None else 0,
+            learner=self.learner,
+            verify_cost=(
+                self.verify_cost
+                if isinstance(self.verify_cost, CostProfile)
+                else verify_cost_profile(self.verify_cost, info)
+            ),
+        )
+
+    def _load_tokenizer(self, verifier_tokenizer: str, fingerprint: str) -> object:
+        """The prompts' tokenizer (loaded once per verifier tokenizer), checked against the
+        verifier's fingerprint."""
+        name = self.tokenizer_name or verifier_tokenizer
+        if self._tokenizer is not None and self._tokenizer[:2] == (name, fingerprint):
+            return self._tokenizer[2]
+        try:
+            tokenizer = self._given_tokenizer or load_tokenizer(name)
+        except TokenizerLoadError as exc:
+            if self.tokenizer_name:
+                raise
+            # the verifier's tokenizer, named as it loaded there (another host or directory)
+            raise TokenizerLoadError(
+                f"{exc}; give the gateway the verifier's tokenizer with --tokenizer NAME_OR_DIR"
+            ) from exc
+        if tokenizer_fingerprint(tokenizer) != fingerprint:
+            raise FailedPreconditionError(
+                f"the gateway's tokenizer {name!r} differs "
+                f"from the verifier's ({verifier_tokenizer!r})"
+            )
+        self._tokenizer = (name, fingerprint, tokenizer, max_token_chars(tokenizer))
+        return tokenizer
+
+    def find_draft_tier(self, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+        """Whether a draft replica has answered: until one does, ask for its graph (then the
+        coordinator is made again, drafting). Never raises."""
+        if self._graph is not None:
+            return True
+        try:
+            graph = self.drafter.graph_info(timeout_s)
+        except UnavailableError as exc:
+            if not self._draft_tier_missing_logged:
+                self._draft_tier_missing_logged = True
+                log.warning("%s: serving verifier-only until a draft replica answers", exc)
+            return False
+        with self._lock:
+            self._graph = graph
+            self._coordinator = None  # made again on the next request, with drafts
+        log.info(
+            "draft tier answers: graph %s (version %d, order %d); drafting",
+            graph.graph_path,
+            graph.graph_version,
+            graph.max_order,
+        )
+        return True
+
+    def check_backends(self, timeout_s: float = HEALTH_TIMEOUT_S) -> str | None:
+        """Check the backends now: None when the engine can serve, else why it cannot (the
+        verifier does not answer SERVING, or the tokenizers disagree). While the verifier does
+        not answer, new generations are refused at once."""
+        status = self.verifier.health(timeout_s)
+        if status != "SERVING":
+            with self._lock:
+                was_up, self._verifier_down = self._verifier_down is None, status
+            if was_up:
+                log.warning(
+                    "the verifier at %s does not answer (%s)", self.verifier.address, status
+                )
+                self._forget_backends()
+            return f"the verifier at {self.verifier.address} does not answer ({status})"
+        with self._lock:
+            was_down, self._verifier_down = self._verifier_down is not None, None
+        if was_down:
+            log.info("the verifier at %s answers again", self.verifier.address)
+        self.find_draft_tier(timeout_s)
+        try:
+            self.coordinator()
+        except SpeculantError as exc:
+            return str(exc)
+        return None
+
+    def _forget_backends(self) -> None:
+        """The verifier went away: check the tokenizers again when it is back (it may have
+        been restarted with another model)."""
+        with self._lock:
+            self._coordinator = None
+            self.verifier.forget_info()

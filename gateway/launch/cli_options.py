@@ -1,0 +1,59 @@
+"""Reading the gateway's command-line flags: the sampling and drafting flags given, and the
+--verify-cost check (shared by generate, serve-gateway, up and bench generate)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def check_verify_cost(spec: str) -> None:
+    """InvalidArgumentError naming --verify-cost unless it is measured, flat or a readable
+    cost profile file."""
+    from speculant.cost_profile import VERIFY_COST_MODES, CostProfile, CostProfileError
+    from speculant.errors import InvalidArgumentError
+
+    if spec in VERIFY_COST_MODES:
+        return
+    try:
+        CostProfile.load(spec)
+    except CostProfileError as exc:
+        raise InvalidArgumentError("--verify-cost", str(exc)) from None
+
+
+# The sampling-control flags: (name, type, help); default None = the model's generation_config
+# value where it sets one, else off (see speculant.sampling_controls.SamplingControls).
+SAMPLING_FLAGS = (
+    ("top_k", int, "keep the k most likely tokens (0 = off)"),
+    ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),
+    ("min_p", float, "drop tokens below min_p times the top probability (0 = off)"),
+    ("repetition_penalty", float, "Hugging Face's repetition penalty (0.01..100, 1 = off)"),
+    ("presence_penalty", float, "OpenAI's presence penalty, in [-2, 2] (0 = off)"),
+    ("frequency_penalty", float, "OpenAI's frequency penalty, in [-2, 2] (0 = off)"),
+)
+
+
+def sampling_options(args: argparse.Namespace) -> dict[str, object]:
+    """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
+    names = [name for name, _, _ in SAMPLING_FLAGS] + ["top_logprobs"]
+    return {name: value for name in names if (value := getattr(args, name, None)) is not None}
+
+
+# The drafting flags of add_generation_arguments, named as DraftConfig / DraftOptions fields.
+_DRAFT_FLAGS = (
+    "k",
+    "strategy",
+    "attentive_mix",
+    "mixing",
+    "escape_weight",
+    "min_draft_prob",
+    "overlay_weight",
+    "tree_nodes",
+    "adaptive_k",
+    "draft_size",
+)
+
+
+def draft_options(args: argparse.Namespace) -> dict[str, object]:
+    """The drafting flags given (a mixing flag left out takes the graph's tuned default)."""
+    values = {name: getattr(args, name, None) for name in _DRAFT_FLAGS}
+    return {name: value for name, value in values.items() if value is not None}

@@ -1,0 +1,91 @@
+"""One place that turns what a client asks for into what the coordinator runs.
+
+:meth:`RequestDefaults.prepare` fills every field a :class:`PromptRequest` leaves unset from the
+serving defaults (a :class:`DraftConfig` and a :class:`GenerationConfig`: the gateway's flags and
+``SPECULANT_*`` variables, or the embedded decoder's configs) and tokenizes the prompt. The
+resulting :class:`GenerationRequest` is validated by the coordinator as its rounds begin, so
+every door (gRPC, HTTP, the embedded library) refuses the same requests with the same errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+
+from gateway.generation import GenerationRequest, PromptRequest
+from gateway.prompt_limits import check_prompt_chars
+from speculant.config import DraftConfig, GenerationConfig
+from speculant.draft_params import DraftParams
+from speculant.errors import InvalidArgumentError
+from speculant.prompting import encode_prompt, token_id_prompt
+from speculant.sampling_controls import SamplingControls
+
+MAX_TOKENS_LIMIT = 1 << 20
+DRAFT_FIELDS = frozenset(f.name for f in fields(DraftParams))
+
+
+@dataclass(frozen=True)
+class PromptLimits:
+    """What the tokenizer and the model allow: ``chars`` bounds a prompt's characters before
+    tokenizing (0: no bound; see gateway.prompt_limits)."""
+
+    vocab_size: int
+    max_context_length: int
+    chars: int = 0
+
+
+@dataclass(frozen=True)
+class RequestDefaults:
+    """The values a request gets for the fields it leaves unset."""
+
+    draft: DraftConfig = field(default_factory=DraftConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+
+    def prepare(
+        self, request: PromptRequest, tokenizer: object, limits: PromptLimits
+    ) -> GenerationRequest:
+        """The tokenized request with every unset field filled (InvalidArgumentError naming
+        the first field that cannot be)."""
+        defaults = self.generation
+        max_tokens = defaults.max_tokens if request.max_tokens is None else request.max_tokens
+        if max_tokens > MAX_TOKENS_LIMIT:
+            raise InvalidArgumentError("max_tokens", f"must be <= {MAX_TOKENS_LIMIT}")
+        return GenerationRequest(
+            prompt_ids=_prompt_ids(request, tokenizer, limits),
+            max_tokens=max_tokens,
+            temperature=defaults.temperature
+            if request.temperature is None
+            else request.temperature,
+            seed=defaults.seed if request.seed is None else request.seed,
+            stop=request.stop or tuple(defaults.stop),
+            draft=self.draft_params(request.draft),
+            sampling=SamplingControls(  # the request's controls over the defaults
+                **SamplingControls.from_config(defaults).set_fields()
+                | request.sampling.set_fields()
+            ),
+            top_logprobs=(
+                defaults.top_logprobs if request.top_logprobs is None else request.top_logprobs
+            ),
+        )
+
+    def draft_params(self, given: Mapping[str, object]) -> DraftParams:
+        """The request's drafting fields over the defaults. Mixing parameters set neither in
+        the request nor in the defaults stay unset (None): the drafter then uses its graph's
+        tuned defaults."""
+        for name in given:
+            if name not in DRAFT_FIELDS:
+                raise InvalidArgumentError(f"draft.{name}", "unrecognized drafting field")
+        values = asdict(DraftParams.from_config(self.draft)) | given
+        values["strategy"] = given.get("strategy") or self.draft.strategy
+        return DraftParams(**values)
+
+
+def _prompt_ids(request: PromptRequest, tokenizer: object, limits: PromptLimits) -> list[int]:
+    messages = [dict(m) for m in request.messages]
+    if request.prompt_token_ids:
+        return token_id_prompt(
+            request.prompt_token_ids, request.prompt, messages, limits.vocab_size
+        )
+    if limits.chars:
+        check_prompt_chars(request.prompt, messages, limits.chars, limits.max_context_length)
+    return encode_prompt(tokenizer, request.prompt, messages or None)  # type: ignore[arg-type]
