@@ -9,7 +9,8 @@ One code path, several executors:
    (:mod:`builder.partition`); a Hugging Face dataset is split by its streaming shards
    (:mod:`builder.dataset_source`);
 2. index: an engine (:mod:`builder.engines`: this process, local worker processes or a Dask
-   cluster) runs one task per partition (:mod:`builder.index_task`): documents are read as a
+   cluster) runs one task per partition (:mod:`builder.index_task`; progress shown by
+   :mod:`builder.task_runner`): documents are read as a
    stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), and the
    partition's token stream and its positions sorted by the text before them
    (:mod:`builder.suffix_sort`) are written into the task's directory under the shared work
@@ -17,7 +18,7 @@ One code path, several executors:
 3. merge: this process concatenates the partitions' streams, merges their sorted positions and
    derives the tables of the index (:mod:`builder.index_writer`) in a temporary directory that
    is published atomically (:mod:`builder.publish`), the meta record in LMDB
-   (:mod:`builder.lmdb_writer`).
+   (:mod:`builder.lmdb_writer`); :mod:`builder.graph_output` runs this step.
 
 Counts are read from the index, so the graph does not depend on the engine or the partitioning,
 and an append (``save(path, append=True)``, :mod:`builder.append`) merges the published graph's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -22,3 +23,12 @@ class BuildStats:
     write_seconds: float = 0.0  # merging runs and writing LMDB
     graph_bytes: int = 0
     partitions: int = 0
+
+    def add_task(self, manifest: dict[str, Any]) -> None:
+        """Add one finished task's figures (its manifest, builder.index_task) as a partition."""
+        self.documents += manifest["documents"]
+        self.tokens += manifest["tokens"]
+        self.read_seconds += manifest["seconds"]["read"]
+        self.tokenize_seconds += manifest["seconds"]["tokenize"]
+        self.count_seconds += manifest["seconds"]["count"]
+        self.partitions += 1

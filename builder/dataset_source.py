@@ -28,7 +28,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -215,6 +215,34 @@ def plan_dataset_partitions(
         out.append(Partition(first_index + i, pieces[at : at + n]))
         at += n
     return out
+
+
+def read_in_rounds(
+    ref: DatasetRef,
+    max_docs: int | None,
+    run: Callable[[list[Partition]], list[dict[str, Any]]],
+    *,
+    partitions: int | None = None,
+    first_index: int = 0,
+) -> tuple[int, int]:
+    """Plan the dataset's tasks and run them (``run``: a round's partitions -> their manifests)
+    round by round: one round reading every shard whole when max_docs is None, else rounds
+    until max_docs documents are read or every shard is exhausted. (rounds, tasks run)."""
+    quotas = first_quotas(ref.n_shards, max_docs)
+    taken: dict[int, int] = {}
+    exhausted: set[int] = set()
+    rounds = tasks = 0
+    while quotas:
+        plan = plan_dataset_partitions(
+            ref, quotas, taken, partitions=partitions, first_index=first_index + tasks
+        )
+        manifests = run(plan)
+        rounds, tasks = rounds + 1, tasks + len(plan)
+        shortfall = record_reads(manifests, taken, exhausted)
+        if max_docs is None:
+            break
+        quotas = next_quotas(shortfall, [s for s in range(ref.n_shards) if s not in exhausted])
+    return rounds, tasks
 
 
 # -- reading (in a task) ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ import shutil
 import sys
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,23 +37,22 @@ from builder.append import (
 )
 from builder.build_stats import BuildStats
 from builder.corpus import resolve_inputs
+from builder.dataset_source import DatasetRef, open_dataset, read_in_rounds
 from builder.engines import Engine, make_engine
 from builder.errors import BuildError
-from builder.heartbeat import PROGRESS_SECONDS, Heartbeat
-from builder.index_task import PART_ENTRIES, PART_STREAM, PART_WEIGHTS, register_tokenizer
-from builder.index_writer import Part, write_index
-from builder.lmdb_writer import GraphWriter
-from builder.partition import plan_partitions
-from builder.publish import (
-    check_output,
-    make_run_dir,
-    make_temp_dir,
-    publish,
-    remove_stale_run_dirs,
-    remove_stale_temp_dirs,
+from builder.graph_output import write_graph
+from builder.heartbeat import PROGRESS_SECONDS
+from builder.index_task import (
+    checked_token_documents,
+    index_token_documents,
+    manifest_part,
+    register_tokenizer,
 )
+from builder.index_writer import Part
+from builder.partition import plan_partitions
+from builder.publish import check_output, make_run_dir, remove_stale_run_dirs
+from builder.task_runner import run_tasks
 from speculant.graph_format import FORMAT_VERSION, GraphMeta, OrderStats
-from speculant.graph_manifest import write_manifest
 from speculant.suffix_index import MAX_CONTEXT
 
 log = logging.getLogger("builder")
@@ -135,7 +134,7 @@ class GraphBuilder:
     def parts(self) -> list[Part]:
         """Every finished task's part, in partition order."""
         manifests = sorted(self._manifests, key=lambda m: m["partition"]["index"])
-        return [_part(Path(m["dir"]), m.get("weighted", False)) for m in manifests]
+        return [manifest_part(m) for m in manifests]
 
     # -- tokenizing and sorting ---------------------------------------------------------------
 
@@ -188,9 +187,6 @@ class GraphBuilder:
         the documents read, exactly (in several rounds where some shards run out early).
         May be combined with :meth:`build_from_files` and called again.
         """
-        from builder.dataset_source import first_quotas, next_quotas, open_dataset, record_reads
-        from builder.dataset_source import plan_dataset_partitions as plan_rounds
-
         if max_docs is not None and max_docs < 1:
             raise ValueError(f"max_docs must be >= 1, got {max_docs}")
         if self._started is None:
@@ -205,42 +201,33 @@ class GraphBuilder:
         )
         self._text_field = text_field
         before = self.stats.documents
-        quotas = first_quotas(ref.n_shards, max_docs)
-        taken: dict[int, int] = {}
-        exhausted: set[int] = set()
-        rounds = tasks = 0
-        while quotas:
-            plan = plan_rounds(
-                ref, quotas, taken, partitions=self.partitions, first_index=len(self._manifests)
-            )
-            specs = [self._spec(part.to_dict()) | {"dataset": ref.to_dict()} for part in plan]
-            manifests = self._count(specs)
-            rounds, tasks = rounds + 1, tasks + len(specs)
-            shortfall = record_reads(manifests, taken, exhausted)
-            if max_docs is None:
-                break
-            quotas = next_quotas(shortfall, [s for s in range(ref.n_shards) if s not in exhausted])
-        self._inputs.append(f"dataset:{ref.path}")
-        self._datasets.append(
-            ref.to_dict()
-            | {
-                "text_field": text_field,
-                "max_docs": max_docs,
-                "documents": self.stats.documents - before,
-                "rounds": rounds,
-                "tasks": tasks,
-            }
+        rounds, tasks = read_in_rounds(
+            ref,
+            max_docs,
+            lambda plan: self._count(
+                [self._spec(part.to_dict()) | {"dataset": ref.to_dict()} for part in plan]
+            ),
+            partitions=self.partitions,
+            first_index=len(self._manifests),
         )
+        read = {"documents": self.stats.documents - before, "rounds": rounds, "tasks": tasks}
+        self._note_dataset(ref, {"text_field": text_field, "max_docs": max_docs} | read)
+        return self.stats
+
+    def _note_dataset(self, ref: DatasetRef, record: dict[str, Any]) -> None:
+        """Record a dataset read (its ref, how and what was read) in the inputs and the
+        graph's build parameters, and log it."""
+        self._inputs.append(f"dataset:{ref.path}")
+        self._datasets.append(ref.to_dict() | record)
         log.info(
             "read %d documents from %s in %d shard(s), %d task(s), %d round(s), engine %s",
-            self.stats.documents - before,
+            record["documents"],
             ref.describe(),
             ref.n_shards,
-            tasks,
-            rounds,
+            record["tasks"],
+            record["rounds"],
             self.engine.name,
         )
-        return self.stats
 
     def build_from_token_documents(
         self,
@@ -257,26 +244,13 @@ class GraphBuilder:
         """
         if not 1 <= weight <= 255:
             raise BuildError(f"weight must be in 1..255, got {weight}")
-        from builder.index_task import index_token_documents
-
         if self._started is None:
             self._started = time.perf_counter()
-        vocab = self.vocab_size
-
-        def checked() -> Iterator[tuple[np.ndarray, int]]:
-            for ids, first in documents:
-                array = np.asarray(ids, dtype=np.int64)
-                if array.size and (int(array.min()) < 0 or int(array.max()) >= vocab):
-                    raise BuildError(f"{source}: a token id is outside the vocabulary [0, {vocab})")
-                yield array, int(first)
-
+        checked = checked_token_documents(documents, self.vocab_size, source)
         spec = self._spec({"index": len(self._manifests), "pieces": []})
-        manifest = index_token_documents(checked(), spec, len(self._manifests), weight)
+        manifest = index_token_documents(checked, spec, len(self._manifests), weight)
         self._manifests.append(manifest)
-        self.stats.documents += manifest["documents"]
-        self.stats.tokens += manifest["tokens"]
-        self.stats.count_seconds += manifest["seconds"]["count"]
-        self.stats.partitions += 1
+        self.stats.add_task(manifest)
         self._inputs.append(source)
         return self.stats
 
@@ -286,47 +260,16 @@ class GraphBuilder:
         self._distilled.append(dict(record))
 
     def _count(self, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Run the tasks on the engine, with a progress bar (or, without a terminal, a progress
-        line every progress_seconds); their manifests, in spec order."""
-        from tqdm import tqdm
-
-        stats = self.stats
-        bar = tqdm(
-            desc=f"tokenizing+sorting ({self.engine.name})",
-            total=len(specs),
-            unit="partition",
-            file=sys.stderr,
-            disable=not self.progress,
-            dynamic_ncols=True,
+        """Run the tasks on the engine, showing progress (:func:`builder.task_runner.run_tasks`);
+        their manifests, in spec order."""
+        return run_tasks(
+            self.engine,
+            specs,
+            self.stats,
+            self._manifests.append,
+            progress=self.progress,
+            progress_seconds=self.progress_seconds,
         )
-        begun = time.perf_counter()
-        heartbeat = Heartbeat(
-            log,
-            self.progress_seconds,
-            lambda: (
-                f"tokenizing+sorting ({self.engine.name}): {bar.n}/{len(specs)} partitions, "
-                f"{stats.tokens:,} tokens, {time.perf_counter() - begun:.0f} s"
-            ),
-        )
-
-        def done(manifest: dict[str, Any]) -> None:
-            self._manifests.append(manifest)
-            stats.documents += manifest["documents"]
-            stats.tokens += manifest["tokens"]
-            stats.read_seconds += manifest["seconds"]["read"]
-            stats.tokenize_seconds += manifest["seconds"]["tokenize"]
-            stats.count_seconds += manifest["seconds"]["count"]
-            stats.partitions += 1
-            bar.update(1)
-            rate = stats.tokens / max(time.perf_counter() - begun, 1e-9)
-            bar.set_postfix_str(f"{stats.tokens:,} tokens, {rate:,.0f} tokens/s", refresh=False)
-
-        try:
-            with heartbeat:
-                return self.engine.map(specs, done)
-        finally:
-            bar.close()
-            stats.count_wall_seconds += time.perf_counter() - begun
 
     def _spec(self, partition: dict[str, Any]) -> dict[str, Any]:
         """The plain-data task spec of one partition (see :func:`index_partition`)."""
@@ -377,24 +320,15 @@ class GraphBuilder:
 
     def _write(self, out: Path, base: BaseGraph | None) -> GraphMeta:
         """Merge this build's parts (after the base graph's), write and publish the graph."""
-        remove_stale_temp_dirs(out)
         t0 = time.perf_counter()
-        parts = self.parts if base is None else [base.part, *self.parts]
-        tmp = make_temp_dir(out)
-        log.info("merging %d part(s) and writing graph to %s (in %s)", len(parts), out, tmp.name)
-        try:
-            orders, index = write_index(parts, tmp, self._run_dir, self.vocab_size, self.max_order)
-            meta = self._meta(orders, index, base.meta if base is not None else None)
-            writer = GraphWriter(tmp)
-            try:
-                writer.write_meta(meta)
-            finally:
-                writer.close()
-            write_manifest(tmp)
-            publish(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        meta = write_graph(
+            out,
+            self.parts if base is None else [base.part, *self.parts],
+            self._run_dir,
+            self.vocab_size,
+            self.max_order,
+            lambda orders, index: self._meta(orders, index, None if base is None else base.meta),
+        )
         self.stats.write_seconds += time.perf_counter() - t0
         self.stats.graph_bytes = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
         log.info(
@@ -432,7 +366,7 @@ class GraphBuilder:
                 "max_order": self.max_order,
                 "datasets": list(self._datasets),
                 "engine": self.engine.name,
-                "workers": self._workers_seen(),
+                "workers": len({m["worker"] for m in self._manifests}),  # distinct processes
                 "partitioning": {
                     "partitions": len(self._manifests),
                     "partition_bytes": self.partition_bytes,
@@ -452,10 +386,6 @@ class GraphBuilder:
             index=index,
         )
 
-    def _workers_seen(self) -> int:
-        """Distinct worker processes that ran this build's tasks."""
-        return len({m["worker"] for m in self._manifests})
-
     def close(self) -> None:
         """Remove the partitions' parts (also done when the builder is garbage collected) and
         stop the engine if this builder started it."""
@@ -468,9 +398,3 @@ class GraphBuilder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _part(directory: Path, weighted: bool) -> Part:
-    """The part a task wrote into directory (builder.index_task)."""
-    weights = directory / PART_WEIGHTS if weighted else None
-    return Part(directory / PART_STREAM, directory / PART_ENTRIES, weights)

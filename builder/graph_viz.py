@@ -185,6 +185,39 @@ class _Selection:
             self.edges.add((edge.source, edge.target))
             self.viz.edges.append(edge)
 
+    def follow(
+        self, ctx: tuple[int, ...], layer: int, min_weight: float
+    ) -> list[tuple[tuple[int, ...], float]]:
+        """Add the successors of the context node ctx (at layer) with probability >= min_weight,
+        most probable first, and the contexts they lead to, while the budget allows; the
+        contexts newly added, each with its successor's probability, in that order."""
+        source = self.nodes[context_node_id(ctx)]
+        found = self.graph.successors(ctx)
+        assert found is not None  # a context node exists only when the graph holds it
+        successor_ids, counts = found
+        total = float(counts.sum())
+        added: list[tuple[tuple[int, ...], float]] = []
+        for token_id, count in zip(successor_ids.tolist(), counts.tolist(), strict=True):
+            probability = count / total
+            if probability < min_weight:
+                break  # successors are sorted by count, highest first
+            token = self.token(token_id, layer + 1)
+            if token is None:
+                self.viz.truncated = True
+                break
+            token.count += count
+            self.edge(VizEdge(source.id, token.id, "next", probability, count))
+            following = (*ctx[1:], token_id)
+            seen = context_node_id(following) in self.nodes
+            target = self.context(following, layer + 2)
+            if target is None:
+                self.viz.truncated |= self.full()
+                continue
+            self.edge(VizEdge(token.id, target.id, "then"))
+            if not seen:
+                added.append((following, probability))
+        return added
+
 
 def select_subgraph(
     graph: NGramGraph,
@@ -202,19 +235,10 @@ def select_subgraph(
         raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
     if not 0.0 <= min_weight <= 1.0:
         raise ValueError(f"min_weight must be in [0, 1], got {min_weight}")
-    if context_ids is not None:
-        ids = [int(i) for i in context_ids]
-        roots = [tuple(ids[-o:]) for o in range(min(len(ids), graph.max_order), 0, -1)]
-    else:
-        roots = [
-            ctx
-            for o in range(graph.max_order, 0, -1)
-            for ctx in most_frequent_contexts(graph, o, 1)
-        ]
     sel = _Selection(graph, labels, max_nodes)
     # (layer, -path probability, -order, tie-break, context ids): shallow and probable first
     queue: list[tuple[int, float, int, int, tuple[int, ...]]] = []
-    for ctx in roots:
+    for ctx in root_contexts(graph, context_ids):
         if sel.context(ctx, 0, root=True) is not None:
             heapq.heappush(queue, (0, -1.0, -len(ctx), len(queue), ctx))
     if not sel.nodes:
@@ -223,31 +247,20 @@ def select_subgraph(
     pushed = len(queue)
     while queue:
         layer, neg_prob, _, _, ctx = heapq.heappop(queue)
-        source = sel.nodes[context_node_id(ctx)]
-        found = graph.successors(ctx)
-        assert found is not None  # a context node exists only when the graph holds it
-        successor_ids, counts = found
-        total = float(counts.sum())
-        for token_id, count in zip(successor_ids.tolist(), counts.tolist(), strict=True):
-            probability = count / total
-            if probability < min_weight:
-                break  # successors are sorted by count, highest first
-            token = sel.token(token_id, layer + 1)
-            if token is None:
-                sel.viz.truncated = True
-                break
-            token.count += count
-            sel.edge(VizEdge(source.id, token.id, "next", probability, count))
-            following = (*ctx[1:], token_id)
-            seen = context_node_id(following) in sel.nodes
-            target = sel.context(following, layer + 2)
-            if target is None:
-                sel.viz.truncated |= sel.full()
-                continue
-            sel.edge(VizEdge(token.id, target.id, "then"))
-            if not seen:
-                pushed += 1
-                heapq.heappush(
-                    queue, (layer + 2, neg_prob * probability, -len(following), pushed, following)
-                )
+        for following, probability in sel.follow(ctx, layer, min_weight):
+            pushed += 1
+            heapq.heappush(
+                queue, (layer + 2, neg_prob * probability, -len(following), pushed, following)
+            )
     return sel.viz
+
+
+def root_contexts(graph: NGramGraph, context_ids: Sequence[int] | None) -> list[tuple[int, ...]]:
+    """Where the walk starts, highest order first: the context's last o tokens for every order
+    o, else the most frequent context of every order."""
+    if context_ids is not None:
+        ids = [int(i) for i in context_ids]
+        return [tuple(ids[-o:]) for o in range(min(len(ids), graph.max_order), 0, -1)]
+    return [
+        ctx for o in range(graph.max_order, 0, -1) for ctx in most_frequent_contexts(graph, o, 1)
+    ]

@@ -33,7 +33,7 @@ import resource
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ import numpy as np
 from builder.corpus import iter_file_documents
 from builder.disk import save_array
 from builder.errors import BuildError
+from builder.index_writer import Part
 from builder.partition import Partition
 from builder.suffix_sort import merge_sorted, sort_entries
 from speculant.suffix_index import MAX_CONTEXT, separator, stream_dtype
@@ -218,6 +219,18 @@ def index_token_documents(
     return _write_manifest(out, partition, figures, [], seconds, begun)
 
 
+def checked_token_documents(
+    documents: Iterable[tuple[Sequence[int] | np.ndarray, int]], vocab_size: int, source: str
+) -> Iterator[tuple[np.ndarray, int]]:
+    """The documents as (int64 ids, first successor) for :func:`index_token_documents`, each
+    checked as it is read: BuildError naming source at a token id outside [0, vocab_size)."""
+    for ids, first in documents:
+        array = np.asarray(ids, dtype=np.int64)
+        if array.size and (int(array.min()) < 0 or int(array.max()) >= vocab_size):
+            raise BuildError(f"{source}: a token id is outside the vocabulary [0, {vocab_size})")
+        yield array, int(first)
+
+
 def _part_dir(spec: dict[str, Any], index: int) -> Path:
     out = Path(spec["work_dir"]) / f"part{index:05d}-{secrets.token_hex(4)}"
     out.mkdir()  # not parents: a build that ended (and removed work_dir) gets no new files
@@ -289,3 +302,10 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
         raise BuildError(f"{directory}: not a {FORMAT_NAME} v{FORMAT_VERSION} manifest")
     return manifest
+
+
+def manifest_part(manifest: dict[str, Any]) -> Part:
+    """The part a task wrote (the directory its manifest names)."""
+    directory = Path(manifest["dir"])
+    weights = directory / PART_WEIGHTS if manifest.get("weighted", False) else None
+    return Part(directory / PART_STREAM, directory / PART_ENTRIES, weights)

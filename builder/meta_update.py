@@ -19,7 +19,7 @@ from pathlib import Path
 import lmdb
 
 from builder.append import append_lock
-from builder.publish import make_temp_dir, publish
+from builder.publish import publishing
 from speculant.graph_format import (
     MAX_SUPPORTED_ORDER,
     META_DB,
@@ -29,7 +29,7 @@ from speculant.graph_format import (
     open_graph_env,
     read_meta,
 )
-from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE, write_manifest
+from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE
 
 _SKIP = {MANIFEST_FILE, "lock.mdb"}  # rewritten / never part of a published graph
 
@@ -45,17 +45,11 @@ def update_meta(path: str | Path, change: Callable[[GraphMeta], GraphMeta]) -> G
             meta = change(read_meta(env, path))
         finally:
             env.close()
-        tmp = make_temp_dir(path)
-        try:
+        with publishing(path) as tmp:
             for entry in path.iterdir():
                 if entry.is_file() and entry.name not in _SKIP:
                     _link_or_copy(entry, tmp / entry.name)
             _write_meta(tmp, meta)
-            write_manifest(tmp)
-            publish(tmp, path)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return meta
 
 

@@ -29,10 +29,11 @@ import os
 import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from builder.errors import BuildError
-from speculant.graph_manifest import DATA_FILE
+from speculant.graph_manifest import DATA_FILE, write_manifest
 
 AT_FDCWD = -100
 RENAME_EXCHANGE = 2
@@ -80,6 +81,21 @@ def make_temp_dir(out: Path) -> Path:
     owner = {"host": socket.gethostname(), "pid": os.getpid()}
     (path / TEMP_OWNER).write_text(json.dumps(owner), encoding="utf-8")
     return path
+
+
+@contextlib.contextmanager
+def publishing(out: Path) -> Iterator[Path]:
+    """A new temporary directory beside out to write a graph into: when the block ends, the
+    graph's manifest is written and it is published at out; when the block raises, it is
+    removed (what was published at out stays)."""
+    tmp = make_temp_dir(out)
+    try:
+        yield tmp
+        write_manifest(tmp)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def remove_stale_temp_dirs(out: Path) -> None:

@@ -18,8 +18,9 @@ import numpy as np
 from draft_service.overlay import ContextIndex
 from draft_service.step_cache import StepCache, mix_key, point_mass
 from draft_service.successors import Successors, overlay_successors
+from speculant.draft_params import DraftParams
 from speculant.graph_format import extend_tail, tail_key
-from speculant.types import DraftParams, DraftProposal, SparseDistribution
+from speculant.types import DraftProposal, SparseDistribution
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,9 @@ class ChainDrafter:
         overlay: ContextIndex | None,
     ) -> DraftProposal:
         """A chain of up to params.k drafts after context_ids (checked, params resolved)."""
-        successors, mixer = self.successors, self.successors.mixer
+        successors = self.successors
         max_order = successors.graph.max_order
         tail = tail_key(context_ids, max_order)
-        every_order = params.effective_mixing != "backoff"
         greedy = params.strategy == "greedy"
         rng = None if greedy else np.random.default_rng(seed)
         proposal = DraftProposal()
@@ -52,31 +52,25 @@ class ChainDrafter:
         min_prob = params.min_draft_prob
         running = 1.0  # q(d_1) * ... * q(d_i) so far
         for _ in range(params.k):
-            source = "graph"
             found = overlay_successors(overlay, tail)
             learned, signature = successors.learned(tail)
-            if found or learned:  # more counts than the graph's for this tail: combine them
-                key = (
-                    (tail, key_of_mix, params.overlay_weight, found, signature) if greedy else None
-                )
+            if not greedy:
+                drawn = self.sampled_step(tail, params, found, learned, running, proposal, rng)
+                if drawn is None:
+                    break
+                token, dist, prob, order, source = drawn
+            elif found or learned:  # more counts than the graph's for this tail: combine them
+                key = (tail, key_of_mix, params.overlay_weight, found, signature)
                 step = cache.get(key) if cache is not None else None
                 if step is None:
                     combined = successors.combined(tail, params, found, learned)
-                    if greedy:
-                        token, prob = successors.argmax_combined(combined, params)
-                        dist = point_mass(token)
-                    else:
-                        ids, q = mixer.mix(combined.orders, combined.ids, combined.counts, params)
-                        if too_unlikely(running, q, min_prob, proposal):
-                            break
-                        token, dist, prob = sample(ids, q, rng)
-                    order, source = combined.orders[0], combined.source_of(token)
+                    token, prob = successors.argmax_combined(combined, params)
+                    step = (token, combined.orders[0], prob, combined.source_of(token))
                     if cache is not None:
-                        remember(key, (token, order, prob, source))
-                else:
-                    token, order, prob, source = step
-                    dist = point_mass(token)
-            elif greedy:
+                        remember(key, step)
+                token, order, prob, source = step
+                dist = point_mass(token)
+            else:
                 step = cache.get((tail, key_of_mix)) if cache is not None else None
                 if step is None:  # q(argmax) too: the draft's path probabilities need it
                     step = successors.greedy_step(tail, params, with_prob=True)
@@ -85,16 +79,7 @@ class ChainDrafter:
                 token, order, prob = step
                 if order == 0:
                     break  # dead end: a partial (possibly empty) draft
-                dist = point_mass(token)
-            else:
-                orders, ids_list, counts_list = successors.graph.match(tail, every_order)
-                if not orders:
-                    break
-                ids, q = mixer.mix(orders, ids_list, counts_list, params)
-                if too_unlikely(running, q, min_prob, proposal):
-                    break
-                token, dist, prob = sample(ids, q, rng)
-                order = orders[0]
+                dist, source = point_mass(token), "graph"
             if greedy and running * prob < min_prob and proposal.token_ids:
                 break  # adaptive length: d_i is too unlikely to survive verification
             running *= prob
@@ -105,6 +90,28 @@ class ChainDrafter:
             proposal.path_probs.append(running)
             tail = extend_tail(tail, token, max_order)
         return proposal
+
+    def sampled_step(
+        self,
+        tail: bytes,
+        params: DraftParams,
+        found: tuple,
+        learned: tuple,
+        running: float,
+        proposal: DraftProposal,
+        rng: np.random.Generator,
+    ) -> tuple[int, SparseDistribution, float, int, str] | None:
+        """One sampled draft after tail: (token, q, q(token), matched order, source), or None
+        where the draft ends (a dead end, or too unlikely: see :func:`too_unlikely`)."""
+        successors = self.successors
+        orders, ids_list, counts_list, source_of = successors.counts(tail, params, found, learned)
+        if not orders:
+            return None
+        ids, q = successors.mixer.mix(orders, ids_list, counts_list, params)
+        if too_unlikely(running, q, params.min_draft_prob, proposal):
+            return None
+        token, dist, prob = sample(ids, q, rng)
+        return token, dist, prob, orders[0], source_of(token)
 
 
 def too_unlikely(running: float, q: np.ndarray, min_prob: float, proposal: DraftProposal) -> bool:

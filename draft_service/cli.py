@@ -34,8 +34,8 @@ from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
 if TYPE_CHECKING:
     from draft_service.learning import LearningConfig
+    from speculant.draft_params import DraftParams
     from speculant.metrics import Metrics
-    from speculant.types import DraftParams
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,8 @@ def learning_from_args(args: argparse.Namespace):
 def serve_draft(args: argparse.Namespace) -> int:
     """Run the draft service; one error line for a bad graph or port (exit status 1) or flag (2)."""
     from speculant.draft_flags import draft_defaults_from_args
+    from speculant.draft_params import DraftParams
     from speculant.metrics import metrics_from_args
-    from speculant.types import DraftParams
 
     termination.catch()  # before anything can report SERVING
     if args.workers < 1:
@@ -204,17 +204,11 @@ def _serve(
         return _fail(str(exc))
     server.start()
     try:
-        graph = server.load_graph(args.graph)
+        server.load_graph(args.graph)
     except GraphFormatError as exc:
         server.stop(0)
         return _fail(str(exc))
-    log.info(
-        "draft service serving %s (max order %d, vocab %d) on %s",
-        graph.path,
-        graph.max_order,
-        graph.vocab_size,
-        server.address,
-    )
+    log.info("%s", server.serving_summary())
     log.info("%s", server.learning_summary())
     # SIGHUP: check the graph path now (the watcher thread does the work)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: server.request_reload())

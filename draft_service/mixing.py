@@ -36,7 +36,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from speculant.types import DraftParams
+from speculant.draft_params import DraftParams
 
 
 def order_weights(

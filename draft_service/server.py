@@ -1,10 +1,9 @@
-"""The draft service over gRPC: speculant.v1.DraftService (Propose, GetGraphInfo).
+"""The draft service's server: speculant.v1.DraftService over gRPC, and its lifecycle.
 
-Two parts: the servicer (DraftServicer), which translates between protos and the drafting core
-(:mod:`draft_service.drafting`): unset optional fields take the server's default DraftParams,
-DRAFT_STRATEGY_UNSPECIFIED means the default strategy (greedy), bad requests become
-INVALID_ARGUMENT naming the field; and the server's lifecycle (DraftServer, start_server, serve):
-the graph opened in the background, hot reload, health, stop.
+DraftServer binds (health NOT_SERVING), opens the graph (then SERVING), watches the graph path
+for a new graph to load without a restart (:mod:`draft_service.reload`), unmaps touched graph
+pages periodically, and stops. The requests themselves are answered by the servicer,
+:class:`draft_service.servicer.DraftServicer`.
 """
 
 from __future__ import annotations
@@ -12,232 +11,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import grpc
-
-from draft_service.drafting import Drafter
-from draft_service.graph_slot import STILL_OPENING, GraphSlot
+from draft_service.graph_slot import STILL_OPENING
 from draft_service.learning import Learning, LearningConfig
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
+from draft_service.servicer import DraftServicer
 from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.graph_reader import NGramGraph
-from speculant.grpc_server import (
-    RESERVED_THREADS,
-    CallLimit,
-    ServiceServer,
-    map_errors,
-    map_stream_errors,
-)
+from speculant.grpc_server import RESERVED_THREADS, ServiceServer
 from speculant.metrics import Metrics
-from speculant.request_context import clean_request_id, request_id_scope
 from speculant.tls import ServerTls
-from speculant.types import DraftParams, DraftProposal, NextRoundDraft
 from speculant.v1 import draft_pb2, draft_pb2_grpc
-from speculant.wire import (
-    draft_params_from_pb,
-    graph_info_to_pb,
-    live_stats_to_pb,
-    next_round_to_pb,
-    proposal_to_pb,
-)
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 # How often the server unmaps the graph pages it touched (see NGramGraph.release_pages).
 RELEASE_INTERVAL_S = 0.5
-
-
-MAX_NEXT_ROUND_DRAFTS = 64
 DEFAULT_LEARNING = LearningConfig()  # learning is on unless a caller passes None
-
-
-def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
-    """INVALID_ARGUMENT naming context_token_ids when it has more than `limit` tokens (checked
-    before any work on them)."""
-    count = len(request.context_token_ids)
-    if count > limit:
-        raise InvalidArgumentError(
-            "context_token_ids",
-            f"has {count} tokens; this draft service takes at most {limit} (--max-context)",
-        )
-
-
-def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | None]:
-    """(how many next-round drafts to prepare, their seed) from a ProposeRequest."""
-    count = request.next_round_drafts if request.HasField("next_round_drafts") else 0
-    if not 0 <= count <= MAX_NEXT_ROUND_DRAFTS:
-        raise InvalidArgumentError(
-            "next_round_drafts", f"must be in 0..{MAX_NEXT_ROUND_DRAFTS}, got {count}"
-        )
-    return count, request.next_round_seed if request.HasField("next_round_seed") else None
-
-
-class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run.
-
-    The graph lives in a :class:`~draft_service.graph_slot.GraphSlot` and may be replaced while
-    serving (hot reload): each Propose call, each request on a ProposeStream (its draft and its
-    next-round drafts) and each GetGraphInfo call is answered wholly from the graph that was
-    current when it arrived; a stream opened before a reload uses the new graph from its next
-    request on. Each proposal is logged (DEBUG) under the request id it names
-    (ProposeRequest.request_id, else the call's).
-
-    At most `max_streams` ProposeStreams are served at once (each holds a worker thread while
-    open); more are refused with RESOURCE_EXHAUSTED at once, and their clients use Propose.
-    """
-
-    def __init__(
-        self,
-        defaults: DraftParams | None = None,
-        metrics: DraftMetrics | None = None,
-        learning: Learning | None = None,
-        *,
-        max_streams: int = 8,
-        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-    ) -> None:
-        """learning: learn from reported generations (Learn); None: Learn answers
-        learning = false and drafts come from the graph alone."""
-        self.defaults = (defaults or DraftParams()).validate()
-        self.metrics = metrics
-        self.learning = learning
-        self.max_context_tokens = max_context_tokens
-        self.slot = GraphSlot(learning.attach if learning is not None else None)
-        self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
-
-    def load(self, graph: NGramGraph) -> None:
-        """Serve graph (replacing the current one, which closes once no call uses it)."""
-        self.slot.install(graph)
-
-    @property
-    def graph(self) -> NGramGraph | None:
-        """The current graph (None before load)."""
-        loaded = self.slot.current
-        return loaded.graph if loaded is not None else None
-
-    @property
-    def drafter(self) -> Drafter | None:
-        """The current graph's drafter (None before load)."""
-        loaded = self.slot.current
-        return loaded.drafter if loaded is not None else None
-
-    @drafter.setter
-    def drafter(self, drafter: Drafter) -> None:
-        self.slot.replace_drafter(drafter)
-
-    def _served(
-        self, request: draft_pb2.ProposeRequest, proposal: DraftProposal, next_round: int
-    ) -> None:
-        """Log and count one proposal (DEBUG: one line per round)."""
-        log.debug(
-            "proposed %d draft tokens for %d context tokens (k=%s, %d next-round drafts)",
-            len(proposal.token_ids),
-            len(request.context_token_ids),
-            request.k if request.HasField("k") else "default",
-            next_round,
-        )
-        if self.metrics is not None:
-            self.metrics.observe(len(proposal.token_ids), next_round)
-
-    @map_errors
-    def Propose(
-        self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
-    ) -> draft_pb2.ProposeResponse:
-        with request_id_scope(clean_request_id(request.request_id)), self.slot.use() as loaded:
-            check_context_length(request, self.max_context_tokens)
-            params, seed = draft_params_from_pb(request, self.defaults)
-            count, next_seed = next_round_request(request)
-            drafter = loaded.drafter
-            proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-            response = (
-                draft_pb2.ProposeResponse()
-                if count and request.next_round_only
-                else proposal_to_pb(proposal)
-            )
-            drafts: list[NextRoundDraft] = []
-            if count:
-                drafts = drafter.next_round_drafts(
-                    request.context_token_ids, proposal.token_ids, params, next_seed, count
-                )
-                response.MergeFrom(next_round_to_pb(drafts, params.strategy == "greedy"))
-            self._served(request, proposal, len(drafts))
-            return response
-
-    @map_stream_errors
-    def ProposeStream(
-        self, requests: Iterator[draft_pb2.ProposeRequest], context: grpc.ServicerContext
-    ) -> Iterator[draft_pb2.ProposeResponse]:
-        """Propose for each request on the stream, in order (a bad request ends the stream).
-
-        A request with next_round_drafts gets its draft first, then a second response with the
-        prepared drafts, computed while the client is busy verifying the first.
-        """
-        if self.slot.current is None:
-            raise UnavailableError(STILL_OPENING)
-        with self.streams.hold():
-            yield from self._propose_stream(requests)
-
-    def _propose_stream(
-        self, requests: Iterator[draft_pb2.ProposeRequest]
-    ) -> Iterator[draft_pb2.ProposeResponse]:
-        for request in requests:
-            with request_id_scope(clean_request_id(request.request_id)):
-                check_context_length(request, self.max_context_tokens)
-                params, seed = draft_params_from_pb(request, self.defaults)
-                count, next_seed = next_round_request(request)
-                with self.slot.use() as loaded:
-                    drafter = loaded.drafter
-                    proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-                    if not count:
-                        self._served(request, proposal, 0)
-                        yield proposal_to_pb(proposal)
-                        continue
-                    if not request.next_round_only:
-                        yield proposal_to_pb(proposal)
-                    # Prepared after the draft went out, while the client verifies it.
-                    drafts = drafter.next_round_drafts(
-                        request.context_token_ids, proposal.token_ids, params, next_seed, count
-                    )
-                    self._served(request, proposal, len(drafts))
-                    yield next_round_to_pb(drafts, params.strategy == "greedy")
-
-    @map_errors
-    def GetGraphInfo(
-        self, request: draft_pb2.GetGraphInfoRequest, context: grpc.ServicerContext
-    ) -> draft_pb2.GetGraphInfoResponse:
-        with self.slot.use() as loaded:
-            response = graph_info_to_pb(loaded.graph)
-            layer = loaded.drafter.live
-            if layer is not None:
-                response.live.CopyFrom(live_stats_to_pb(layer.stats(), layer.weight))
-            return response
-
-    @map_errors
-    def Learn(
-        self, request: draft_pb2.LearnRequest, context: grpc.ServicerContext
-    ) -> draft_pb2.LearnResponse:
-        """Learn a finished generation (see draft.proto); learning = false when off."""
-        if self.learning is None:
-            return draft_pb2.LearnResponse(learning=False)
-        generation_id = request.generation_id or uuid.uuid4().hex
-        with self.slot.use() as loaded:
-            outcome = self.learning.learn(
-                request.token_ids, generation_id, request.persist, loaded.graph.vocab_size
-            )
-            weight = self.learning.config.weight
-        if self.metrics is not None:
-            self.metrics.observe_learned(outcome.learned_tokens, outcome.stats.estimated_bytes)
-        return draft_pb2.LearnResponse(
-            learning=True,
-            learned_tokens=outcome.learned_tokens,
-            persisted=outcome.persisted,
-            live=live_stats_to_pb(outcome.stats, weight),
-        )
 
 
 class DraftServer:
@@ -331,6 +127,15 @@ class DraftServer:
             self._releaser.start()
         return graph
 
+    def serving_summary(self) -> str:
+        """One line for the start-up log: the graph served (after load_graph) and where."""
+        graph = self.servicer.graph
+        assert graph is not None
+        return (
+            f"draft service serving {graph.path} (max order {graph.max_order}, "
+            f"vocab {graph.vocab_size}) on {self.address}"
+        )
+
     def learning_summary(self) -> str:
         """One line for the start-up log: whether and how the service learns."""
         learning = self.servicer.learning
@@ -423,22 +228,10 @@ def start_server(
 
 
 def serve(
-    graph_path: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 50051,
-    *,
-    workers: int = 8,
-    defaults: DraftParams | None = None,
+    graph_path: str | Path, host: str = "127.0.0.1", port: int = 50051, **options: Any
 ) -> None:
-    """Run the draft service until SIGINT/SIGTERM, then stop gracefully."""
-    server = start_server(graph_path, host, port, workers=workers, defaults=defaults)
-    graph = server.servicer.graph
-    assert graph is not None
-    log.info(
-        "draft service serving %s (max order %d, vocab %d) on %s",
-        graph.path,
-        graph.max_order,
-        graph.vocab_size,
-        server.address,
-    )
+    """Run the draft service until SIGINT/SIGTERM, then stop gracefully (options: the keyword
+    arguments of :func:`start_server`)."""
+    server = start_server(graph_path, host, port, **options)
+    log.info("%s", server.serving_summary())
     server.wait_for_termination_signal()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from speculant.types import DraftParams, SparseDistribution
+from speculant.draft_params import DraftParams
+from speculant.types import SparseDistribution
 
 DEFAULT_CACHE_SIZE = 32768  # steps kept per cache (a few MB at most)
 

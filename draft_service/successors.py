@@ -18,8 +18,8 @@ import numpy as np
 from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextIndex, as_arrays, combine
+from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
-from speculant.types import DraftParams
 
 DEAD_END = (-1, 0, 0.0)  # a greedy step where no order matches: (token, order, q)
 # (matching orders, successor ids per order, counts per order, token -> its source)

@@ -32,21 +32,22 @@ DEFAULT_TREE_NODES = 64
 # earn a high weight: by greedy replay on the dev prompts (64 nodes, 16 deep), SmolLM2 chat
 # answers over a distilled graph tau 3.20 / 3.79 / 3.83 with weight 4 / 64 / 256, over the
 # corpus graph 2.66 / 2.80 (4 / 64); tinystories 4.19 / 4.60 (4 / 64). The coordinator uses
-# the overlay only where its measured gain pays its drafting time (gateway.draft_sizing).
+# the overlay only where its measured gain pays its drafting time (gateway.rounds.draft_sizing).
 DEFAULT_OVERLAY_WEIGHT = 64.0
 # Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores
 # overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
 MAX_MIXING_WEIGHT = 1e6
 MIN_MIX_TEMPERATURE = 1e-6
 # Drafts the draft service prepares each round for the likeliest outcomes of the verification,
-# while the verifier runs (the gateway's --next-round-drafts; see gateway.coordinator). On the
-# tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
+# while the verifier runs (the gateway's --next-round-drafts; see gateway.rounds.coordinator). On
+# the tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
 # on a 2-core host the extra drafting competes with the verifier and the gateway for CPU and
 # costs more than the waits it saves, pinned or not (see docs/benchmarks.md), so it
 # is off by default; it can only pay where the draft service has spare CPU (not measured).
 DEFAULT_NEXT_ROUND_DRAFTS = 0
 # How often the draft service looks for a newly published graph (draft_service.reload), and how
-# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.draft_client), in seconds.
+# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.backends.draft_client), in
+# seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0
 # Input bounds of the internal services, checked before any work (INVALID_ARGUMENT naming the
@@ -94,10 +95,10 @@ class DraftConfig(BaseSettings):
     ``tree_nodes`` (default 12; 0 = a chain of k) drafts a tree of up to that many tokens, k
     levels deep, unless min_draft_prob is set (see draft_service.drafting).
     ``adaptive_k`` (default off) lets the coordinator set each round's draft length from the
-    request's acceptance history, between 1 and k (see gateway.adaptive_k).
+    request's acceptance history, between 1 and k (see gateway.rounds.adaptive_k).
     ``draft_size`` "cost" (default) sizes each round's draft by the verifier's cost profile, k
     and tree_nodes being limits, and verifies the best-first part that pays (possibly none:
-    a plain decoding step); "fixed" verifies every drafted token (see gateway.draft_sizing).
+    a plain decoding step); "fixed" verifies every drafted token (see gateway.rounds.draft_sizing).
 
     Graph defaults: the mixing parameters (mixing, escape_weight and the four ``seed`` weights)
     that are not set explicitly (as arguments or SPECULANT_DRAFT__* variables) take the values
@@ -163,8 +164,8 @@ class GenerationConfig(BaseSettings):
     temperature: float = Field(1.0, ge=0.0)
     seed: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list)
-    # Sampling controls (speculant.types.SamplingControls; validated there, by name). None: the
-    # model's generation_config value where it sets one, else off.
+    # Sampling controls (speculant.sampling_controls.SamplingControls; validated there, by
+    # name). None: the model's generation_config value where it sets one, else off.
     top_k: int | None = None
     top_p: float | None = None
     min_p: float | None = None

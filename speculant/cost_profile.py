@@ -3,7 +3,7 @@
 Terms: cost(n) is the wall time in seconds of one forward over n new tokens (the pending token
 and n - 1 draft tokens) appended to a session's KV cache. On a CPU a small model's forward grows
 with every token (compute-bound); on a GPU a forward over 64 tokens costs about what one costs
-(memory-bound), so the draft size that pays differs by hardware (see gateway.draft_sizing).
+(memory-bound), so the draft size that pays differs by hardware (see gateway.rounds.draft_sizing).
 
 A profile holds cost(n) for n = 1..MAX_FORWARD_TOKENS (a dense table). It comes from:
 

@@ -28,6 +28,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
+from speculant.draft_params import TUNABLE_FIELDS, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import (
     FORMAT_VERSION,
@@ -44,7 +45,6 @@ from speculant.graph_format import (
 from speculant.graph_manifest import manifest_sizes
 from speculant.map_guard import MappedFile
 from speculant.suffix_index import INDEX_FILES, MAX_CONTEXT, WEIGHTS_FILE, SuffixIndex
-from speculant.types import TUNABLE_FIELDS, DraftParams
 
 _MADV_DONTNEED = 4
 

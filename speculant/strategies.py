@@ -1,5 +1,5 @@
-"""The draft strategy names of :mod:`speculant.types` ("greedy", "sampling") and their values in
-the protobuf enum ``DraftStrategy``: one mapping for every client and server."""
+"""The draft strategy names of :mod:`speculant.draft_params` ("greedy", "sampling") and their
+values in the protobuf enum ``DraftStrategy``: one mapping for every client and server."""
 
 from __future__ import annotations
 
