@@ -7,20 +7,27 @@ batched, and appends the continuations to the graph as ``speculant build --appen
 are counted (their contexts may reach into the prompt), and the graph's meta records what was
 distilled (model fingerprint, generations, tokens, temperature, prompt source).
 
-Modules: :mod:`distill.prompts` (where prompts come from), :mod:`distill.generation` (batched
-continuations with Hugging Face ``generate``), :mod:`distill.run` (the whole job),
+Modules: :mod:`distill.options` (the job's options and their checks), :mod:`distill.prompts`
+(where prompts come from), :mod:`distill.prompt_source` (which prompts a job sends),
+:mod:`distill.generation` (batched continuations with Hugging Face ``generate``),
+:mod:`distill.progress` (progress bar or log lines), :mod:`distill.run` (the whole job),
 :mod:`distill.cli` (the commands ``distill`` and ``bench distill``).
 """
 
+from importlib import import_module
 from typing import Any
 
-__all__ = ["DistillOptions", "DistillResult", "distill_graph"]
+# the job's API: name -> its module
+_API = {
+    "DistillOptions": "distill.options",
+    "DistillResult": "distill.run",
+    "distill_graph": "distill.run",
+}
+__all__ = list(_API)
 
 
 def __getattr__(name: str) -> Any:
     """The job's API, imported on first use (the CLI imports this package at start-up)."""
-    if name in __all__:
-        from distill import run
-
-        return getattr(run, name)
+    if name in _API:
+        return getattr(import_module(_API[name]), name)
     raise AttributeError(f"module 'distill' has no attribute {name!r}")

@@ -134,13 +134,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         help="also write the prompts drawn to FILE (a prompts file, each with its kind), before "
         "generating",
     )
-    p.add_argument(
-        "--max-tokens",
-        type=positive,
-        default=defaults.MAX_TOKENS,
-        metavar="T",
-        help=f"tokens per continuation (default {defaults.MAX_TOKENS})",
-    )
+    _add_count(p, "--max-tokens", "T", defaults.MAX_TOKENS, "tokens per continuation")
     p.add_argument(
         "--temperature",
         type=_non_negative_float,
@@ -148,20 +142,8 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         metavar="T",
         help="0 = greedy (default); > 0 samples, e.g. at the temperature you serve",
     )
-    p.add_argument(
-        "--batch-size",
-        type=positive,
-        default=defaults.BATCH_SIZE,
-        metavar="B",
-        help=f"continuations generated together (default {defaults.BATCH_SIZE})",
-    )
-    p.add_argument(
-        "--weight",
-        type=positive,
-        default=defaults.WEIGHT,
-        metavar="W",
-        help=f"each continuation n-gram counts W times (default {defaults.WEIGHT})",
-    )
+    _add_count(p, "--batch-size", "B", defaults.BATCH_SIZE, "continuations generated together")
+    _add_count(p, "--weight", "W", defaults.WEIGHT, "each continuation n-gram counts W times")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default auto")
     p.add_argument(
         "--dtype",
@@ -188,6 +170,15 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hf-token", default=None, help="for gated or private hub models (or HF_TOKEN)")
     p.add_argument(
         "--download-mode", choices=["auto", "offline", "force"], default="auto", help="default auto"
+    )
+
+
+def _add_count(
+    p: argparse.ArgumentParser, flag: str, metavar: str, default: int, what: str
+) -> None:
+    """A flag taking a count >= 1, its default in its help."""
+    p.add_argument(
+        flag, type=positive, default=default, metavar=metavar, help=f"{what} (default {default})"
     )
 
 
@@ -226,7 +217,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def options_from_args(args: argparse.Namespace, generations: int | None):
     """The job's options from add_source_args's flags; generations None: the default (one per
     prompt of --prompts, else defaults.GENERATIONS)."""
-    from distill.run import DistillOptions
+    from distill.options import DistillOptions
 
     passage_words = args.passage_words
     return DistillOptions(
@@ -278,7 +269,8 @@ def run_distill(args: argparse.Namespace) -> int:
         transformers_logging.disable_progress_bar()  # "Loading weights" bars
         for name in ("builder", "distill", "verifier_service"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    from distill.run import OptionsError, distill_graph
+    from distill.options import OptionsError
+    from distill.run import distill_graph
 
     try:
         result = distill_graph(options_from_args(args, args.generations))

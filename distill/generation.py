@@ -84,41 +84,20 @@ def generate_continuations(
     row so far and a function that counts the batch's tokens kept so far (up to each row's
     EOS), for progress within a long batch. Neither changes what is generated.
     """
-    device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     eos = set(int(t) for t in eos_token_ids)
-    generator_seed = seed
     per_token = kv_bytes_per_token(model)
     start = 0
+    batch_seed = seed
     while start < len(order):
         longest = len(prompts[order[start]]) + max_tokens
         rows_fit = max(1, kv_cache_bytes // max(1, per_token * longest))
         indexes = order[start : start + min(batch_size, rows_fit)]
         start += len(indexes)
         rows = [prompts[i] for i in indexes]
-        width = max(len(r) for r in rows)
-        input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # [B, L]
-        attention = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
-        for row, ids in enumerate(rows):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention[row, width - len(ids) :] = 1
-        torch.manual_seed(generator_seed)
-        generator_seed += 1
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        steps = {}
-        if on_step is not None:
-            steps["stopping_criteria"] = StoppingCriteriaList([_Steps(width, eos, on_step)])
-        with torch.inference_mode():
-            output = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                max_new_tokens=max_tokens,
-                eos_token_id=list(eos) or None,
-                pad_token_id=pad_token_id,
-                **(sampling if temperature > 0 else {"do_sample": False}),
-                **steps,
-            )  # [B, L + new]
-        new = output[:, width:].tolist()
+        torch.manual_seed(batch_seed)
+        batch_seed += 1
+        new = _generate_batch(model, rows, max_tokens, temperature, eos, pad_token_id, on_step)
         tokens = 0
         for index, ids, continuation in zip(indexes, rows, new, strict=True):
             kept = _until_eos(continuation, eos)
@@ -126,6 +105,48 @@ def generate_continuations(
             yield Generation(index, list(ids), kept)
         if on_batch is not None:
             on_batch(len(rows), tokens)
+
+
+def _generate_batch(
+    model: PreTrainedModel,
+    rows: list[list[int]],
+    max_tokens: int,
+    temperature: float,
+    eos: set[int],
+    pad_token_id: int,
+    on_step: Callable[[int, Callable[[], int]], None] | None,
+) -> list[list[int]]:
+    """One batch through ``generate`` (see generate_continuations): each row's max_tokens new
+    tokens, EOS and what follows it included."""
+    device = next(model.parameters()).device
+    input_ids, attention = _left_padded(rows, pad_token_id)  # [B, L]
+    width = input_ids.shape[1]
+    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+    steps = {}
+    if on_step is not None:
+        steps["stopping_criteria"] = StoppingCriteriaList([_Steps(width, eos, on_step)])
+    with torch.inference_mode():
+        output = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_tokens,
+            eos_token_id=list(eos) or None,
+            pad_token_id=pad_token_id,
+            **(sampling if temperature > 0 else {"do_sample": False}),
+            **steps,
+        )  # [B, L + new]
+    return output[:, width:].tolist()
+
+
+def _left_padded(rows: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids [B, L], attention mask [B, L]) of rows padded on the left to the longest."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)  # [B, L]
+    attention = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
+    for row, ids in enumerate(rows):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention[row, width - len(ids) :] = 1
+    return input_ids, attention
 
 
 class _Steps(StoppingCriteria):

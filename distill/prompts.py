@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,19 +62,11 @@ def corpus_prompts(
     if not 1 <= min_words <= max_words:
         raise BuildError(f"prefix words: need 1 <= min {min_words} <= max {max_words}")
     rng = np.random.default_rng(seed)
-    files = resolve_inputs(inputs)
-    reservoir: list[str] = []
-    seen = 0
-    for document in iter_documents(files, text_field=text_field, doc_separator=doc_separator):
-        if len(word_ends(document, min_words + 1)) <= min_words:
-            continue  # too short to cut a prefix from
-        seen += 1
-        if len(reservoir) < count:
-            reservoir.append(document)
-        else:
-            slot = int(rng.integers(seen))
-            if slot < count:
-                reservoir[slot] = document
+    documents = iter_documents(
+        resolve_inputs(inputs), text_field=text_field, doc_separator=doc_separator
+    )
+    long_enough = (d for d in documents if len(word_ends(d, min_words + 1)) > min_words)
+    reservoir = _reservoir(long_enough, count, rng)
     if not reservoir:
         raise BuildError(
             f"no document of {' '.join(inputs)} has more than {min_words} words to cut a prompt "
@@ -88,6 +80,20 @@ def corpus_prompts(
         words = min(int(rng.integers(min_words, max_words + 1)), len(ends) - 1)
         prompts.append(Prompt(text=document[: ends[words - 1]]))
     return prompts
+
+
+def _reservoir(items: Iterable[str], count: int, rng: np.random.Generator) -> list[str]:
+    """`count` of the items drawn uniformly in one pass (reservoir sampling; all of them when
+    there are fewer): each item after the first `count` replaces a random slot, or none."""
+    reservoir: list[str] = []
+    for seen, item in enumerate(items, start=1):
+        if len(reservoir) < count:
+            reservoir.append(item)
+        else:
+            slot = int(rng.integers(seen))
+            if slot < count:
+                reservoir[slot] = item
+    return reservoir
 
 
 def passages(
@@ -166,18 +172,11 @@ def corpus_passages(
             f"unknown passage template {unknown[0]!r} (known: {', '.join(PASSAGE_TEMPLATES)})"
         )
     rng = np.random.default_rng(seed)
-    files = resolve_inputs(inputs)
-    reservoir: list[str] = []
-    seen = 0
-    for document in iter_documents(files, text_field=text_field, doc_separator=doc_separator):
-        for passage in passages(document, rng, min_words, max_words):
-            seen += 1
-            if len(reservoir) < count:
-                reservoir.append(passage)
-            else:
-                slot = int(rng.integers(seen))
-                if slot < count:
-                    reservoir[slot] = passage
+    documents = iter_documents(
+        resolve_inputs(inputs), text_field=text_field, doc_separator=doc_separator
+    )
+    all_passages = (p for d in documents for p in passages(d, rng, min_words, max_words))
+    reservoir = _reservoir(all_passages, count, rng)
     if not reservoir:
         raise BuildError(
             f"no document of {' '.join(inputs)} has {min_words} words for a passage (is "

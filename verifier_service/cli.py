@@ -104,6 +104,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=serve_verifier)
 
 
+# (flag's attribute, VerifierConfig field) of the optional flags: set only when given
+_OPTIONAL_SETTINGS = (
+    ("session_ttl", "session_ttl_s"),
+    ("max_sessions", "max_sessions"),
+    ("max_batch", "max_batch"),
+    ("max_unary_sessions", "max_unary_sessions"),
+    ("max_draft_tokens", "max_draft_tokens"),
+    ("torch_threads", "torch_threads"),
+)
+
+
 def config_from_args(args: argparse.Namespace) -> VerifierConfig:
     from pydantic import ValidationError
 
@@ -117,18 +128,9 @@ def config_from_args(args: argparse.Namespace) -> VerifierConfig:
     }
     if args.hf_token:
         overrides["hf_token"] = args.hf_token
-    if getattr(args, "session_ttl", None) is not None:
-        overrides["session_ttl_s"] = args.session_ttl
-    if getattr(args, "max_sessions", None) is not None:
-        overrides["max_sessions"] = args.max_sessions
-    if getattr(args, "max_batch", None) is not None:
-        overrides["max_batch"] = args.max_batch
-    if getattr(args, "max_unary_sessions", None) is not None:
-        overrides["max_unary_sessions"] = args.max_unary_sessions
-    if getattr(args, "max_draft_tokens", None) is not None:
-        overrides["max_draft_tokens"] = args.max_draft_tokens
-    if getattr(args, "torch_threads", None) is not None:
-        overrides["torch_threads"] = args.torch_threads
+    for flag, setting in _OPTIONAL_SETTINGS:
+        if getattr(args, flag, None) is not None:
+            overrides[setting] = getattr(args, flag)
     try:
         return VerifierConfig(**overrides)
     except ValidationError as exc:

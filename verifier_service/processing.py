@@ -6,8 +6,8 @@ Terms:
   path, accepted or not yet decided).
 - *counts*: how often each vocabulary token occurs in a history, ``[rows, V]``.
 - *scores*: processed logits, ``[rows, V]`` float32, in Hugging Face ``generate``'s order (see
-  :class:`speculant.types.SamplingControls`): penalties over the history, then the temperature
-  and the warpers, removed tokens at -inf. At temperature > 0, p = softmax(scores); at
+  :class:`speculant.sampling_controls.SamplingControls`): penalties over the history, then the
+  temperature and the warpers, removed tokens at -inf. At temperature > 0, p = softmax(scores); at
   temperature 0 the scores are the penalised logits and the emitted token is their argmax.
 
 Rejection sampling (:mod:`verifier_service.rejection`) then runs on the scores at
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from speculant.types import SamplingControls, TokenLogprobs
+from speculant.sampling_controls import SamplingControls
+from speculant.types import TokenLogprobs
 
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny
 _REMOVED = float("-inf")

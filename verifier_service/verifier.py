@@ -7,7 +7,8 @@ token (the session's *pending* token); each ``verify`` runs ONE forward over
 and crops the KV cache so that it holds exactly the emitted tokens but the last (the new pending
 token). Terms (p, q, accepted, bonus) are defined in :mod:`speculant.types`. Chain verifies of
 concurrent sessions share one forward pass (:mod:`verifier_service.batching`, up to
-``config.max_batch``).
+``config.max_batch``). Every request is checked before any work on it
+(:mod:`verifier_service.validation`).
 
 Session ids are chosen by the caller and must be non-empty here; the gRPC servicer picks a
 ``uuid4().hex`` when a Prefill request leaves it empty (:func:`new_session_id`). A live session
@@ -18,41 +19,42 @@ is never replaced, and unary-Prefill sessions are a kind of their own (see
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypeVar
 
-import numpy as np
 import torch
 
 from speculant.config import VerifierConfig
-from speculant.errors import InvalidArgumentError, OutOfRangeError
+from speculant.errors import OutOfRangeError
+from speculant.sampling_controls import SamplingControls
 from speculant.tokenizer import tokenizer_fingerprint
 from speculant.types import (
     DraftProposal,
     ModelInfo,
-    SamplingControls,
     SparseDistribution,
     TokenLogprobs,
     VerifierStats,
     VerifyResult,
-    check_top_logprobs,
 )
 from verifier_service.batching import VerifyBatcher, VerifyJob, run_job
 from verifier_service.cost_probe import measure_cost_profile
 from verifier_service.model import LoadedModel
+from verifier_service.model_runner import ModelRunner
 from verifier_service.processing import TargetProcessor, count_tokens, token_logprobs
 from verifier_service.rejection import RejectionOutput, sample_token
 from verifier_service.sessions import Session, SessionStore
+from verifier_service.validation import (
+    check_draft_size,
+    check_parents,
+    check_token_ids,
+    checked_start,
+    dense_q,
+)
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed for a draft distribution
 
 
 def new_session_id() -> str:
@@ -76,11 +78,8 @@ class LocalVerifier:
     ) -> None:
         """Load config.model_name (ModelLoadError if impossible), or use an already-loaded model.
 
-        model_thread: run every forward and sampling step on one dedicated thread. Servers
-        with more than one torch thread want this: torch's OpenMP pool is per calling thread, so
-        forwards from many RPC worker threads would each start a pool of spinning threads and
-        starve the CPU. With one torch thread (no pool) or one in-process caller, a lock does
-        and saves a thread hand-off per call.
+        model_thread: run every forward and sampling step on one dedicated thread (see
+        verifier_service.model_runner), else under a lock.
         """
         self.config = config
         self.model = model if model is not None else LoadedModel.load(config)
@@ -90,10 +89,8 @@ class LocalVerifier:
             max_unary_sessions=config.max_unary_sessions,
             sweep_interval_s=sweep_interval_s,
         )
-        self._forward_lock = threading.Lock()  # one forward at a time on the shared model
-        self._model_thread = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="model") if model_thread else None
-        )
+        self._model_runner = ModelRunner(thread=model_thread)
+        self._on_model = self._model_runner.run  # forward + sampling, alone on the model
         # The capability probes run once, here, on the model (thread): forwards run nowhere else.
         can_batch, _ = self._on_model(
             lambda: (self.model.supports_batching, self.model.supports_trees)
@@ -146,86 +143,12 @@ class LocalVerifier:
                 self._batcher.jobs / self._batcher.forwards,
             )
         self.sessions.close()
-        if self._model_thread is not None:
-            self._model_thread.shutdown(wait=False)
-
-    def _on_model(self, fn: Callable[[], T]) -> T:
-        """Run fn (forward + sampling) alone on the model: on the model thread, or under a lock."""
-        if self._model_thread is not None:
-            return self._model_thread.submit(fn).result()
-        with self._forward_lock:
-            return fn()
-
-    # -- validation --------------------------------------------------------------------------
+        self._model_runner.close()
 
     def check_draft_size(self, draft_tokens: int, distributions: int) -> None:
         """INVALID_ARGUMENT unless a Verify of this many draft tokens and distributions is within
         config.max_draft_tokens (checked before any work on them)."""
-        limit = self.config.max_draft_tokens
-        for field, count in (
-            ("draft_token_ids", draft_tokens),
-            ("draft_distributions", distributions),
-        ):
-            if count > limit:
-                raise InvalidArgumentError(
-                    field,
-                    f"has {count} entries; a Verify takes at most {limit} draft tokens "
-                    "(--max-draft-tokens)",
-                )
-
-    def _check_ids(self, ids: Sequence[int], field: str) -> None:
-        vocab = self.model.vocab_size
-        for i, token in enumerate(ids):
-            if not 0 <= token < vocab:
-                raise InvalidArgumentError(
-                    f"{field}[{i}]", f"token id {token} is outside the vocabulary [0, {vocab})"
-                )
-
-    def _dense_q(
-        self, draft_ids: Sequence[int], dists: Sequence[SparseDistribution]
-    ) -> torch.Tensor:
-        """Validate sparse q's and scatter them into a dense [k, V] float32 tensor."""
-        if len(dists) != len(draft_ids):
-            raise InvalidArgumentError(
-                "draft_distributions",
-                f"has {len(dists)} entries for {len(draft_ids)} draft tokens"
-                " (give one per draft token, or none for point-mass drafts)",
-            )
-        vocab = self.model.vocab_size
-        rows: list[np.ndarray] = []
-        cols: list[np.ndarray] = []
-        vals: list[np.ndarray] = []
-        for i, (draft, dist) in enumerate(zip(draft_ids, dists, strict=True)):
-            field = f"draft_distributions[{i}]"
-            ids = np.asarray(dist.token_ids, dtype=np.int64)
-            probs = np.asarray(dist.probs, dtype=np.float64)
-            if ids.shape != probs.shape or ids.ndim != 1:
-                raise InvalidArgumentError(
-                    field, f"token_ids ({ids.size}) and probs ({probs.size}) differ in length"
-                )
-            if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-                raise InvalidArgumentError(
-                    f"{field}.token_ids", f"token ids must be in [0, {vocab})"
-                )
-            if not np.all(np.isfinite(probs)) or np.any(probs < 0):
-                raise InvalidArgumentError(f"{field}.probs", "must be finite and >= 0")
-            total = float(probs.sum())
-            if abs(total - 1.0) > PROB_SUM_TOLERANCE:
-                raise InvalidArgumentError(f"{field}.probs", f"must sum to 1, got {total:.6g}")
-            if float(probs[ids == draft].sum()) <= 0:
-                raise InvalidArgumentError(
-                    field, f"gives the draft token {draft} probability 0 (q(d) must be > 0)"
-                )
-            rows.append(np.full(ids.size, i, dtype=np.int64))
-            cols.append(ids)
-            vals.append(probs / total)
-        q = torch.zeros(len(draft_ids), vocab, dtype=torch.float32)
-        q.index_put_(
-            (torch.from_numpy(np.concatenate(rows)), torch.from_numpy(np.concatenate(cols))),
-            torch.from_numpy(np.concatenate(vals)).float(),
-            accumulate=True,  # repeated ids add up
-        )
-        return q.to(self.model.device, non_blocking=True)  # [k, V]
+        check_draft_size(draft_tokens, distributions, self.config.max_draft_tokens)
 
     # -- API ---------------------------------------------------------------------------------
 
@@ -249,76 +172,56 @@ class LocalVerifier:
         SamplingControls), for every token of the session. top_logprobs: every result of the
         session reports its tokens' logprobs with this many alternatives (None: none).
         """
-        prompt = self._checked_start(session_id, prompt_ids, temperature, seed, top_logprobs)
+        prompt = checked_start(
+            session_id,
+            prompt_ids,
+            temperature,
+            seed,
+            top_logprobs,
+            vocab=self.model.vocab_size,
+            max_context=self.model.max_context,
+        )
         resolved = (
             (controls or SamplingControls()).validate().resolved(self.model.sampling_defaults)
         )
         processor = TargetProcessor(resolved, float(temperature))
         self.sessions.check_capacity(session_id, unary)
 
-        device = self.model.device
-        generator = self._generator(seed)
-        cache = self.model.new_cache()
-        counts = None
-        if processor.penalises:  # [V] occurrences of each token in the cache
-            counts = torch.zeros(self.model.vocab_size, dtype=torch.float32, device=device)
-            count_tokens(counts, prompt)
-
-        def run() -> tuple[int, list[TokenLogprobs]]:
-            input_ids = torch.tensor(prompt, dtype=torch.long, device=device)  # [n]
-            logits = self.model.forward(cache, input_ids, 0, logits_to_keep=1)  # [1, V]
-            scores = processor.scores(logits, None if counts is None else counts[None])  # [1, V]
-            token = sample_token(scores[0], processor.sampling_temperature, generator)
-            if top_logprobs is None:
-                return token, []
-            return token, token_logprobs(processor.log_probs(scores), [token], top_logprobs)
-
-        token, logprobs = self._on_model(run)
-        self._count(forward=1)
-        self.sessions.add(
-            Session(
-                session_id=session_id,
-                cache=cache,
-                length=len(prompt),
-                pending_token=token,
-                processor=processor,
-                generator=generator,
-                counts=counts,
-                top_logprobs=top_logprobs,
-                unary=unary,
-            )
+        session = Session(
+            session_id=session_id,
+            cache=self.model.new_cache(),
+            length=len(prompt),
+            pending_token=-1,  # the first token: sampled by the prefill
+            processor=processor,
+            generator=self._generator(seed),
+            counts=self._counts(prompt) if processor.penalises else None,
+            top_logprobs=top_logprobs,
+            unary=unary,
         )
-        return VerifyResult(accepted_count=0, token_ids=[token], logprobs=logprobs)
+        logprobs = self._on_model(lambda: self._prefill(session, prompt))
+        self._count(forward=1)
+        self.sessions.add(session)
+        return VerifyResult(accepted_count=0, token_ids=[session.pending_token], logprobs=logprobs)
 
-    def _checked_start(
-        self,
-        session_id: str,
-        prompt_ids: Sequence[int],
-        temperature: float,
-        seed: int | None,
-        top_logprobs: int | None,
-    ) -> list[int]:
-        """The prompt as ints, once every argument of :meth:`start` is valid
-        (InvalidArgumentError naming the first that is not)."""
-        if not session_id:
-            raise InvalidArgumentError("session_id", "must not be empty")
-        if not prompt_ids:
-            raise InvalidArgumentError("prompt_token_ids", "must not be empty")
-        max_ctx = self.model.max_context
-        if len(prompt_ids) >= max_ctx:  # before any work on them
-            raise InvalidArgumentError(
-                "prompt_token_ids",
-                f"has {len(prompt_ids)} tokens; the model's context is {max_ctx} tokens"
-                f" (at most {max_ctx - 1} prompt tokens, to leave room for one generated token)",
-            )
-        prompt = [int(t) for t in prompt_ids]
-        self._check_ids(prompt, "prompt_token_ids")
-        if not (math.isfinite(temperature) and temperature >= 0):
-            raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
-        if seed is not None and not 0 <= seed < 2**64:
-            raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
-        check_top_logprobs(top_logprobs)
-        return prompt
+    def _counts(self, tokens: list[int]) -> torch.Tensor:
+        """[V] occurrences of each of the tokens (what penalties see, see processing)."""
+        counts = torch.zeros(self.model.vocab_size, dtype=torch.float32, device=self.model.device)
+        count_tokens(counts, tokens)
+        return counts
+
+    def _prefill(self, session: Session, prompt: list[int]) -> list[TokenLogprobs]:
+        """The prompt's forward into the new session's empty cache, and its first token (the
+        pending one) sampled from p after it; the token's logprobs when the session reports
+        them. Run on the model."""
+        processor, counts = session.processor, session.counts
+        input_ids = torch.tensor(prompt, dtype=torch.long, device=self.model.device)  # [n]
+        logits = self.model.forward(session.cache, input_ids, 0, logits_to_keep=1)  # [1, V]
+        scores = processor.scores(logits, None if counts is None else counts[None])  # [1, V]
+        token = sample_token(scores[0], processor.sampling_temperature, session.generator)
+        session.pending_token = token
+        if session.top_logprobs is None:
+            return []
+        return token_logprobs(processor.log_probs(scores), [token], session.top_logprobs)
 
     def _generator(self, seed: int | None) -> torch.Generator:
         """A session's random generator on the model's device: seeded, or random when None."""
@@ -360,8 +263,11 @@ class LocalVerifier:
         """
         self.check_draft_size(len(draft_ids), len(draft_distributions or ()))
         drafts = [int(t) for t in draft_ids]
-        self._check_ids(drafts, "draft_token_ids")
-        q = self._dense_q(drafts, draft_distributions) if draft_distributions else None
+        vocab = self.model.vocab_size
+        check_token_ids(drafts, "draft_token_ids", vocab)
+        q = None
+        if draft_distributions:
+            q = dense_q(drafts, draft_distributions, vocab).to(self.model.device, non_blocking=True)
         if draft_parents:
             parents = [int(p) for p in draft_parents]
             return self._verify_tree(session_id, drafts, parents, q, unary)
@@ -428,15 +334,7 @@ class LocalVerifier:
     ) -> VerifyResult:
         """verify() for a draft tree: one forward over all branches, then the tree walk.
         q: [n, V] dense q of sampled drafts, or None for point masses."""
-        if len(parents) != len(drafts):
-            raise InvalidArgumentError(
-                "draft_parents", f"has {len(parents)} entries for {len(drafts)} draft tokens"
-            )
-        for i, parent in enumerate(parents):
-            if not -1 <= parent < i:
-                raise InvalidArgumentError(
-                    f"draft_parents[{i}]", f"must be -1 or an earlier index (< {i}), got {parent}"
-                )
+        check_parents(parents, len(drafts))
         with self.sessions.use(session_id, unary) as session:
             room = self._room(session_id, session.length)  # tree depth that still fits
             tree = DraftProposal(drafts, parents=parents)
