@@ -37,7 +37,6 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
     """Build a graph from the arguments of ``bench build`` and return the figures."""
     from builder import GraphBuilder
     from builder.cli import builder_kwargs, read_inputs
-    from builder.info import disk_usage
 
     logging.getLogger("builder").setLevel(logging.WARNING)
     scratch = None
@@ -53,50 +52,62 @@ def bench_build(args: argparse.Namespace) -> dict[str, Any]:
             read_inputs(builder, args)
             meta = builder.save(out)
         wall = time.perf_counter() - t0
-        s = builder.stats
-        count_write = s.count_seconds + s.write_seconds
-        params = meta.build_params
-        return {
-            "corpus": list(args.corpus or [])
-            + ([f"dataset:{args.dataset}"] if args.dataset else []),
-            "tokenizer": args.tokenizer,
-            "max_order": meta.max_order,
-            "doc_separator": args.doc_separator,
-            "engine": params["engine"],
-            "workers": params["workers"],
-            "partitions": params["partitioning"]["partitions"],
-            "wall_seconds": round(wall, 3),
-            "count_wall_seconds": round(s.count_wall_seconds, 3),
-            "count_wall_tokens_per_second": round(s.tokens / max(s.count_wall_seconds, 1e-9)),
-            "corpus_bytes": corpus_bytes(builder),
-            "task_seconds": round(
-                task_s := sum(m["seconds"]["total"] for m in builder._manifests), 3
-            ),
-            "tokens_per_worker_second": round(s.tokens / max(task_s, 1e-9)),
-            "corpus_bytes_per_worker_second": round(corpus_bytes(builder) / max(task_s, 1e-9)),
-            "tokenizer_load_seconds": round(t_loaded - t0, 3),
-            "read_seconds": round(s.read_seconds, 3),
-            "tokenize_seconds": round(s.tokenize_seconds, 3),
-            "count_seconds": round(s.count_seconds, 3),
-            "merge_write_seconds": round(s.write_seconds, 3),
-            "tokenize_tokens_per_second": round(s.tokens / max(s.tokenize_seconds, 1e-9)),
-            "count_write_tokens_per_second": round(s.tokens / max(count_write, 1e-9)),
-            "peak_rss_bytes": peak_rss_bytes(),
-            "worker_peak_rss_bytes": max(
-                (m["worker_peak_rss_bytes"] for m in builder._manifests), default=0
-            ),
-            "graph_size_on_disk_bytes": (size := disk_usage(Path(out))),
-            "graph_bytes_per_token": round(size / max(meta.corpus_tokens, 1), 2),
-            "build_tokens_per_second": round(s.tokens / max(wall, 1e-9)),
-            "max_context": meta.index.get("max_context", meta.max_order),
-            "documents": meta.corpus_documents,
-            "tokens": meta.corpus_tokens,
-            "contexts_per_order": {str(o.order): o.contexts for o in meta.orders},
-            "ngrams_per_order": {str(o.order): o.ngrams for o in meta.orders},
-        }
+        return build_figures(args, builder, meta, Path(out), wall, t_loaded - t0)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def build_figures(
+    args: argparse.Namespace,
+    builder: Any,
+    meta: Any,
+    out: Path,
+    wall: float,
+    tokenizer_load_seconds: float,
+) -> dict[str, Any]:
+    """The figures of a finished build (see the module docstring) of the graph at out; wall:
+    its seconds, tokenizer_load_seconds of them loading the tokenizer."""
+    from builder.info import disk_usage
+
+    s = builder.stats
+    count_write = s.count_seconds + s.write_seconds
+    params = meta.build_params
+    return {
+        "corpus": list(args.corpus or []) + ([f"dataset:{args.dataset}"] if args.dataset else []),
+        "tokenizer": args.tokenizer,
+        "max_order": meta.max_order,
+        "doc_separator": args.doc_separator,
+        "engine": params["engine"],
+        "workers": params["workers"],
+        "partitions": params["partitioning"]["partitions"],
+        "wall_seconds": round(wall, 3),
+        "count_wall_seconds": round(s.count_wall_seconds, 3),
+        "count_wall_tokens_per_second": round(s.tokens / max(s.count_wall_seconds, 1e-9)),
+        "corpus_bytes": corpus_bytes(builder),
+        "task_seconds": round(task_s := sum(m["seconds"]["total"] for m in builder._manifests), 3),
+        "tokens_per_worker_second": round(s.tokens / max(task_s, 1e-9)),
+        "corpus_bytes_per_worker_second": round(corpus_bytes(builder) / max(task_s, 1e-9)),
+        "tokenizer_load_seconds": round(tokenizer_load_seconds, 3),
+        "read_seconds": round(s.read_seconds, 3),
+        "tokenize_seconds": round(s.tokenize_seconds, 3),
+        "count_seconds": round(s.count_seconds, 3),
+        "merge_write_seconds": round(s.write_seconds, 3),
+        "tokenize_tokens_per_second": round(s.tokens / max(s.tokenize_seconds, 1e-9)),
+        "count_write_tokens_per_second": round(s.tokens / max(count_write, 1e-9)),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "worker_peak_rss_bytes": max(
+            (m["worker_peak_rss_bytes"] for m in builder._manifests), default=0
+        ),
+        "graph_size_on_disk_bytes": (size := disk_usage(out)),
+        "graph_bytes_per_token": round(size / max(meta.corpus_tokens, 1), 2),
+        "build_tokens_per_second": round(s.tokens / max(wall, 1e-9)),
+        "max_context": meta.index.get("max_context", meta.max_order),
+        "documents": meta.corpus_documents,
+        "tokens": meta.corpus_tokens,
+        "contexts_per_order": {str(o.order): o.contexts for o in meta.orders},
+        "ngrams_per_order": {str(o.order): o.ngrams for o in meta.orders},
+    }
 
 
 def format_bench(f: dict[str, Any]) -> str:

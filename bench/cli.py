@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
-from typing import TypeVar
 
+from bench.options import options_from_args
 from builder.cli import add_corpus_args, builder_errors
 from distill.cli import add_source_args, budgets, distill_errors, positive
 from speculant.cli_errors import fail, usage_error
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES, MIXING_MODES, DraftConfig
 from verifier_service.cli import add_model_args, config_from_args
-
-T = TypeVar("T")
 
 
 def register(
@@ -25,7 +22,7 @@ def register(
 ) -> None:
     """Add ``tune``, ``load`` and every ``speculant bench`` target."""
     from bench.generate_cli import register_bench
-    from bench.load import register_load
+    from bench.load_cli import register_load
 
     tune = subparsers.add_parser(
         "tune",
@@ -199,30 +196,12 @@ def run_tune_command(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from bench.tune import (
-        TuneOptions,
-        format_table,
-        print_progress,
-        run_tune,
-        write_tuned,
-    )
+    from bench.tune import TuneOptions, run_tune
+    from bench.tune_report import format_table, print_progress, write_tuned
     from speculant.errors import SpeculantError
 
-    options = TuneOptions(
-        graph=args.graph,
-        model=args.model,
-        prompts=args.prompts,
-        max_prompts=args.max_prompts,
-        max_tokens=args.max_tokens,
-        k=args.k,
-        tree_nodes=args.tree_nodes,
-        train_fraction=args.train_fraction,
-        metric=args.metric,
-        seed=args.seed,
-        device=args.device,
-    )
     try:
-        result = run_tune(options, print_progress)
+        result = run_tune(options_from_args(TuneOptions, args), print_progress)
         print(format_table(result))
         if args.write:
             result["written"] = write_tuned(args.graph, result)
@@ -247,16 +226,6 @@ def _add_draft_shape(p: argparse.ArgumentParser) -> None:
 
 def _add_workers(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=8, help="server worker threads")
-
-
-def options_from_args(options: type[T], args: argparse.Namespace, **given: object) -> T:
-    """A benchmark's options dataclass: each field from the flag of its name (json_out from
-    --json), unless given."""
-    values = {"json_out": args.json, **given}
-    for field in fields(options):  # type: ignore[arg-type]
-        if field.name not in values and hasattr(args, field.name):
-            values[field.name] = getattr(args, field.name)
-    return options(**values)
 
 
 def bench_draft(args: argparse.Namespace) -> int:

@@ -14,13 +14,11 @@ from bench.cost import (
     DEFAULT_COST_MODELS,
     DEFAULT_NEW_TOKENS,
     DEFAULT_REPEATS,
-    FORMULA,
     CostSettings,
     format_cost_table,
-    format_projection,
-    project_all,
     run_cost,
 )
+from bench.cost_projection import FORMULA, format_projection, project_all
 
 
 def parse_counts(text: str) -> tuple[int, ...]:

@@ -29,20 +29,20 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate, verify_all
+from bench.replay_report import every_8, kind_labels, kinds_in, replayed_drafts
 from bench.settings import DEMO_PROMPTS, SHARED_DEV_PROMPTS
 from distill.generation import Generation
 from distill.run import append_generations, continuations, prepare
 from speculant.cli_errors import EXIT_USAGE, CommandError
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.prompt_records import PromptRecord, PromptsError, kinds_of, load_prompts
-from speculant.types import DraftParams
-
-NO_KIND = "(none)"  # the group of records without a kind, when others have one
+from speculant.prompt_records import PromptRecord, PromptsError, load_prompts
 
 
 def eval_prompts(path: str | None, limit: int | None) -> tuple[Path, list[PromptRecord]]:
@@ -55,14 +55,6 @@ def eval_prompts(path: str | None, limit: int | None) -> tuple[Path, list[Prompt
         return chosen, load_prompts(chosen, limit)
     except PromptsError as exc:
         raise CommandError(f"--eval-prompts: {exc}", EXIT_USAGE) from exc
-
-
-def kind_labels(prompts: Sequence[PromptRecord]) -> list[str]:
-    """Each prompt's group for the per-kind figures: "" for all when no record has a kind,
-    else its kind (NO_KIND for a record without one)."""
-    if not kinds_of(prompts):
-        return ["" for _ in prompts]
-    return [prompt.kind or NO_KIND for prompt in prompts]
 
 
 def default_drafts() -> DraftParams:
@@ -123,7 +115,7 @@ def measure_tau(
     finally:
         graph.close()
     row = figures(results)
-    kinds = list(dict.fromkeys(label for label in labels if label))
+    kinds = kinds_in(labels)
     if kinds:
         row["by_kind"] = {
             kind: figures([r for r, label in zip(results, labels, strict=True) if label == kind])
@@ -147,8 +139,9 @@ def run_bench(args: argparse.Namespace) -> int:
     job = prepare(options)
     loaded = job.loaded
     started = time.perf_counter()
+    progress = every_8(_progress, "greedy continuations of the evaluation prompts")
     try:
-        traces = prompt_traces(loaded, prompts, args.eval_max_tokens, _every_8)
+        traces = prompt_traces(loaded, prompts, args.eval_max_tokens, progress)
     except InvalidArgumentError as exc:  # a prompt the model cannot take
         raise CommandError(f"--eval-prompts {prompts_path}: {exc}", EXIT_USAGE) from exc
     eval_seconds = time.perf_counter() - started
@@ -156,40 +149,24 @@ def run_bench(args: argparse.Namespace) -> int:
     generations: list[Generation] = sorted(continuations(job), key=lambda g: g.index)
     generate_seconds = time.perf_counter() - started
     per_generation = generate_seconds / max(len(generations), 1)
-    rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-distill-") as scratch:
-        for budget in budgets:
-            graph = job.graph
-            if budget > 0:
-                graph = Path(scratch) / f"graph-{budget}"
-                shutil.copytree(job.graph, graph)
-                append_generations(job, generations[:budget], graph)
-            row = {"generations": budget, "est_generate_seconds": budget * per_generation}
-            row |= measure_tau(
-                graph, traces, labels, params, args.eval_max_tokens, loaded.max_context
-            )
-            rows.append(row)
-            _progress(f"budget {budget}: tau {row['tau_median']:.2f} (median)")
-            if save_graph is not None and budget == max(budgets):
-                shutil.copytree(graph, save_graph)
-                _progress(f"budget {budget}: graph kept at {save_graph}")
-            if graph != job.graph:
-                shutil.rmtree(graph, ignore_errors=True)
-    kinds = list(dict.fromkeys(label for label in labels if label))
+    measure = partial(
+        measure_tau,
+        traces=traces,
+        labels=labels,
+        params=params,
+        max_tokens=args.eval_max_tokens,
+        max_context=loaded.max_context,
+    )
+    rows = budget_rows(job, generations, budgets, per_generation, measure, save_graph)
     result = {
         "graph": str(job.graph),
         "model": args.model,
         "eval_prompts": str(prompts_path),
         "prompts": len(prompts),
-        "kinds": {kind: labels.count(kind) for kind in kinds},
+        "kinds": {kind: labels.count(kind) for kind in kinds_in(labels)},
         "eval_max_tokens": args.eval_max_tokens,
         "eval_seconds": eval_seconds,
-        "draft": {
-            "k": params.k,
-            "tree_nodes": params.tree_nodes,
-            "overlay_weight": params.overlay_weight,
-            "verified": "every drafted token (a flat cost profile)",
-        },
+        "draft": replayed_drafts(params),
         "max_tokens": options.max_tokens,
         "temperature": options.temperature,
         "weight": options.weight,
@@ -204,6 +181,37 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plot:
         plot(result, args.plot)
     return 0
+
+
+def budget_rows(
+    job: Any,
+    generations: list[Generation],
+    budgets: Sequence[int],
+    per_generation: float,
+    measure: Callable[[Path], dict[str, Any]],
+    save_graph: Path | None,
+) -> list[dict[str, Any]]:
+    """A row per budget b: the figures `measure` gives of a scratch copy of the job's graph
+    with the first b generations appended (budget 0: the graph itself), and the seconds
+    generating them would take; the largest budget's graph is copied to save_graph if given."""
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-distill-") as scratch:
+        for budget in budgets:
+            graph = job.graph
+            if budget > 0:
+                graph = Path(scratch) / f"graph-{budget}"
+                shutil.copytree(job.graph, graph)
+                append_generations(job, generations[:budget], graph)
+            row = {"generations": budget, "est_generate_seconds": budget * per_generation}
+            row |= measure(graph)
+            rows.append(row)
+            _progress(f"budget {budget}: tau {row['tau_median']:.2f} (median)")
+            if save_graph is not None and budget == max(budgets):
+                shutil.copytree(graph, save_graph)
+                _progress(f"budget {budget}: graph kept at {save_graph}")
+            if graph != job.graph:
+                shutil.rmtree(graph, ignore_errors=True)
+    return rows
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -265,11 +273,6 @@ def plot(result: dict[str, Any], out: str) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
-
-
-def _every_8(done: int, total: int) -> None:
-    if done % 8 == 0 or done == total:
-        _progress(f"greedy continuations of the evaluation prompts: {done}/{total}")
 
 
 def _progress(message: str) -> None:

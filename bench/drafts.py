@@ -20,9 +20,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -32,10 +34,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
+from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
 from speculant.ports import free_port
 from speculant.stream_exchange import StreamExchange
-from speculant.types import DraftParams
 from speculant.v1 import draft_pb2_grpc
 from speculant.wire import propose_request_to_pb
 
@@ -125,7 +127,7 @@ def start_service(graph: str, workers: int) -> tuple[subprocess.Popen, str, floa
     """Launch `speculant serve-draft`; (process, address, seconds until health SERVING)."""
     port = free_port()
     address = f"127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "speculant.cli", "serve-draft", "--graph", graph]
+    cmd = [sys.executable, "-m", "launcher.cli", "serve-draft", "--graph", graph]
     cmd += ["--port", str(port), "--workers", str(workers)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -152,6 +154,29 @@ def start_service(graph: str, workers: int) -> tuple[subprocess.Popen, str, floa
         channel.close()
 
 
+def _clients(
+    address: str, concurrency: int, rpc: str
+) -> tuple[list[Callable[[Any], Any]], Callable[[], None]]:
+    """Each client's Propose call on its own channel (rpc "unary": a call each; "stream": on one
+    open ProposeStream), and what closes them all."""
+    channels = [grpc.insecure_channel(address) for _ in range(concurrency)]
+    stubs = [draft_pb2_grpc.DraftServiceStub(ch) for ch in channels]
+    exchanges = []
+    if rpc == "stream":
+        exchanges = [StreamExchange(stub.ProposeStream, timeout_s=None) for stub in stubs]
+        calls = [partial(exchange.call, backend="draft") for exchange in exchanges]
+    else:
+        calls = [partial(stub.Propose, timeout=5) for stub in stubs]
+
+    def close() -> None:
+        for exchange in exchanges:
+            exchange.close()
+        for channel in channels:
+            channel.close()
+
+    return calls, close
+
+
 def bench_grpc(
     address: str,
     contexts: list[list[int]],
@@ -167,13 +192,7 @@ def bench_grpc(
     """
     requests_pb = [propose_request_to_pb(c, params, seed=i) for i, c in enumerate(contexts)]
     latencies: list[list[float]] = [[] for _ in range(concurrency)]
-    channels = [grpc.insecure_channel(address) for _ in range(concurrency)]
-    stubs = [draft_pb2_grpc.DraftServiceStub(ch) for ch in channels]
-    if rpc == "stream":
-        exchanges = [StreamExchange(stub.ProposeStream, timeout_s=None) for stub in stubs]
-        calls = [partial(exchange.call, backend="draft") for exchange in exchanges]
-    else:
-        calls = [partial(stub.Propose, timeout=5) for stub in stubs]
+    calls, close = _clients(address, concurrency, rpc)
     for call in calls:  # connect and warm up
         for request in requests_pb[:50]:
             call(request)
@@ -197,11 +216,7 @@ def bench_grpc(
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - t0
-    if rpc == "stream":
-        for exchange in exchanges:
-            exchange.close()
-    for channel in channels:
-        channel.close()
+    close()
     merged = [x for lat in latencies for x in lat]
     stats = _percentiles(merged)
     return {
@@ -212,6 +227,59 @@ def bench_grpc(
         "p99_ms": stats["p99"],
         "mean_ms": stats["mean"],
         "calls_per_s": len(merged) / elapsed,
+    }
+
+
+def _graph_info(graph: NGramGraph, path: str) -> dict[str, Any]:
+    """What the figures record of the graph: its path, orders, vocabulary, tokenizer, corpus
+    tokens and size on disk."""
+    return {
+        "path": str(Path(path).resolve()),
+        "max_order": graph.max_order,
+        "vocab_size": graph.vocab_size,
+        "tokenizer": graph.meta.tokenizer_name,
+        "corpus_tokens": graph.meta.corpus_tokens,
+        "size_bytes": sum(f.stat().st_size for f in Path(path).iterdir()),
+    }
+
+
+def measure_served(
+    options: BenchOptions,
+    params: DraftParams,
+    runs: list[tuple[str, int]],
+    contexts: dict[tuple[str, int], list[list[int]]],
+) -> dict[str, Any]:
+    """Launch serve-draft, run bench_grpc for each (rpc, concurrency) of runs on its contexts,
+    read the server's RSS and stop the server, printing each figure; the figures."""
+    proc, address, ready_s = start_service(options.graph, options.workers)
+    print(f"serve-draft: health SERVING {ready_s * 1e3:.0f} ms after launch ({address})")
+    grpc_results = []
+    try:
+        for rpc, concurrency in runs:
+            run_contexts = contexts[rpc, concurrency]
+            result = bench_grpc(address, run_contexts, params, concurrency, options.requests, rpc)
+            grpc_results.append(result)
+            print(
+                f"gRPC Propose ({rpc}), concurrency {concurrency}: "
+                f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, "
+                f"{result['calls_per_s']:.0f} calls/s"
+            )
+        rss = psutil.Process(proc.pid).memory_info().rss
+        total_calls = sum(r["requests"] for r in grpc_results)
+        print(f"server RSS after {total_calls} gRPC calls: {rss / 2**20:.1f} MiB")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return {
+        "time_to_serving_s": ready_s,
+        "grpc": grpc_results,
+        "server_rss_bytes": rss,
+        "server_calls": total_calls,
+        "server_exit_code": proc.returncode,
     }
 
 
@@ -228,14 +296,7 @@ def run_bench(options: BenchOptions) -> dict:
     graph = NGramGraph.open(options.graph)
     try:
         contexts = make_contexts(graph, options.requests, options.context_len, options.seed)
-        graph_info = {
-            "path": str(Path(options.graph).resolve()),
-            "max_order": graph.max_order,
-            "vocab_size": graph.vocab_size,
-            "tokenizer": graph.meta.tokenizer_name,
-            "corpus_tokens": graph.meta.corpus_tokens,
-            "size_bytes": sum(f.stat().st_size for f in Path(options.graph).iterdir()),
-        }
+        graph_info = _graph_info(graph, options.graph)
         warmup = make_contexts(graph, 200, options.context_len, options.seed + 1)
         # Fresh contexts for each gRPC run, so one run does not warm the server for the next.
         runs = [(rpc, c) for rpc in ("unary", "stream") for c in options.concurrency]
@@ -256,45 +317,12 @@ def run_bench(options: BenchOptions) -> dict:
             f"{label}, {name}, {len(contexts)} calls): median {figures['median_us']:.1f} µs, "
             f"p99 {figures['p99_us']:.1f} µs, mean draft length {figures['mean_draft_len']:.2f}"
         )
-    proc, address, ready_s = start_service(options.graph, options.workers)
-    print(f"serve-draft: health SERVING {ready_s * 1e3:.0f} ms after launch ({address})")
-    grpc_results = []
-    try:
-        for rpc, concurrency in runs:
-            result = bench_grpc(
-                address,
-                grpc_contexts[rpc, concurrency],
-                params,
-                concurrency,
-                options.requests,
-                rpc,
-            )
-            grpc_results.append(result)
-            print(
-                f"gRPC Propose ({rpc}), concurrency {concurrency}: "
-                f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms, "
-                f"{result['calls_per_s']:.0f} calls/s"
-            )
-        rss = psutil.Process(proc.pid).memory_info().rss
-        total_calls = sum(r["requests"] for r in grpc_results)
-        print(f"server RSS after {total_calls} gRPC calls: {rss / 2**20:.1f} MiB")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     figures = {
         "graph": graph_info,
         "params": asdict(params),
         "in_process": in_process,
         "in_process_cached": cached,
-        "time_to_serving_s": ready_s,
-        "grpc": grpc_results,
-        "server_rss_bytes": rss,
-        "server_calls": total_calls,
-        "server_exit_code": proc.returncode,
+        **measure_served(options, params, runs, grpc_contexts),
         "cpu_count": os.cpu_count(),
     }
     if options.json_out:

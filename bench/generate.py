@@ -18,7 +18,7 @@ tokens, as ``encode_prompt`` makes them):
   and Drafter per variant (k x attentive mixing on/off), so that the drafter's greedy step
   cache of one variant is not warmed by another variant's drafts of the same prompt.
 - ``services``: draft, verifier and gateway services as child processes (``python -m
-  speculant.cli serve-*``) on free localhost ports, with OMP/MKL_NUM_THREADS = the bench's torch
+  launcher.cli serve-*``) on free localhost ports, with OMP/MKL_NUM_THREADS = the bench's torch
   threads (and ``serve-verifier --torch-threads``), called through one long-lived gateway
   channel with the unary ``Generate``. All variants share the one draft service and so its
   step cache (its effect, a few us per drafted token, is small against the Propose round trip).

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import cost
+from bench import cost, cost_projection
 from bench.cost_cli import add_cost_options, cost_settings_from_args, register_cost
 from bench.generate import run_benchmark
+from bench.options import options_from_args
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
 from bench.settings import (
@@ -27,11 +28,12 @@ from bench.settings import (
     default_prompts_path,
     load_prompts,
 )
-from gateway.cli import add_sampling_arguments, check_verify_cost, sampling_options
+from gateway.launch.cli import add_sampling_arguments
+from gateway.launch.cli_options import check_verify_cost, sampling_options
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
+from speculant.draft_params import DRAFT_SIZES
 from speculant.errors import SpeculantError
 from speculant.prompt_records import PromptsError
-from speculant.types import DRAFT_SIZES
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
@@ -224,36 +226,12 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:
-    return BenchSettings(
-        graph=args.graph,
-        model=args.model,
-        prompts=args.prompts,
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
+    """BenchSettings: each field from the flag of its name (sampling: from the sampling flags)."""
+    return options_from_args(
+        BenchSettings,
+        args,
         sampling=sampling_options(args),
-        seed=args.seed,
-        ks=tuple(args.ks),
-        mixes=tuple(args.mixes),
-        strategy=args.strategy,
-        systems=tuple(args.systems),
-        limit=args.limit,
-        repetitions=args.repetitions,
-        warmup=args.warmup,
-        torch_threads=args.torch_threads,
-        device=args.device,
-        next_round_drafts=tuple(args.next_round_drafts),
-        tree_nodes=tuple(args.tree_nodes),
-        overlay_weights=tuple(args.overlay_weights),
-        adaptive_ks=tuple(args.adaptive_ks),
-        draft_sizes=tuple(args.draft_sizes),
-        verify_costs=tuple(args.verify_costs),
-        pin_cpus=args.pin_cpus,
         compare_graphs=tuple(args.compare_graphs),
-        learns=tuple(args.learns),
-        learn_warmup=args.learn_warmup,
-        learn_warmup_prompts=args.learn_warmup_prompts,
-        learn_restart=args.learn_restart,
-        services_as=args.services_as,
     )
 
 
@@ -276,8 +254,10 @@ def add_cost_section(
     """Measure the forward costs and add them, with the projections, to a bench result."""
     costs = cost.run_cost(cost_settings, progress=progress)
     result["cost"] = costs
-    result["projection_formula"] = cost.FORMULA
-    result["projection"] = cost.project_all(result["summary"], costs, result["settings"]["model"])
+    result["projection_formula"] = cost_projection.FORMULA
+    result["projection"] = cost_projection.project_all(
+        result["summary"], costs, result["settings"]["model"]
+    )
 
 
 def _progress(msg: str) -> None:
@@ -317,7 +297,7 @@ def run_bench_generate(args: argparse.Namespace) -> int:
         print()
         print(cost.format_cost_table(result["cost"]))
         print()
-        print(cost.format_projection(result["projection"]))
+        print(cost_projection.format_projection(result["projection"]))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(f"figures written to {args.json}", file=sys.stderr)

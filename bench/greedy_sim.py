@@ -5,7 +5,8 @@ At temperature 0 the verifier accepts a draft token exactly when it is the model
 the output of speculative decoding is the model's greedy continuation whatever is drafted, and
 the rounds it takes depend only on the drafts. Given a prompt's greedy continuation (computed
 once, e.g. with Hugging Face ``generate``), :func:`simulate` replays the coordinator's rounds
-(:mod:`gateway.coordinator`): each round drafts up to k tokens from the last ``window`` context
+(:mod:`gateway.rounds.coordinator`): each round drafts up to k tokens from the last ``window``
+context
 tokens, accepts the longest prefix that matches the continuation and emits one more token (the
 correction or the bonus). A greedy draft *tree* is replayed the same way: from the root, the
 child whose token is the continuation's next token is accepted (siblings are distinct, so at
@@ -16,7 +17,7 @@ token (``draft_size`` "fixed": tau under a flat cost profile, the figure that ca
 be scored against one set of continuations (:func:`greedy_traces` computes them, for
 ``speculant tune`` and ``speculant bench distill`` alike). A request's ``draft_size`` "cost"
 (verifying only the part of a draft that pays on the verifier's cost profile) is replayed too
-when :func:`simulate` is given a :class:`gateway.draft_sizing.SizingModel`: its Verify calls
+when :func:`simulate` is given a :class:`gateway.rounds.draft_sizing.SizingModel`: its Verify calls
 then cost what the model's cost profile says (``flat``: every forward the same) and its drafts
 what the drafter really took; otherwise :func:`verify_all` gives the params replayed.
 
@@ -31,11 +32,13 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from draft_service.drafting import Drafter
-from gateway.adaptive_k import next_draft_length
-from gateway.draft_sizing import SizingModel
+from gateway.rounds.adaptive_k import next_draft_length
+from gateway.rounds.draft_sizing import SizingModel
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.prompt_records import PromptRecord
-from speculant.types import DraftParams, DraftProposal, SamplingControls, VerifyResult
+from speculant.sampling_controls import SamplingControls
+from speculant.types import DraftProposal, VerifyResult
 
 
 @dataclass(frozen=True)
@@ -126,11 +129,7 @@ def simulate(
         if sizer is not None:  # this round's budget (None: no draft)
             planned = sizer.plan(params, k)
             ask, k = (params, 0) if planned is None else (planned, planned.k)
-        drafted = DraftProposal()
-        if k > 0:
-            ask = ask if k == ask.k else replace(ask, k=k)
-            tail = context if ask.overlay_weight > 0 else context[-window:]
-            drafted = drafter.propose(tail, ask)
+        drafted = _draft(drafter, ask, k, context, window)
         proposal = drafted if sizer is None else sizer.cut(drafted, drafted.seconds)
         path = accepted_nodes(proposal, emitted[done:])
         accepted = len(path)
@@ -142,10 +141,7 @@ def simulate(
         done += accepted + 1
         if sizer is not None:
             assert sizing is not None
-            verify_s = sizing.profile.cost(len(proposal.token_ids) + 1)
-            outcome = VerifyResult(accepted, [], path if proposal.parents else [], [])
-            timings = (drafted.seconds, verify_s, drafted.seconds + verify_s)
-            sizer.observe(drafted if k > 0 else None, proposal, outcome, start, context, timings)
+            _observe(sizer, sizing.profile, drafted, k, proposal, path, start, context)
         if params.adaptive_k and k > 0:
             positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
             length = next_draft_length(k, positions, accepted, params.k)
@@ -153,6 +149,37 @@ def simulate(
         sizer.finish()
     result.tokens = min(done, len(emitted))
     return result
+
+
+def _draft(
+    drafter: Drafter, params: DraftParams, k: int, context: list[int], window: int
+) -> DraftProposal:
+    """A round's drafts of k tokens (none for k <= 0) from what the drafter sees of the context:
+    its last `window` tokens, or all of it with an overlay."""
+    if k <= 0:
+        return DraftProposal()
+    ask = params if k == params.k else replace(params, k=k)
+    tail = context if ask.overlay_weight > 0 else context[-window:]
+    return drafter.propose(tail, ask)
+
+
+def _observe(
+    sizer: Any,
+    profile: Any,
+    drafted: DraftProposal,
+    k: int,
+    proposal: DraftProposal,
+    path: list[int],
+    start: int,
+    context: list[int],
+) -> None:
+    """Tell a request's sizer what a replayed round cost: the drafter's seconds for `drafted`
+    (asked for k tokens; 0: none drafted) and the Verify of `proposal` (its cut) that the cost
+    profile prices; path: the accepted draft nodes."""
+    verify_s = profile.cost(len(proposal.token_ids) + 1)
+    outcome = VerifyResult(len(path), [], path if proposal.parents else [], [])
+    timings = (drafted.seconds, verify_s, drafted.seconds + verify_s)
+    sizer.observe(drafted if k > 0 else None, proposal, outcome, start, context, timings)
 
 
 def accepted_length(proposal: DraftProposal, continuation: Sequence[int]) -> int:
@@ -225,7 +252,7 @@ def greedy_traces(
 ) -> list[GreedyTrace]:
     """Each prompt's (token ids) greedy continuation by the model: what speculative decoding
     at temperature 0 outputs, whatever the drafts. One prompt at a time (Hugging Face
-    ``generate``, unpadded, as :class:`gateway.baseline.PlainDecoder` decodes), at most
+    ``generate``, unpadded, as :class:`gateway.launch.baseline.PlainDecoder` decodes), at most
     max_tokens tokens and no further than max_context positions; progress(done, total) after
     each prompt.
 
@@ -233,7 +260,7 @@ def greedy_traces(
     """
     import torch
 
-    from gateway.baseline import generate_kwargs
+    from gateway.launch.baseline import generate_kwargs
     from verifier_service.model_loading import sampling_defaults_of
 
     # argmax, with the penalties the model's generation_config sets (a repetition_penalty),

@@ -10,7 +10,7 @@ from typing import Any
 from bench.settings import BenchSettings, RunRecord, Variant
 from speculant.config import DraftConfig
 from speculant.prompt_records import PromptRecord
-from speculant.types import SamplingControls
+from speculant.sampling_controls import SamplingControls
 
 
 class ForwardCounter:
@@ -42,7 +42,7 @@ class InProcessSystems:
 
     def __init__(self, settings: BenchSettings) -> None:
         from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
-        from gateway.baseline import PlainDecoder
+        from gateway.launch.baseline import PlainDecoder
 
         self.settings = settings
         self.decoder = SpeculativeDecoder(
@@ -87,23 +87,55 @@ class InProcessSystems:
         variants share their graph's live layer; they learn only while warming up."""
         if variant not in self._coordinators:
             from draft_service.drafting import Drafter
-            from gateway.coordinator import Coordinator
 
-            shared = self.decoder.coordinator
             live = self.live_layer(variant.graph) if variant.learn else None
             drafter = (
                 NoDrafts()
                 if variant.system == "plain"
                 else Drafter(self.graph(variant.graph), live=live)
             )
-            self._coordinators[variant] = Coordinator(
-                drafter,
-                shared.verifier,
-                shared.tokenizer,
-                draft_context_window=shared.draft_context_window,
-                verify_cost=self.cost_profile(variant.verify_cost),
+            self._coordinators[variant] = self.new_coordinator(
+                drafter, self.cost_profile(variant.verify_cost)
             )
         return self._coordinators[variant]
+
+    def new_coordinator(self, drafter: Any, verify_cost: Any = None) -> Any:
+        """A coordinator drafting with `drafter` that shares the decoder's verifier, tokenizer
+        and draft context window; verify_cost: its cost profile (None: the coordinator's
+        default)."""
+        from gateway.rounds.coordinator import Coordinator
+
+        shared = self.decoder.coordinator
+        return Coordinator(
+            drafter,
+            shared.verifier,
+            shared.tokenizer,
+            draft_context_window=shared.draft_context_window,
+            verify_cost=verify_cost,
+        )
+
+    def request(self, prompt_ids: list[int], seed: int, **fields: Any) -> Any:
+        """A GenerationRequest of the settings' max_tokens, temperature and sampling controls
+        (fields: the others set, e.g. draft)."""
+        from gateway.generation import GenerationRequest
+
+        return GenerationRequest(
+            prompt_ids=prompt_ids,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
+            sampling=SamplingControls(**self.settings.sampling),
+            seed=seed,
+            **fields,
+        )
+
+    @staticmethod
+    def generate(coordinator: Any, request: Any) -> RunRecord:
+        """One timed generation of the request by the coordinator."""
+        started = time.perf_counter()
+        result = coordinator.generate(request)
+        wall = time.perf_counter() - started
+        stats = result.stats.as_dict()
+        return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats)
 
     def cost_profile(self, spec: str) -> Any:
         """The cost profile of a variant: the verifier's own (refreshed as it verifies) for
@@ -117,21 +149,11 @@ class InProcessSystems:
 
     def warm_up_learning(self, variant: Variant, prompts: list[list[int]], seed: int) -> None:
         """Generate the warm-up prompts through the variant, its live layer learning each."""
-        from gateway.generation import GenerationRequest
-
         coordinator = self.coordinator(variant)
         coordinator.learner = self.live_layer(variant.graph)
         try:
             for i, ids in enumerate(prompts):
-                coordinator.generate(
-                    GenerationRequest(
-                        prompt_ids=ids,
-                        max_tokens=self.settings.max_tokens,
-                        temperature=self.settings.temperature,
-                        sampling=SamplingControls(**self.settings.sampling),
-                        seed=seed + i,
-                    )
-                )
+                coordinator.generate(self.request(ids, seed + i))
         finally:
             coordinator.learner = None  # paused while measuring
 
@@ -164,8 +186,7 @@ class InProcessSystems:
         return RunRecord(result.token_ids, wall, self.forwards.count - before)
 
     def run_embedded(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
-        from gateway.generation import GenerationRequest
-        from speculant.types import DraftParams
+        from speculant.draft_params import DraftParams
 
         draft = DraftConfig(
             k=variant.k or 1,  # plain: its drafter ignores k
@@ -176,19 +197,8 @@ class InProcessSystems:
             overlay_weight=variant.overlay_weight,
             draft_size=variant.draft_size,
         )
-        request = GenerationRequest(
-            prompt_ids=prompt_ids,
-            max_tokens=self.settings.max_tokens,
-            temperature=self.settings.temperature,
-            seed=seed,
-            draft=DraftParams.from_config(draft),
-            sampling=SamplingControls(**self.settings.sampling),
-        )
-        started = time.perf_counter()
-        result = self.coordinator(variant).generate(request)
-        wall = time.perf_counter() - started
-        stats = result.stats.as_dict()
-        return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats)
+        request = self.request(prompt_ids, seed, draft=DraftParams.from_config(draft))
+        return self.generate(self.coordinator(variant), request)
 
     def close(self) -> None:
         self.forwards.close()

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from bench.load_stats import is_loopback, p50_p99_ms
+from bench.load_stats import LatencySamples, is_loopback, latency_line, run_workers
 
 MAX_HTTP_CONCURRENCY = 64
 MAX_HTTP_DURATION_S = 60.0
@@ -30,15 +30,10 @@ ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 @dataclass
-class HttpLoadResults:
-    """What the workers measured (lists of seconds; counters)."""
+class HttpLoadResults(LatencySamples):
+    """What the workers measured, with the answers by HTTP status."""
 
-    ttft: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
-    tokens: int = 0
-    requests: int = 0
     statuses: Counter = field(default_factory=Counter)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, status: str, ttft: float | None, itl: float | None, tokens: int) -> None:
         with self.lock:
@@ -108,8 +103,8 @@ def _worker(
     path: str,
     bodies: list[bytes],
     headers: dict[str, str],
-    deadline: float,
     results: HttpLoadResults,
+    deadline: float,
     offset: int,
 ) -> None:
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
@@ -146,22 +141,8 @@ def run_http_load(
     if token:
         headers["Authorization"] = f"Bearer {token}"
     results = HttpLoadResults()
-    started = time.monotonic()
-    deadline = started + duration_s
-    workers = [
-        threading.Thread(
-            target=_worker,
-            args=(parsed, path, bodies, headers, deadline, results, i),
-            daemon=True,
-        )
-        for i in range(concurrency)
-    ]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    elapsed = time.monotonic() - started
-
+    work = partial(_worker, parsed, path, bodies, headers, results)
+    elapsed = run_workers(work, concurrency, duration_s)
     return {
         "url": url,
         "endpoint": path,
@@ -172,10 +153,7 @@ def run_http_load(
         "ok_requests_per_second": results.statuses["200"] / elapsed if elapsed > 0 else 0.0,
         "statuses": dict(results.statuses),
         "errors": {s: n for s, n in results.statuses.items() if s != "200"},
-        "tokens": results.tokens,
-        "tokens_per_second": results.tokens / elapsed if elapsed > 0 else 0.0,
-        "ttft_ms": p50_p99_ms(results.ttft),
-        "itl_ms": p50_p99_ms(results.itl),
+        **results.figures(elapsed),
     }
 
 
@@ -197,16 +175,10 @@ def check_http_target(url: str, concurrency: int, duration_s: float) -> str | No
 
 
 def print_http_report(report: dict[str, Any]) -> None:
-    def fmt(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
     errors = ", ".join(f"{k} {v}" for k, v in sorted(report["errors"].items())) or "none"
     print(
         f"{report['requests']} requests to {report['endpoint']} in {report['duration_s']:.1f} s "
         f"at concurrency {report['concurrency']}: {report['requests_per_second']:.2f} "
         f"requests/s ({report['ok_requests_per_second']:.2f} answered 200), "
-        f"{report['tokens_per_second']:.0f} tokens/s; errors: {errors}\n"
-        f"time to first token p50 {fmt(report['ttft_ms']['p50'])} ms, "
-        f"p99 {fmt(report['ttft_ms']['p99'])} ms; inter-token latency p50 "
-        f"{fmt(report['itl_ms']['p50'])} ms, p99 {fmt(report['itl_ms']['p99'])} ms"
+        f"{report['tokens_per_second']:.0f} tokens/s; errors: {errors}\n{latency_line(report)}"
     )

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ from bench.settings import (
 )
 from bench.summary import per_prompt_values, summarize_variant
 from speculant.config import DEFAULT_TREE_NODES, MIXING_MODES
-from speculant.types import DraftParams
+from speculant.draft_params import DraftParams
 
 
 @dataclass(frozen=True)
@@ -78,30 +77,12 @@ def _run_variant(
     systems: InProcessSystems, coordinators: dict, variant: MixVariant, ids: list[int], seed: int
 ) -> RunRecord:
     """One embedded generation of variant on a tokenized prompt."""
-    from gateway.coordinator import Coordinator
-    from gateway.generation import GenerationRequest
-
     if variant not in coordinators:
         from draft_service.drafting import Drafter
 
-        shared = systems.decoder.coordinator
-        coordinators[variant] = Coordinator(
-            Drafter(systems.decoder.graph),
-            shared.verifier,
-            shared.tokenizer,
-            draft_context_window=shared.draft_context_window,
-        )
-    request = GenerationRequest(
-        prompt_ids=ids,
-        max_tokens=systems.settings.max_tokens,
-        temperature=systems.settings.temperature,
-        seed=seed,
-        draft=variant.params(),
-    )
-    started = time.perf_counter()
-    result = coordinators[variant].generate(request)
-    wall = time.perf_counter() - started
-    return RunRecord(list(result.token_ids), wall, result.stats.rounds, result.stats.as_dict())
+        coordinators[variant] = systems.new_coordinator(Drafter(systems.decoder.graph))
+    request = systems.request(ids, seed, draft=variant.params())
+    return systems.generate(coordinators[variant], request)
 
 
 def run(settings: BenchSettings, variants: list[MixVariant]) -> dict[str, Any]:

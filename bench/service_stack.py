@@ -70,10 +70,10 @@ class ServiceStack:
         cores: frozenset[int] | None = None,
     ) -> ServiceProcess:
         """Start `speculant ARGS` (on a free port, or at `address` that ARGS name already)."""
-        from gateway.up import child_setup
+        from speculant.children import child_setup
 
         host = "127.0.0.1"
-        command = [sys.executable, "-m", "speculant.cli", *args]
+        command = [sys.executable, "-m", "launcher.cli", *args]
         if address is None:
             address = f"{host}:{free_port(host)}"
             command += ["--host", host, "--port", address.rsplit(":", 1)[1]]
@@ -99,7 +99,8 @@ class ServiceStack:
     def _start_with_default_flags(self) -> None:
         """The three services as `speculant up` (services_as "up") or the serve-* commands
         ("serve") start them with default flags: their own thread choice, `up`'s pinning."""
-        from gateway.up import plan_up, up_parser
+        from gateway.launch.up import up_parser
+        from gateway.launch.up_plan import plan_up
 
         s = self.settings
         ports = [str(free_port("127.0.0.1")) for _ in range(3)]
@@ -243,7 +244,7 @@ class ServiceStack:
         figures = {"warmup_generations": len(prompts), "learned_documents": live.learned_documents}
         if self.settings.learn_restart:
             progress(f"restarting {draft.name} (SIGTERM; it replays its learn log)")
-            from gateway.up import Child, stop_children
+            from speculant.children import Child, stop_children
 
             stop_children([Child(draft.name, draft.address, draft.process)])
             self.children.remove(draft)
@@ -320,7 +321,7 @@ class ServiceStack:
         return out
 
     def stop(self) -> None:
-        from gateway.up import Child, stop_children
+        from speculant.children import Child, stop_children
 
         for channel in self.channels:
             channel.close()

@@ -60,9 +60,9 @@ class BenchSettings:
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
     # context overlay weights (0 = off), embedded and services; default: DraftConfig's
     overlay_weights: tuple[float, ...] = (DEFAULT_OVERLAY_WEIGHT,)
-    # adaptive draft length off / on (see gateway.adaptive_k), embedded and services
+    # adaptive draft length off / on (see gateway.rounds.adaptive_k), embedded and services
     adaptive_ks: tuple[bool, ...] = (False,)
-    # draft sizes "cost" / "fixed" (see gateway.draft_sizing) and the cost profiles sizing
+    # draft sizes "cost" / "fixed" (see gateway.rounds.draft_sizing) and the cost profiles sizing
     # uses ("measured", "flat" or a file), embedded and services
     draft_sizes: tuple[str, ...] = (DEFAULT_DRAFT_SIZE,)
     verify_costs: tuple[str, ...] = (DEFAULT_VERIFY_COST,)

@@ -188,8 +188,8 @@ def client_main(argv: list[str]) -> int:
     import grpc
 
     from speculant.config import DraftConfig
+    from speculant.draft_params import DraftParams
     from speculant.stream_exchange import StreamExchange
-    from speculant.types import DraftParams
     from speculant.v1 import draft_pb2_grpc
     from speculant.wire import propose_request_to_pb
 

@@ -13,12 +13,14 @@
 3. Candidate mixing settings are scored on the train part by replaying greedy speculative
    decoding against the continuations (:mod:`bench.greedy_sim`: exact rounds, no model
    calls): ``backoff``; ``witten-bell`` over a grid of escape weights, refined around the best;
-   ``seed`` by coordinate search over its four weights from the built-in values.
+   ``seed`` by coordinate search over its four weights from the built-in values
+   (:mod:`bench.tune_search`).
 4. The best train score wins (ties: the candidate tried first, the built-in default first of
    all); the table shows every mode's best and the built-in default on both parts, so the
    held-out column says whether the choice carries over to prompts it was not fitted on. When
    the records have kinds, every row's figures are also given per kind (records without one
-   under "(none)"): the selection stays on the whole train part.
+   under "(none)"): the selection stays on the whole train part (the table:
+   :mod:`bench.tune_report`).
 5. ``--write`` stores the winner in the graph's meta record (``tuned``; atomically, with a new
    manifest, :mod:`builder.meta_update`). Drafters then use it for every mixing parameter a
    request does not set.
@@ -33,31 +35,22 @@ A prompts file that cannot be used ends the command with one error line, exit st
 from __future__ import annotations
 
 import random
-import sys
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate_all, verify_all
+from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate_all
+from bench.replay_report import every_8, kind_labels, kinds_in, replayed_drafts
+from bench.tune_search import Scorer, best_of, describe, mixing_of, search
 from speculant.cli_errors import EXIT_USAGE, CommandError
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.prompt_records import PromptRecord, PromptsError, kinds_of, load_prompts
-from speculant.types import BUILTIN_TUNABLE_DEFAULTS, DraftParams
+from speculant.prompt_records import PromptRecord, PromptsError, load_prompts
 
 METRICS = ("tau", "acceptance")
-ESCAPE_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
-SEED_GRID: dict[str, tuple[float, ...]] = {
-    "order_bias": (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0),
-    "reliability_weight": (0.0, 0.25, 0.5, 1.0, 2.0),
-    "entropy_penalty": (0.0, 0.25, 0.5, 1.0, 2.0),
-    "mix_temperature": (0.25, 0.5, 1.0, 2.0, 4.0),
-}
-SEED_PASSES = 2
-NO_KIND = "(none)"  # the group of records without a kind, when others have one
 
 
 @dataclass
@@ -111,14 +104,6 @@ def load_prompt_file(path: str | Path, limit: int) -> list[PromptRecord]:
     return prompts
 
 
-def kind_labels(prompts: list[PromptRecord]) -> list[str]:
-    """Each prompt's kind for the per-kind figures ("" for all when no record has one; else
-    NO_KIND for a record without one)."""
-    if not kinds_of(prompts):
-        return ["" for _ in prompts]
-    return [prompt.kind or NO_KIND for prompt in prompts]
-
-
 def split(items: list[Any], train_fraction: float, seed: int) -> tuple[list[Any], list[Any]]:
     """(train, held-out): a seeded shuffle, the first round(n * fraction) (at least one, at most
     n - 1) for training."""
@@ -126,109 +111,6 @@ def split(items: list[Any], train_fraction: float, seed: int) -> tuple[list[Any]
     random.Random(seed).shuffle(order)
     cut = min(len(items) - 1, max(1, round(len(items) * train_fraction)))
     return [items[i] for i in order[:cut]], [items[i] for i in order[cut:]]
-
-
-def explicit_params(shape: DraftParams, **mixing: Any) -> DraftParams:
-    """Greedy DraftParams of shape's k, tree_nodes and overlay_weight with every mixing
-    parameter set (the built-in defaults overridden by `mixing`), every drafted token verified
-    (the replay's draft size)."""
-    return verify_all(
-        DraftParams(
-            k=shape.k,
-            tree_nodes=shape.tree_nodes,
-            overlay_weight=shape.overlay_weight,
-            **(BUILTIN_TUNABLE_DEFAULTS | mixing),
-        )
-    ).validate()
-
-
-def mixing_of(params: DraftParams) -> dict[str, Any]:
-    """The mixing parameters that matter for params' mode (the others are left out)."""
-    mode = params.effective_mixing
-    if mode == "witten-bell":
-        return {"mixing": mode, "escape_weight": params.escape_weight}
-    if mode == "seed":
-        return {"mixing": mode} | {name: getattr(params, name) for name in SEED_GRID}
-    return {"mixing": mode}
-
-
-_SHORT_NAMES = {
-    "escape_weight": "b",
-    "order_bias": "ob",
-    "reliability_weight": "rw",
-    "entropy_penalty": "ep",
-    "mix_temperature": "t",
-}
-
-
-def describe(params: DraftParams) -> str:
-    """A short name of a candidate: its mode and parameters."""
-    values = mixing_of(params)
-    mode = values.pop("mixing")
-    return " ".join([mode, *(f"{_SHORT_NAMES[k]}={v:g}" for k, v in values.items())])
-
-
-class Scorer:
-    """Scores candidates on a set of traces (cached by parameters)."""
-
-    def __init__(
-        self,
-        simulate: Callable[[DraftParams, list[GreedyTrace]], SimResult],
-        traces: list[GreedyTrace],
-        metric: str,
-    ) -> None:
-        self._simulate = simulate
-        self.traces = traces
-        self.metric = metric
-        self.results: dict[DraftParams, SimResult] = {}
-        self.order: list[DraftParams] = []  # in the order tried
-
-    def __call__(self, params: DraftParams) -> float:
-        if params not in self.results:
-            self.results[params] = self._simulate(params, self.traces)
-            self.order.append(params)
-        return self.score(self.results[params])
-
-    def score(self, result: SimResult) -> float:
-        return result.tau if self.metric == "tau" else result.acceptance
-
-
-def _best(scorer: Scorer, candidates: Iterable[DraftParams]) -> DraftParams:
-    best: DraftParams | None = None
-    for params in candidates:
-        if best is None or scorer(params) > scorer(best):
-            best = params
-    assert best is not None
-    return best
-
-
-def search(
-    scorer: Scorer, shape: DraftParams, progress: Callable[[str], None]
-) -> dict[str, DraftParams]:
-    """The best candidate of every mode on the scorer's traces, keyed by mode, "default" (the
-    built-in settings, tried first) and "seed built-in" (the seed formula's built-in weights);
-    shape: the draft shape scored (its k and tree_nodes)."""
-    default = explicit_params(shape)
-    scorer(default)
-    best: dict[str, DraftParams] = {"default": default}
-    best["backoff"] = explicit_params(shape, mixing="backoff")
-    progress(f"backoff: {scorer(best['backoff']):.3f}")
-    grid = [explicit_params(shape, escape_weight=b) for b in ESCAPE_WEIGHTS]
-    wb = _best(scorer, [default, *grid])
-    b = wb.escape_weight or 1.0
-    wb = _best(scorer, [wb, *(explicit_params(shape, escape_weight=b * f) for f in (0.7, 1.4))])
-    best["witten-bell"] = wb
-    progress(f"witten-bell: {describe(wb)}: {scorer(wb):.3f}")
-    seed = best["seed built-in"] = explicit_params(shape, mixing="seed")
-    for _ in range(SEED_PASSES):
-        start = seed
-        for name, values in SEED_GRID.items():
-            seed = _best(scorer, [seed, *(replace(seed, **{name: v}) for v in values)])
-        if seed == start:
-            break
-    best["seed"] = seed
-    progress(f"seed: {describe(seed)}: {scorer(seed):.3f}")
-    return best
 
 
 def load_model(options: TuneOptions) -> tuple[Any, Any]:
@@ -262,14 +144,6 @@ def load_model(options: TuneOptions) -> tuple[Any, Any]:
     return graph, loaded
 
 
-def _every_8(say: Callable[[str], None]) -> Callable[[int, int], None]:
-    def report(done: int, total: int) -> None:
-        if done % 8 == 0 or done == total:
-            say(f"greedy continuations: {done}/{total}")
-
-    return report
-
-
 def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None) -> dict:
     """Continuations, split, search, held-out scores: the result (see the module)."""
     options.validate()
@@ -279,12 +153,64 @@ def run_tune(options: TuneOptions, progress: Callable[[str], None] | None = None
     graph, loaded = load_model(options)
     try:
         try:
-            traces = prompt_traces(loaded, prompts, options.max_tokens, _every_8(say))
+            traces = prompt_traces(
+                loaded, prompts, options.max_tokens, every_8(say, "greedy continuations")
+            )
         except InvalidArgumentError as exc:  # a prompt the model cannot take
             raise CommandError(f"--prompts {options.prompts}: {exc}", EXIT_USAGE) from exc
         return _tune(options, graph, loaded, prompts, traces, started, say)
     finally:
         graph.close()
+
+
+def _parts(
+    traces: list[GreedyTrace], labels: list[str], train_fraction: float, seed: int
+) -> tuple[list[GreedyTrace], list[GreedyTrace], dict[str, dict[str, list[GreedyTrace]]]]:
+    """(train, held-out, by kind: the train and held-out traces of each kind) of a seeded
+    split."""
+    train_at, heldout_at = split(list(range(len(traces))), train_fraction, seed)
+    by_kind = {
+        kind: {
+            "train": [traces[i] for i in train_at if labels[i] == kind],
+            "heldout": [traces[i] for i in heldout_at if labels[i] == kind],
+        }
+        for kind in kinds_in(labels)
+    }
+    return [traces[i] for i in train_at], [traces[i] for i in heldout_at], by_kind
+
+
+def _rows(
+    best: dict[str, DraftParams],
+    winner: DraftParams,
+    scorer: Scorer,
+    held: Scorer,
+    simulate: Callable[[DraftParams, list[GreedyTrace]], SimResult],
+    by_kind: dict[str, dict[str, list[GreedyTrace]]],
+) -> list[dict[str, Any]]:
+    """A row per mode's best (and the built-in default): its train and held-out figures, and
+    with kinds each kind's; the winner's first row is marked chosen (the default's, when it
+    won)."""
+    rows = []
+    marked = False
+    for name, params in best.items():
+        held(params)
+        chosen = params == winner and not marked
+        marked = marked or chosen
+        row = {
+            "name": name,
+            "params": mixing_of(params),
+            "describe": describe(params),
+            "chosen": chosen,
+            "train": scorer.results[params].as_dict(),
+            "heldout": held.results[params].as_dict(),
+        }
+        if by_kind:
+            row["by_kind"] = {
+                kind: {part: simulate(params, ts).as_dict() for part, ts in parts.items()}
+                for kind, parts in by_kind.items()
+            }
+        rows.append(row)
+    return rows
 
 
 def _tune(
@@ -306,58 +232,24 @@ def _tune(
         return simulate_all(drafter, params, part, options.max_tokens, window, max_context)
 
     labels = kind_labels(prompts)
-    train_at, heldout_at = split(list(range(len(traces))), options.train_fraction, options.seed)
-    train, heldout = [traces[i] for i in train_at], [traces[i] for i in heldout_at]
-    kinds = list(dict.fromkeys(label for label in labels if label))
-    by_kind = {
-        kind: {
-            "train": [traces[i] for i in train_at if labels[i] == kind],
-            "heldout": [traces[i] for i in heldout_at if labels[i] == kind],
-        }
-        for kind in kinds
-    }
+    train, heldout, by_kind = _parts(traces, labels, options.train_fraction, options.seed)
     scorer = Scorer(simulate, train, options.metric)
     shape = DraftParams(k=options.k, tree_nodes=options.tree_nodes)
     best = search(scorer, shape, say)
-    winner = _best(scorer, best.values())  # ties: the first in the table, the default first
+    winner = best_of(scorer, best.values())  # ties: the first in the table, the default first
     held = Scorer(simulate, heldout, options.metric)
-    rows = []
-    marked = False  # the winner's first row is marked (the default's, when it won)
-    for name, params in best.items():
-        held(params)
-        chosen = params == winner and not marked
-        marked = marked or chosen
-        row = {
-            "name": name,
-            "params": mixing_of(params),
-            "describe": describe(params),
-            "chosen": chosen,
-            "train": scorer.results[params].as_dict(),
-            "heldout": held.results[params].as_dict(),
-        }
-        if kinds:
-            row["by_kind"] = {
-                kind: {part: simulate(params, ts).as_dict() for part, ts in parts.items()}
-                for kind, parts in by_kind.items()
-            }
-        rows.append(row)
-    current = graph.draft_defaults
+    rows = _rows(best, winner, scorer, held, simulate, by_kind)
     return {
         "settings": asdict(options),
         "prompts": {"train": len(train), "heldout": len(heldout)},
         "kinds": {
             kind: {part: len(ts) for part, ts in parts.items()} for kind, parts in by_kind.items()
         },
-        "draft": {
-            "k": shape.k,
-            "tree_nodes": shape.tree_nodes,
-            "overlay_weight": shape.overlay_weight,
-            "verified": "every drafted token (a flat cost profile)",
-        },
+        "draft": replayed_drafts(shape),
         "metric": options.metric,
         "candidates_tried": len(scorer.order),
         "seconds": time.perf_counter() - started,
-        "graph_tuned_before": current,
+        "graph_tuned_before": graph.draft_defaults,
         "rows": rows,
         "candidates": [
             {"describe": describe(params), "train": scorer.results[params].as_dict()}
@@ -365,91 +257,3 @@ def _tune(
         ],
         "best": mixing_of(winner),
     }
-
-
-def tuned_record(result: dict) -> dict[str, Any]:
-    """What --write stores as the graph's meta ``tuned``."""
-    chosen = next(row for row in result["rows"] if row["chosen"])
-    default = next(row for row in result["rows"] if row["name"] == "default")
-    settings = result["settings"]
-    return {
-        "params": dict(result["best"]),
-        "metric": result["metric"],
-        "train": chosen["train"][result["metric"]],
-        "heldout": chosen["heldout"][result["metric"]],
-        "default_heldout": default["heldout"][result["metric"]],
-        "prompts_file": str(Path(settings["prompts"]).resolve()),
-        "train_prompts": result["prompts"]["train"],
-        "heldout_prompts": result["prompts"]["heldout"],
-        "model": settings["model"],
-        "k": settings["k"],
-        "max_tokens": settings["max_tokens"],
-        "tuned_at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-
-
-def write_tuned(graph: str | Path, result: dict) -> dict[str, Any]:
-    """Store the result's winner in the graph's meta (atomically); the record written."""
-    from builder.meta_update import update_meta
-
-    record = tuned_record(result)
-    update_meta(graph, lambda meta: replace(meta, tuned=record))
-    return record
-
-
-def format_table(result: dict) -> str:
-    """One line per mode's best (and the built-in default): train and held-out figures."""
-    metric = result["metric"]
-    header = (
-        f"{'':2}{'setting':44} {'train ' + metric:>12} {'held-out ' + metric:>15} "
-        f"{'held-out acc':>12} {'wasted':>7}"
-    )
-    lines = [header, "-" * len(header)]
-    for row in result["rows"]:
-        mark = "* " if row["chosen"] else "  "
-        labelled = row["name"] in ("default", "seed built-in")
-        name = f"{row['name']}: {row['describe']}" if labelled else row["describe"]
-        held = row["heldout"]
-        lines.append(
-            f"{mark}{name:44} {row['train'][metric]:12.3f} {held[metric]:15.3f} "
-            f"{held['acceptance']:12.1%} {held['wasted']:7d}"
-        )
-    p = result["prompts"]
-    lines.append(
-        f"(* chosen on {p['train']} train prompts; held-out: {p['heldout']} prompts; "
-        f"{result['candidates_tried']} candidates, {result['seconds']:.1f} s; every drafted "
-        "token verified: tau under a flat cost profile)"
-    )
-    if result.get("kinds"):
-        lines += ["", *format_kinds(result)]
-    return "\n".join(lines)
-
-
-def format_kinds(result: dict) -> list[str]:
-    """Per kind: the prompts and the built-in default's and the chosen setting's train /
-    held-out score."""
-    metric = result["metric"]
-    default = next(row for row in result["rows"] if row["name"] == "default")
-    chosen = next(row for row in result["rows"] if row["chosen"])
-    shown = [default] if chosen is default else [default, chosen]
-    names = ["default", *([f"* {chosen['describe']}"] if chosen is not default else [])]
-    names = [name if len(name) <= 24 else name[:21] + "..." for name in names]
-    header = f"  {'kind':16} {'prompts':>9}" + "".join(f"   {name:>24}" for name in names)
-    lines = [f"per kind, {metric} (train / held-out):", header]
-    for kind, counts in result["kinds"].items():
-        cells = []
-        for row in shown:
-            figures = row["by_kind"][kind]
-            values = [
-                f"{figures[part][metric]:.3f}" if counts[part] else "-"
-                for part in ("train", "heldout")
-            ]
-            cells.append(f"   {' / '.join(values):>24}")
-        count = f"{counts['train']} / {counts['heldout']}"
-        lines.append(f"  {kind[:16]:16} {count:>9}" + "".join(cells))
-    return lines
-
-
-def print_progress(message: str) -> None:
-    """Progress lines go to stderr (stdout holds the table)."""
-    print(f"tune: {message}", file=sys.stderr, flush=True)

@@ -97,7 +97,7 @@ def served_verifier(config: VerifierConfig, timeout_s: float = 120.0) -> Iterato
     """Run `speculant serve-verifier` in a child process (as deployed); yield its address."""
     port = free_port()
     cmd = [
-        sys.executable, "-m", "speculant.cli", "serve-verifier", "--model", config.model_name,
+        sys.executable, "-m", "launcher.cli", "serve-verifier", "--model", config.model_name,
         "--device", config.device, "--dtype", config.dtype,
         "--download-mode", config.download_mode, "--port", str(port),
     ]  # fmt: skip
@@ -128,6 +128,57 @@ def served_verifier(config: VerifierConfig, timeout_s: float = 120.0) -> Iterato
             proc.kill()
 
 
+def _bench_in_process(
+    verifier: LocalVerifier, bos: int | None, repeats: int, rng: random.Random
+) -> dict[str, float]:
+    """bench_calls on a LocalVerifier called from this thread (the embedded mode), with the bare
+    model forwards over a CACHE_TOKENS cache of its own."""
+    info = verifier.info
+    model = verifier.model
+    cache = model.new_cache()  # for the bare forwards
+    prompt_ids = _random_ids(rng, CACHE_TOKENS, info.vocab_size, bos)
+    model.forward(cache, torch.tensor(prompt_ids, device=model.device), 0, logits_to_keep=1)
+
+    def bare_forward(drafts: list[int]) -> None:
+        ids = torch.tensor([5, *drafts], device=model.device)
+        model.forward(cache, ids, len(prompt_ids), len(ids))
+        model.crop(cache, len(prompt_ids))
+
+    return bench_calls(
+        lambda sid, ids: verifier.prefill(sid, ids, temperature=1.0, seed=0),
+        lambda sid, ids: verifier.verify(sid, ids),
+        verifier.release,
+        info.vocab_size,
+        bos,
+        repeats,
+        rng,
+        forward=bare_forward,
+    )
+
+
+def _bench_grpc(
+    address: str, vocab: int, bos: int | None, repeats: int, rng: random.Random
+) -> dict[str, float]:
+    """bench_calls on the verifier service at address."""
+    with grpc.insecure_channel(address) as channel:
+        stub = verifier_pb2_grpc.VerifierServiceStub(channel)
+        return bench_calls(
+            lambda sid, ids: stub.Prefill(
+                verifier_pb2.PrefillRequest(
+                    session_id=sid, prompt_token_ids=ids, temperature=1.0, seed=0
+                )
+            ),
+            lambda sid, ids: stub.Verify(
+                verifier_pb2.VerifyRequest(session_id=sid, draft_token_ids=ids)
+            ),
+            lambda sid: stub.Release(verifier_pb2.ReleaseRequest(session_id=sid)),
+            vocab,
+            bos,
+            repeats,
+            rng,
+        )
+
+
 def run_bench(
     config: VerifierConfig, repeats: int = 200, grpc_address: str | None = None
 ) -> dict[str, Any]:
@@ -148,49 +199,12 @@ def run_bench(
             "torch_threads": torch.get_num_threads(),
             "repeats": repeats,
         }
-        model = verifier.model
-        cache = model.new_cache()  # for the bare forwards
-        prompt_ids = _random_ids(rng, CACHE_TOKENS, info.vocab_size, bos)
-        model.forward(cache, torch.tensor(prompt_ids, device=model.device), 0, logits_to_keep=1)
-
-        def bare_forward(drafts: list[int]) -> None:
-            ids = torch.tensor([5, *drafts], device=model.device)
-            model.forward(cache, ids, len(prompt_ids), len(ids))
-            model.crop(cache, len(prompt_ids))
-
-        local = bench_calls(
-            lambda sid, ids: verifier.prefill(sid, ids, temperature=1.0, seed=0),
-            lambda sid, ids: verifier.verify(sid, ids),
-            verifier.release,
-            info.vocab_size,
-            bos,
-            repeats,
-            rng,
-            forward=bare_forward,
-        )
+        local = _bench_in_process(verifier, bos, repeats, rng)
     finally:
         verifier.close()
     result.update({f"inproc_{key}": value for key, value in local.items()})
-    with (
-        nullcontext(grpc_address) if grpc_address else served_verifier(config) as address,
-        grpc.insecure_channel(address) as channel,
-    ):
-        stub = verifier_pb2_grpc.VerifierServiceStub(channel)
-        remote = bench_calls(
-            lambda sid, ids: stub.Prefill(
-                verifier_pb2.PrefillRequest(
-                    session_id=sid, prompt_token_ids=ids, temperature=1.0, seed=0
-                )
-            ),
-            lambda sid, ids: stub.Verify(
-                verifier_pb2.VerifyRequest(session_id=sid, draft_token_ids=ids)
-            ),
-            lambda sid: stub.Release(verifier_pb2.ReleaseRequest(session_id=sid)),
-            info.vocab_size,
-            bos,
-            repeats,
-            rng,
-        )
+    with nullcontext(grpc_address) if grpc_address else served_verifier(config) as address:
+        remote = _bench_grpc(address, info.vocab_size, bos, repeats, rng)
     result.update({f"grpc_{key}": value for key, value in remote.items()})
     return result
 
