@@ -27,12 +27,16 @@ pytest.register_assert_rewrite(
     "tests.processes",
     "tests.sampling_checks",
     "tests.scripted_round",
+    "tests.witten_bell_reference",
 )
 
 # The shared fixtures (tests/fixtures/): any test module requests them by name.
 pytest_plugins = [
+    "tests.fixtures.builds",
+    "tests.fixtures.deploy",
     "tests.fixtures.e2e",
     "tests.fixtures.graphs",
+    "tests.fixtures.http_api",
     "tests.fixtures.models",
     "tests.fixtures.tls",
 ]
@@ -93,7 +97,8 @@ def distilled_graph(tinystories_graph: Path, tmp_path_factory: pytest.TempPathFa
     distilled into it (speculant distill, prompts from the demo corpus)."""
     import shutil
 
-    from distill.run import DistillOptions, distill_graph
+    from distill.options import DistillOptions
+    from distill.run import distill_graph
 
     out = tmp_path_factory.mktemp("distilled") / "tinystories-distilled"
     shutil.copytree(tinystories_graph, out)

@@ -3,7 +3,7 @@
 A *bundle* is everything in deploy/, parsed (YAML with ``yaml.safe_load_all``, the Dockerfile as
 text). :func:`check_bundle` returns a list of *problems*, one line each, naming the file and
 object; an empty list means the manifests agree with the code. Every container that runs
-``speculant`` has its arguments parsed by :func:`speculant.cli.build_parser`, so an unknown flag
+``speculant`` has its arguments parsed by :func:`launcher.cli.build_parser`, so an unknown flag
 or a bad value is a problem, and the ports, probes, addresses, paths and environment variable
 names are compared across files. Tests mutate a loaded bundle to show each check can fail.
 """

@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from launcher.cli import build_parser
 from speculant.auth import TOKEN_ENV
-from speculant.cli import build_parser
 from speculant.config import SpeculantSettings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ verification is parallel (fewer verifier forwards, "rounds", than generated toke
 
 from __future__ import annotations
 
-from gateway.baseline import PlainDecoder
+from gateway.launch.baseline import PlainDecoder
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.v1 import common_pb2, gateway_pb2
 from tests.assets import STORIES_MODEL

@@ -29,6 +29,31 @@ from speculant.graph_manifest import DATA_FILE, write_manifest
 Chains = dict[int, dict[tuple[int, ...], dict[int, int]]]
 
 
+def _write_order(env: lmdb.Environment, order: int, chain: dict) -> OrderStats:
+    """Write one order's contexts and successors (most frequent first) to its database."""
+    db = env.open_db(order_db_name(order))
+    with env.begin(write=True, db=db) as txn:
+        for context in sorted(chain):
+            assert len(context) == order, f"context {context} is not of order {order}"
+            items = sorted(chain[context].items(), key=lambda kv: (-kv[1], kv[0]))
+            ids = np.array([i for i, _ in items])
+            counts = np.array([c for _, c in items])
+            txn.put(encode_context(list(context)), encode_successors(ids, counts))
+    return OrderStats(
+        order=order,
+        contexts=len(chain),
+        ngrams=sum(len(s) for s in chain.values()),
+        total_count=sum(sum(s.values()) for s in chain.values()),
+    )
+
+
+def _write_meta(env: lmdb.Environment, meta: GraphMeta) -> None:
+    """Write the meta record, in its own transaction (last, as the builder does)."""
+    meta_db = env.open_db(META_DB)
+    with env.begin(write=True, db=meta_db) as txn:
+        txn.put(META_KEY, meta.to_json())
+
+
 def write_graph(
     path: str | Path,
     chains: Chains,
@@ -53,26 +78,10 @@ def write_graph(
     if max_order is None:
         max_order = max(chains, default=1)
     env = lmdb.open(str(path), map_size=64 << 20, max_dbs=MAX_SUPPORTED_ORDER + 2, subdir=True)
-    orders: list[OrderStats] = []
     try:
-        for order in range(1, max_order + 1):
-            chain = chains.get(order, {})
-            db = env.open_db(order_db_name(order))
-            with env.begin(write=True, db=db) as txn:
-                for context in sorted(chain):
-                    assert len(context) == order, f"context {context} is not of order {order}"
-                    items = sorted(chain[context].items(), key=lambda kv: (-kv[1], kv[0]))
-                    ids = np.array([i for i, _ in items])
-                    counts = np.array([c for _, c in items])
-                    txn.put(encode_context(list(context)), encode_successors(ids, counts))
-            orders.append(
-                OrderStats(
-                    order=order,
-                    contexts=len(chain),
-                    ngrams=sum(len(s) for s in chain.values()),
-                    total_count=sum(sum(s.values()) for s in chain.values()),
-                )
-            )
+        orders = [
+            _write_order(env, order, chains.get(order, {})) for order in range(1, max_order + 1)
+        ]
         if write_meta:
             meta = GraphMeta(
                 format_version=format_version,
@@ -87,9 +96,7 @@ def write_graph(
                 built_at=datetime.now(UTC).isoformat(),
                 version=version,
             )
-            meta_db = env.open_db(META_DB)
-            with env.begin(write=True, db=meta_db) as txn:
-                txn.put(META_KEY, meta.to_json())
+            _write_meta(env, meta)
     finally:
         env.close()
     assert (path / DATA_FILE).is_file()

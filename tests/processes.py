@@ -16,7 +16,7 @@ def start_verifier_process(port: int) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "serve-verifier",
             "--model",
             str(STORIES_MODEL),

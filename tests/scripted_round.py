@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.coordinator import Coordinator
 from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
-from speculant.types import DraftParams, DraftProposal, ModelInfo, VerifyResult
+from gateway.rounds.coordinator import Coordinator
+from speculant.draft_params import DraftParams
+from speculant.types import DraftProposal, ModelInfo, VerifyResult
 
 EOS = 2
 STORY = "Once upon a time, there was a little girl named Lily. She loved to play outside."

@@ -1,12 +1,13 @@
-"""Adaptive draft length (gateway.adaptive_k): the schedule as a pure function, and greedy output
+"""Adaptive draft length (gateway.rounds.adaptive_k): the schedule as a pure function, and greedy
+output
 identical to Hugging Face with it, embedded and over the services, with fewer wasted drafts."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.adaptive_k import GROW, next_draft_length
-from gateway.stats import GenerationStats
+from gateway.rounds.adaptive_k import GROW, next_draft_length
+from gateway.rounds.stats import GenerationStats
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
 from tests.assets import load_dev_prompts
@@ -82,7 +83,7 @@ def references8(embedded_decoder, prompts8) -> list[list[int]]:
 
 
 def test_greedy_identical_with_adaptive_k_embedded(embedded_decoder, prompts8, references8):
-    # chains: a tree's depth adapts too, but its node budget stays (see gateway.adaptive_k)
+    # chains: a tree's depth adapts too, but its node budget stays (see gateway.rounds.adaptive_k)
     fixed = DraftConfig(k=K, tree_nodes=0)
     adaptive = DraftConfig(k=K, adaptive_k=True, tree_nodes=0)
     mismatches, adaptive_stats = generate_embedded(

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from launcher.cli import main
 from speculant.auth import TOKEN_ENV, bearer_metadata, load_token
-from speculant.cli import main
 from speculant.errors import InvalidArgumentError
 from speculant.grpc_server import MAX_MESSAGE_BYTES
 from speculant.health import health_status
@@ -34,7 +34,7 @@ REQUEST = gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=8, t
 @pytest.fixture(scope="module")
 def protected_gateway(services) -> Iterator[str]:
     """A gateway that requires TOKEN, on the shared draft and verifier services."""
-    from gateway.server import start_gateway
+    from gateway.api.server import start_gateway
 
     server, _ = start_gateway(
         [services.draft_address], services.verifier_address, port=0, auth_token=TOKEN

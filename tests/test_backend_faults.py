@@ -13,9 +13,9 @@ import urllib.request
 import grpc
 import pytest
 
-from gateway.baseline import PlainDecoder
-from gateway.http_server import HttpApiServer
-from gateway.server import start_gateway
+from gateway.api.http_server import HttpApiServer
+from gateway.api.server import start_gateway
+from gateway.launch.baseline import PlainDecoder
 from speculant.health import health_status
 from speculant.ports import free_ports
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc

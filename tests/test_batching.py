@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from gateway.baseline import PlainDecoder
+from gateway.launch.baseline import PlainDecoder
 from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -295,7 +295,7 @@ def test_batcher_needs_two_rows(loaded) -> None:
 
 
 def test_serve_verifier_rejects_a_bad_max_batch(capsys) -> None:
-    from speculant.cli import main
+    from launcher.cli import main
 
     args = ["serve-verifier", "--model", str(STORIES_MODEL), "--port", "0", "--max-batch", "0"]
     assert main(args) == 2  # before any model is loaded
@@ -315,7 +315,7 @@ def gateway(tinystories_graph) -> Iterator[tuple[gateway_pb2_grpc.GatewayService
     """Draft service, verifier (max_batch 8) and gateway on localhost ports, in process:
     (the gateway's stub, the LocalVerifier behind it)."""
     from draft_service.server import start_server as start_draft
-    from gateway.server import start_gateway
+    from gateway.api.server import start_gateway
     from verifier_service.server import start_server as start_verifier
 
     draft = start_draft(tinystories_graph, port=0)

@@ -12,22 +12,15 @@ import sys
 
 import pytest
 
-from bench.cost import (
-    CostSettings,
-    cost_at,
-    format_cost_table,
-    format_projection,
-    load_cost_model,
-    project_all,
-    run_cost,
-)
+from bench.cost import CostSettings, format_cost_table, load_cost_model, run_cost
 from bench.cost_cli import cost_settings_from_args, parse_counts
+from bench.cost_projection import cost_at, format_projection, project_all
 from bench.generate import rotated, run_benchmark
 from bench.generate_cli import settings_from_args
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
 from bench.settings import BenchSettings, Variant, variants_for
-from speculant.cli import build_parser
+from launcher.cli import build_parser
 from tests.assets import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
 
 SPECULATIVE_FIGURES = (

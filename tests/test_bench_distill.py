@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import bench.distill
-from speculant.cli import main
+from launcher.cli import main
 from speculant.config import DraftConfig, GenerationConfig
 from tests.assets import DEMO_PROMPTS, STORIES_MODEL
 from tests.test_tune import expected_prompt_ids, spy_on_traces, write_chat_model, write_chat_prompts

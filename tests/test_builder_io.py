@@ -17,7 +17,7 @@ import pytest
 import builder.corpus as corpus
 from builder import BuildError, CorpusError, GraphBuilder
 from builder.cli import parse_escapes
-from speculant.cli import main
+from launcher.cli import main
 from speculant.graph_format import open_graph_env, read_meta
 from speculant.graph_manifest import write_manifest
 from tests.assets import ROOT, STORIES_MODEL, TINYSTORIES_CORPUS
@@ -229,7 +229,7 @@ def test_killed_build_leaves_previous_graph(tmp_path: Path) -> None:
     b = GraphBuilder(tokenizer_name=STORIES, max_order=3)
     b.build_from_files([str(tmp_path / "small.txt")])
     before = b.save(out)
-    cmd = [sys.executable, "-m", "speculant.cli", "build", "--corpus", str(TINYSTORIES_CORPUS)]
+    cmd = [sys.executable, "-m", "launcher.cli", "build", "--corpus", str(TINYSTORIES_CORPUS)]
     cmd += ["--tokenizer", STORIES, "--doc-separator", r"\n\n\n", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)

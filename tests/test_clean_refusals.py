@@ -25,7 +25,7 @@ from tests.graph_factory import write_graph
 
 def run_cli(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "speculant.cli", *args],
+        [sys.executable, "-m", "launcher.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from speculant.cli import _subparsers, build_parser
+from launcher.cli import _subparsers, build_parser
 from tests.assets import STORIES_MODEL
 
-SPECULANT = [sys.executable, "-m", "speculant.cli"]
+SPECULANT = [sys.executable, "-m", "launcher.cli"]
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

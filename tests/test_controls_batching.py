@@ -9,7 +9,8 @@ import random
 import numpy as np
 
 from speculant.config import VerifierConfig
-from speculant.types import SamplingControls, SparseDistribution
+from speculant.sampling_controls import SamplingControls
+from speculant.types import SparseDistribution
 from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.test_batching import hold_first_batch, run_threads
 from verifier_service.verifier import LocalVerifier

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.generation import GenerationRequest, GenerationResult
-from gateway.stopping import FinishReason
+from gateway.rounds.stopping import FinishReason
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, OutOfRangeError
-from speculant.types import DraftParams
 from tests.scripted_round import STORY, run, setup
 
 

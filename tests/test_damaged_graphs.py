@@ -55,7 +55,7 @@ def damaged_copy(good_graph: Path, where: Path, *, manifest: bool, keep: float =
 
 def speculant(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "speculant.cli", *args],
+        [sys.executable, "-m", "launcher.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -98,7 +98,7 @@ def start_draft_process(graph: Path, port: int, log: Path) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "serve-draft",
             "--graph",
             str(graph),

@@ -21,7 +21,7 @@ from builder.dataset_source import (
     plan_dataset_partitions,
     split_evenly,
 )
-from speculant.cli import main
+from launcher.cli import main
 from speculant.graph_format import open_graph_env, read_meta
 from tests.assets import STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 from tests.graph_checks import assert_same_graph

@@ -25,7 +25,7 @@ def test_demo_builds_a_graph_and_matches_plain_decoding(tmp_path):
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "demo",
             "--graph",
             str(tmp_path / "graph"),
@@ -43,7 +43,7 @@ def test_demo_builds_a_graph_and_matches_plain_decoding(tmp_path):
     assert "tokens per verifier call" in completed.stdout
     assert "speedup over plain decoding" in completed.stdout
     meta = subprocess.run(
-        [sys.executable, "-m", "speculant.cli", "graph-info", str(tmp_path / "graph"), "--json"],
+        [sys.executable, "-m", "launcher.cli", "graph-info", str(tmp_path / "graph"), "--json"],
         capture_output=True,
         text=True,
         timeout=60,

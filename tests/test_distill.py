@@ -30,18 +30,13 @@ from graph_factory import write_graph
 
 from builder.errors import BuildError
 from builder.info import distilled_line
+from distill.options import DistillOptions, OptionsError
+from distill.progress import Progress
+from distill.prompt_source import prompt_kind
 from distill.prompts import PASSAGE_TEMPLATES, corpus_passages, file_prompts
-from distill.run import (
-    DistillOptions,
-    OptionsError,
-    Progress,
-    continuations,
-    distill_graph,
-    prepare,
-    prompt_kind,
-)
+from distill.run import continuations, distill_graph, prepare
 from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder
-from gateway.baseline import PlainDecoder
+from gateway.launch.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta
 from speculant.graph_manifest import verify_manifest
 from tests.assets import ROOT, STORIES_MODEL, STORY_SEPARATOR
@@ -58,7 +53,7 @@ CHAT_TEMPLATE = (
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "speculant.cli", *args],
+        [sys.executable, "-m", "launcher.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -180,7 +175,7 @@ def test_a_hub_name_offline_fails_clearly(graph_copy: Path) -> None:
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
 def test_an_interrupted_distill_publishes_nothing(graph_copy: Path, how: signal.Signals) -> None:
     data = (graph_copy / "data.mdb").read_bytes()
-    command = [sys.executable, "-m", "speculant.cli", "distill", "--graph", str(graph_copy)]
+    command = [sys.executable, "-m", "launcher.cli", "distill", "--graph", str(graph_copy)]
     command += ["--model", str(STORIES_MODEL), "--generations", "100000", "--batch-size", "8"]
     command += ["--corpus", str(DEMO_CORPUS), "--doc-separator", "\\n\\n\\n", "--device", "cpu"]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

@@ -17,11 +17,11 @@ from graph_factory import write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.drafts import FAST_RECONNECT
+from speculant.draft_params import DraftParams
 from speculant.ports import free_port
-from speculant.types import DraftParams
 from tests.fixtures.graphs import CORE_CHAINS
 
-SPECULANT = [sys.executable, "-m", "speculant.cli"]
+SPECULANT = [sys.executable, "-m", "launcher.cli"]
 
 
 def run_serve(graph: Path) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import sys
 import grpc
 import pytest
 
-from speculant.cli import build_parser
+from launcher.cli import build_parser
 from speculant.draft_flags import draft_default_argv, draft_defaults_from_args
 from speculant.errors import InvalidArgumentError
 from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
@@ -32,7 +32,7 @@ def test_flags_set_only_what_is_given():
 
 
 def test_a_bad_default_is_one_usage_line(tinystories_graph):
-    command = [sys.executable, "-m", "speculant.cli", "serve-draft"]
+    command = [sys.executable, "-m", "launcher.cli", "serve-draft"]
     command += ["--graph", str(tinystories_graph), "--port", "0", "--escape-weight", "-1"]
     completed = subprocess.run(
         command,
@@ -48,8 +48,8 @@ def test_a_bad_default_is_one_usage_line(tinystories_graph):
 
 def test_the_servers_defaults_fill_unset_request_fields(services, tinystories_graph):
     from draft_service.server import start_server as start_draft
-    from gateway.server import start_gateway
-    from speculant.types import DraftParams
+    from gateway.api.server import start_gateway
+    from speculant.draft_params import DraftParams
 
     chains_of_3 = draft_defaults_from_args(
         parse(

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from speculant.cli import _subparsers, build_parser
+from launcher.cli import _subparsers, build_parser
 from speculant.config import DraftConfig
-from speculant.types import DraftParams
+from speculant.draft_params import DraftParams
 from speculant.v1 import common_pb2, draft_pb2
 from speculant.wire import GATEWAY_SIDE_FIELDS
 

@@ -15,12 +15,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from gateway.draft_client import GrpcDraftClient
-from gateway.draft_replicas import REPLICA_HOLD_OFF_S, expand_addresses
+from gateway.backends.draft_client import GrpcDraftClient
+from gateway.backends.draft_replicas import REPLICA_HOLD_OFF_S, expand_addresses
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.health import wait_until_serving
 from speculant.ports import free_ports
-from speculant.types import DraftParams
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.assets import load_dev_prompts
 
@@ -67,7 +67,7 @@ def test_round_robin_shares_calls_evenly(tinystories_graph):
 def replica_processes(tinystories_graph) -> Iterator[list[tuple[str, subprocess.Popen]]]:
     replicas = []
     for port in free_ports(REPLICAS):
-        command = [sys.executable, "-m", "speculant.cli", "serve-draft", "--graph"]
+        command = [sys.executable, "-m", "launcher.cli", "serve-draft", "--graph"]
         command += [str(tinystories_graph), "--port", str(port)]
         process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         replicas.append((f"127.0.0.1:{port}", process))
@@ -86,12 +86,12 @@ def test_a_replica_killed_mid_run_fails_nothing_and_changes_nothing(
     services,
     replica_processes,
 ):
-    from gateway.server import start_gateway
+    from gateway.api.server import start_gateway
 
     addresses = [address for address, _ in replica_processes]
-    server, servicer = start_gateway(addresses, services.verifier_address, port=0)
+    server, engine = start_gateway(addresses, services.verifier_address, port=0)
     prompts = load_dev_prompts(6)
-    client = servicer.drafter
+    client = engine.drafter
     failed_calls = []
     hold_off = client.hold_off
 

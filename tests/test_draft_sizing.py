@@ -1,4 +1,4 @@
-"""Cost-aware draft sizes (gateway.draft_sizing): the cost profile, calibrated acceptance and
+"""Cost-aware draft sizes (gateway.rounds.draft_sizing): the cost profile, calibrated acceptance and
 the sizer's decisions, on hand-made drafts and timings; the round loop with a scripted verifier
 (outputs never change); the profile a real verifier measures and reports.
 
@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from gateway.acceptance import (
+from gateway.rounds.acceptance import (
     BINS,
     CONTEXT,
     GRAPH,
@@ -25,15 +25,16 @@ from gateway.acceptance import (
     SharedAcceptance,
     confidence_bin,
 )
-from gateway.coordinator import Coordinator
-from gateway.draft_sizing import CHAIN, MAX_SKIP, Shape, SizingModel, _Average, _DraftCost
+from gateway.rounds.coordinator import Coordinator
+from gateway.rounds.draft_sizing import CHAIN, MAX_SKIP, Shape, SizingModel, _Average, _DraftCost
 from speculant.cost_profile import (
     MAX_FORWARD_TOKENS,
     CostProfile,
     CostProfileError,
     verify_cost_profile,
 )
-from speculant.types import DraftParams, DraftProposal, ModelInfo, VerifyResult
+from speculant.draft_params import DraftParams
+from speculant.types import DraftProposal, ModelInfo, VerifyResult
 from tests.scripted_round import EOS, OracleDrafter, ScriptedVerifier, run
 
 # -- the cost profile --------------------------------------------------------------------------

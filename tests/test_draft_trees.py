@@ -17,8 +17,9 @@ from scipy.stats import chisquare
 import verifier_service.batching as batching_module
 from draft_service.tree import SAMPLED_TREE_WIDTH, TREE_WIDTH
 from speculant.config import DraftConfig
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.types import DraftParams, DraftProposal
+from speculant.types import DraftProposal
 from speculant.v1 import common_pb2, gateway_pb2
 from tests.exactness_checks import (
     assert_drafts_served,

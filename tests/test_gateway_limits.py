@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from gateway.server import start_gateway
+from gateway.api.server import start_gateway
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2
 
 LONG = gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=480, temperature=0.0)

@@ -9,9 +9,10 @@ import time
 import grpc
 import pytest
 
-from gateway.draft_client import GrpcDraftClient
-from gateway.server import GatewayServicer, start_gateway
-from gateway.verifier_client import GrpcVerifierClient
+from gateway.api.server import start_gateway
+from gateway.backends.draft_client import GrpcDraftClient
+from gateway.backends.verifier_client import GrpcVerifierClient
+from gateway.engine import GenerationEngine
 from speculant.config import GenerationConfig
 from speculant.errors import FailedPreconditionError
 from speculant.health import health_status
@@ -160,11 +161,11 @@ def test_tokenizer_mismatch_is_failed_precondition(services, other_graph):
     draft = start_draft(other_graph, port=0)
     try:
         # Started without the start-up check, the gateway refuses every request.
-        servicer = GatewayServicer(
+        engine = GenerationEngine(
             GrpcDraftClient([draft.address]), GrpcVerifierClient(services.verifier_address)
         )
         with pytest.raises(FailedPreconditionError, match="other-tokenizer"):
-            servicer.coordinator()
+            engine.coordinator()
         gateway, _ = start_gateway(
             [draft.address], services.verifier_address, port=0, check_backends=False
         )
@@ -183,7 +184,7 @@ def test_tokenizer_mismatch_is_failed_precondition(services, other_graph):
             [
                 sys.executable,
                 "-m",
-                "speculant.cli",
+                "launcher.cli",
                 "serve-gateway",
                 "--port",
                 "0",
@@ -216,7 +217,7 @@ def test_generate_cli_embedded_json(tinystories_graph):
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "generate",
             "--prompt",
             PROMPT,
@@ -250,7 +251,7 @@ def test_generate_cli_via_gateway(services):
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "generate",
             "--prompt",
             PROMPT,
@@ -292,7 +293,7 @@ def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinysto
     draft = start_draft(tinystories_graph, port=0)
     verifier_server, verifier = start_verifier(verifier_config(), port=0)
     address = verifier_server.address
-    gateway, servicer = start_gateway([draft.address], address, port=0)
+    gateway, engine = start_gateway([draft.address], address, port=0)
     try:
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
@@ -302,7 +303,7 @@ def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinysto
             with pytest.raises(grpc.RpcError) as info:
                 stub.Generate(request, timeout=30)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert servicer._coordinator is None  # the tokenizer check runs again
+            assert engine._coordinator is None  # the tokenizer check runs again
             port = int(address.rsplit(":", 1)[1])
             verifier_server, _ = start_verifier(verifier_config(), port=port, verifier=verifier)
             after = generate_when_back(stub, request)

@@ -21,7 +21,7 @@ from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 def test_sigterm_finishes_in_flight_generations_then_exits(services):
     (port,) = free_ports(1)
     address = f"127.0.0.1:{port}"
-    command = [sys.executable, "-m", "speculant.cli", "serve-gateway", "--port", str(port)]
+    command = [sys.executable, "-m", "launcher.cli", "serve-gateway", "--port", str(port)]
     command += ["--draft", services.draft_address, "--verifier", services.verifier_address]
     process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
     try:

@@ -12,7 +12,7 @@ import pytest
 
 from builder import GraphBuilder
 from builder.errors import BuildError
-from speculant.cli import main
+from launcher.cli import main
 from speculant.graph_format import META_DB, META_KEY
 from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE, write_manifest
 from speculant.graph_reader import NGramGraph
@@ -200,7 +200,7 @@ def test_an_interrupted_append_leaves_the_old_graph_intact(tmp_path, corpus, mon
     if where == "merge":  # while merging the new corpus's index with the old graph's
         monkeypatch.setattr("builder.index_writer.merge_into", crash)
     else:  # after the index is written, before the meta record and the publish
-        monkeypatch.setattr("builder.graph_builder.GraphWriter.write_meta", crash)
+        monkeypatch.setattr("builder.graph_output.GraphWriter.write_meta", crash)
     with pytest.raises(RuntimeError, match="simulated crash"):
         build(graph, [corpus["b.txt"]], append=True)
     assert snapshot(graph) == before  # same files, nothing left beside it but the lock file

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder import GraphBuilder
-from speculant.cli import main
+from launcher.cli import main
 from speculant.graph_format import GraphFormatError
 from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE
 from speculant.graph_reader import NGramGraph

@@ -293,7 +293,7 @@ def test_serve_draft_reloads_on_sighup(tmp_path):
     write_manifest(graph)
     port = free_port()
     address = f"127.0.0.1:{port}"
-    command = [sys.executable, "-m", "speculant.cli", "serve-draft", "--graph", str(graph)]
+    command = [sys.executable, "-m", "launcher.cli", "serve-draft", "--graph", str(graph)]
     command += ["--port", str(port), "--reload-interval", "0"]  # no polling: SIGHUP only
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -321,7 +321,7 @@ def test_serve_draft_reloads_on_sighup(tmp_path):
 
 def test_serve_draft_refuses_a_negative_interval(tmp_path):
     graph = write_graph(tmp_path / "graph", {1: {(1,): {2: 5}}}, vocab_size=10)
-    command = [sys.executable, "-m", "speculant.cli", "serve-draft", "--graph", str(graph)]
+    command = [sys.executable, "-m", "launcher.cli", "serve-draft", "--graph", str(graph)]
     result = subprocess.run(
         [*command, "--port", "0", "--reload-interval", "-1"],
         capture_output=True,

@@ -206,7 +206,7 @@ def story_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _viz(*args: str) -> subprocess.CompletedProcess:
     """Run ``speculant graph-viz ARGS`` in this process (a traceback would fail the test)."""
-    from speculant.cli import main
+    from launcher.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -308,7 +308,7 @@ def test_browser_draws_the_chosen_nodes_and_edges(chromium, story_graph, tmp_pat
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "graph-viz",
             str(story_graph),
             "--out",

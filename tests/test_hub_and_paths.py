@@ -58,7 +58,7 @@ def test_endpoint_probe():
 
 def test_a_hub_name_not_downloaded_fails_fast_when_the_hub_is_unreachable(unreachable_hub_env):
     started = time.monotonic()
-    command = [sys.executable, "-m", "speculant.cli", "serve-verifier", "--model", HUB_NAME]
+    command = [sys.executable, "-m", "launcher.cli", "serve-verifier", "--model", HUB_NAME]
     completed = subprocess.run(
         [*command, "--port", "0", "--device", "cpu"],
         capture_output=True,
@@ -130,7 +130,7 @@ def test_relative_local_folders_are_recorded_resolved(tmp_path, monkeypatch):
 
 
 def test_a_tokenizer_the_gateway_cannot_load_hints_at_the_flag():
-    from gateway.server import GatewayServicer
+    from gateway.engine import GenerationEngine
     from speculant.tokenizer import TokenizerLoadError
 
     fingerprint = "sha256:" + "0" * 64
@@ -150,6 +150,6 @@ def test_a_tokenizer_the_gateway_cannot_load_hints_at_the_flag():
             graph_version=1,
         )
     )
-    servicer = GatewayServicer(drafter, verifier)  # type: ignore[arg-type]
+    engine = GenerationEngine(drafter, verifier)  # type: ignore[arg-type]
     with pytest.raises(TokenizerLoadError, match="--tokenizer NAME_OR_DIR"):
-        servicer.coordinator()
+        engine.coordinator()

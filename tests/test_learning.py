@@ -25,7 +25,7 @@ import pytest
 from draft_service.learning import MAX_LEARN_TOKENS, LearningConfig
 from draft_service.server import start_server as start_draft
 from gateway import GenerationConfig, SpeculativeDecoder
-from gateway.server import start_gateway
+from gateway.api.server import start_gateway
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.assets import ROOT
 from tests.fixtures.e2e import DRAFT_TIMEOUT_S, verifier_config
@@ -101,7 +101,7 @@ def test_a_service_that_does_not_learn_says_so(tinystories_graph) -> None:
 def test_every_replica_learns_and_one_persists(services, replicas, learn_log, tinystories_graph):
     """Two generations through a gateway with two replicas: both replicas learn both, the log
     has each once; a third replica started afterwards replays them."""
-    gateway, servicer = start_gateway(
+    gateway, engine = start_gateway(
         [r.address for r in replicas],
         services.verifier_address,
         port=0,
@@ -115,8 +115,8 @@ def test_every_replica_learns_and_one_persists(services, replicas, learn_log, ti
                     gateway_pb2.GenerateRequest(prompt=prompt, max_tokens=24, temperature=0),
                     timeout=60,
                 )
-        assert servicer.learner.wait_idle(30)
-        assert servicer.learner.counts.sent == 2
+        assert engine.learner.wait_idle(30)
+        assert engine.learner.counts.sent == 2
     finally:
         gateway.stop(0)
     for replica in replicas:
@@ -136,7 +136,7 @@ def test_every_replica_learns_and_one_persists(services, replicas, learn_log, ti
 
 
 def test_a_prompt_generated_again_drafts_what_was_learned(services, replicas):
-    gateway, servicer = start_gateway(
+    gateway, engine = start_gateway(
         [replicas[0].address], services.verifier_address, port=0, draft_timeout_s=DRAFT_TIMEOUT_S
     )
     # fixed sizes: every draft is verified (cost-aware sizes follow the machine's timings)
@@ -146,7 +146,7 @@ def test_a_prompt_generated_again_drafts_what_was_learned(services, replicas):
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
             first = stub.Generate(request, timeout=60)
-            assert servicer.learner.wait_idle(30)
+            assert engine.learner.wait_idle(30)
             second = stub.Generate(request, timeout=60)
     finally:
         gateway.stop(0)
@@ -174,7 +174,7 @@ def test_outputs_are_the_same_with_learning_on_and_off(tinystories_graph, temper
 
 
 def test_serve_draft_learning_flags(tinystories_graph) -> None:
-    command = [sys.executable, "-m", "speculant.cli", "serve-draft"]
+    command = [sys.executable, "-m", "launcher.cli", "serve-draft"]
     command += ["--graph", str(tinystories_graph), "--port", "0", "--learn-weight", "0"]
     bad = subprocess.run(
         command,

@@ -25,8 +25,8 @@ from graph_factory import write_graph
 from draft_service.drafting import Drafter
 from draft_service.learn_log import LearnLog, LearnLogError
 from draft_service.live_layer import LiveLayer
+from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
-from speculant.types import DraftParams
 
 MAX_ORDER = 3
 

@@ -6,7 +6,7 @@ import json
 import os
 
 from bench.load_stats import is_loopback, percentile
-from speculant.cli import main
+from launcher.cli import main
 from speculant.ports import free_ports
 
 
@@ -73,8 +73,8 @@ def test_percentile_is_nearest_rank():
 def test_http_load_has_no_errors_below_the_limit_and_429_above(services, tmp_path, capsys):
     """`load --http` against an HTTP API whose gateway runs at most 2 generations: 2 workers
     get only 200s, 4 workers get 429s for the generations over the limit."""
-    from gateway.http_server import HttpApiServer
-    from gateway.server import start_gateway
+    from gateway.api.http_server import HttpApiServer
+    from gateway.api.server import start_gateway
 
     server, servicer = start_gateway(
         [services.draft_address], services.verifier_address, port=0, max_concurrent=2

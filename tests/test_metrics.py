@@ -1,8 +1,9 @@
 """Prometheus metrics, request ids and JSON logs of the three services.
 
 The services run in-process on free localhost ports, each with its own metrics endpoint; the
-figures are scraped over HTTP and parsed with prometheus_client's parser. The services are
-shared by the module, so checks compare scrapes taken before and after a call.
+figures are scraped over HTTP (tests.metric_samples). The services are shared by the module, so
+checks compare scrapes taken before and after a call. The metrics port flags of the CLI are
+tested in test_metrics_ports.py.
 """
 
 from __future__ import annotations
@@ -10,72 +11,31 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import queue
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from speculant.health import wait_until_serving
 from speculant.metrics import Metrics
-from speculant.ports import free_port
 from speculant.request_context import REQUEST_ID_HEADER, log_handler
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
-from tests.assets import ROOT
 from tests.fixtures.e2e import verifier_config
-
-GATEWAY = "speculant.v1.GatewayService"
-VERIFIER = "speculant.v1.VerifierService"
-DRAFT = "speculant.v1.DraftService"
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Samples:
-    """Every sample at http://127.0.0.1:port/metrics: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """The sample's value (0 if absent: a labelled counter appears on first use)."""
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-def total(samples: Samples, name: str) -> float:
-    """The sum of a metric over all its label values."""
-    return sum(v for (n, _), v in samples.items() if n == name)
-
-
-def calls(samples: Samples, service: str, method: str, code: str) -> float:
-    return value(
-        samples, "speculant_grpc_requests_total", service=service, method=method, code=code
-    )
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
-    """Whether condition() became true within timeout_s (for work that ends asynchronously)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return condition()
+from tests.metric_samples import (
+    DRAFT,
+    GATEWAY,
+    VERIFIER,
+    Samples,
+    calls,
+    delta,
+    scrape,
+    total,
+    value,
+    wait_for,
+)
 
 
 @dataclass
@@ -90,7 +50,7 @@ class Observed:
 @pytest.fixture(scope="module")
 def observed(tinystories_graph) -> Iterator[Observed]:
     from draft_service.server import start_server as start_draft
-    from gateway.server import start_gateway
+    from gateway.api.server import start_gateway
     from verifier_service.server import start_server as start_verifier
 
     metrics = [Metrics(), Metrics(), Metrics()]  # gateway, draft, verifier: one registry each
@@ -124,21 +84,10 @@ def _generate(observed: Observed, **fields: object) -> gateway_pb2.GenerateRespo
     return observed.gateway.Generate(request, timeout=120)
 
 
-def test_generate_is_counted_on_every_service(observed):
-    before = [
-        scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
-    ]
-    # fixed sizes: every round drafts and verifies (cost-aware sizes follow the timings)
-    stats = _generate(observed, draft=common_pb2.DraftOptions(draft_size="fixed")).stats
-    gateway, draft, verifier = (
-        scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
-    )
-    gw0, draft0, ver0 = before
-
-    def delta(now: Samples, then: Samples, name: str, **labels: str) -> float:
-        return value(now, name, **labels) - value(then, name, **labels)
-
-    # The gateway: one call, OK, timed; its generation's figures.
+def _check_gateway_counts(
+    gateway: Samples, gw0: Samples, stats: gateway_pb2.GenerationStats
+) -> None:
+    """The gateway: one call, OK, timed; its generation's figures."""
     assert calls(gateway, GATEWAY, "Generate", "OK") - calls(gw0, GATEWAY, "Generate", "OK") == 1
     assert (
         delta(
@@ -173,7 +122,11 @@ def test_generate_is_counted_on_every_service(observed):
     assert delta(gateway, gw0, "speculant_gateway_tokens_per_second_count") == 1
     assert value(gateway, "speculant_gateway_generations_in_flight") == 0
 
-    # The verifier: one message per round on the session stream, one session.
+
+def _check_verifier_counts(
+    verifier: Samples, ver0: Samples, stats: gateway_pb2.GenerationStats
+) -> None:
+    """The verifier: one message per round on the session stream, one session."""
     assert (
         delta(
             verifier,
@@ -188,7 +141,9 @@ def test_generate_is_counted_on_every_service(observed):
     assert delta(verifier, ver0, "speculant_verifier_sessions_created_total") == 1
     assert delta(verifier, ver0, "speculant_verifier_forward_passes_total") == stats.rounds
 
-    # The draft service: one proposal per message on its stream; its graph has a reader.
+
+def _check_draft_counts(draft: Samples, draft0: Samples) -> None:
+    """The draft service: one proposal per message on its stream; its graph has a reader."""
     proposals = delta(draft, draft0, "speculant_draft_proposals_total")
     assert proposals >= 1
     assert (
@@ -203,6 +158,21 @@ def test_generate_is_counted_on_every_service(observed):
         == proposals
     )
     assert value(draft, "speculant_draft_graph_readers") >= 1
+
+
+def test_generate_is_counted_on_every_service(observed):
+    before = [
+        scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
+    ]
+    # fixed sizes: every round drafts and verifies (cost-aware sizes follow the timings)
+    stats = _generate(observed, draft=common_pb2.DraftOptions(draft_size="fixed")).stats
+    gateway, draft, verifier = (
+        scrape(p) for p in (observed.gateway_port, observed.draft_port, observed.verifier_port)
+    )
+    gw0, draft0, ver0 = before
+    _check_gateway_counts(gateway, gw0, stats)
+    _check_verifier_counts(verifier, ver0, stats)
+    _check_draft_counts(draft, draft0)
 
 
 def test_live_sessions_return_to_zero(observed):
@@ -270,7 +240,7 @@ def test_request_id_reaches_the_backends(observed, json_logs):
     for record in records:
         assert {"time", "level", "logger", "message", "request_id"} <= set(record)
     loggers = {r["logger"] for r in records if r["request_id"] == request_id}
-    assert {"gateway.server", "draft_service.server", "verifier_service.server"} <= loggers
+    assert {"gateway.engine", "draft_service.server", "verifier_service.server"} <= loggers
 
 
 def test_a_request_id_is_made_when_none_is_given(observed):
@@ -359,82 +329,3 @@ def test_a_cancel_seen_as_the_request_stream_ending_is_counted_cancelled():
         assert codes() == {"CANCELLED": cancels}
     finally:
         server.stop(None)
-
-
-def _speculant(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "speculant.cli", *args],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-
-
-def test_serve_draft_metrics_port_and_json_logs(tinystories_graph):
-    grpc_port, metrics_port = free_port(), free_port()
-    process = _speculant(
-        "serve-draft",
-        "--graph",
-        str(tinystories_graph),
-        "--port",
-        str(grpc_port),
-        "--metrics-port",
-        str(metrics_port),
-        "--log-format",
-        "json",
-    )
-    try:
-        assert wait_until_serving(f"127.0.0.1:{grpc_port}", timeout_s=60)
-        samples = scrape(metrics_port)
-        assert calls(samples, "grpc.health.v1.Health", "Check", "OK") >= 1
-        assert ("speculant_draft_graph_readers", ()) in samples
-    finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0, stderr
-    records = [json.loads(line) for line in stderr.splitlines()]
-    messages = [r["message"] for r in records]
-    assert any(m.startswith("metrics at http://127.0.0.1:") for m in messages), messages
-    assert any(m.startswith("draft service serving") for m in messages), messages
-
-
-def test_serve_draft_metrics_port_in_use(tinystories_graph):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        process = _speculant(
-            "serve-draft", "--graph", str(tinystories_graph), "--port", "0",
-            "--metrics-port", str(port),
-        )  # fmt: skip
-        _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 1
-    assert "speculant serve-draft: error: cannot serve metrics on 127.0.0.1:" in stderr
-    assert "Traceback" not in stderr
-
-
-def test_up_gives_each_service_its_metrics_port():
-    from gateway.up import _observability_args
-    from speculant.cli import build_parser
-
-    args = build_parser().parse_args(
-        [
-            "up",
-            "--graph",
-            "g",
-            "--model",
-            "m",
-            "--metrics-port-base",
-            "9100",
-            "--log-format",
-            "json",
-        ]
-    )
-    assert [_observability_args(args, offset) for offset in (0, 1, 2)] == [
-        ["--log-format", "json", "--metrics-port", "9100"],
-        ["--log-format", "json", "--metrics-port", "9101"],
-        ["--log-format", "json", "--metrics-port", "9102"],
-    ]
-    default = build_parser().parse_args(["up", "--graph", "g", "--model", "m"])
-    assert _observability_args(default, 0) == ["--log-format", "text"]

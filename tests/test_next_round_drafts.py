@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from gateway.baseline import PlainDecoder
-from gateway.draft_client import GrpcDraftClient
+from gateway.backends.draft_client import GrpcDraftClient
+from gateway.launch.baseline import PlainDecoder
+from speculant.draft_params import DraftParams
 from speculant.errors import RemoteError, UnavailableError
-from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from tests.assets import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served
@@ -125,7 +125,7 @@ def test_a_dead_draft_service_gives_no_draft_and_no_prepared_drafts():
 @pytest.fixture(scope="module")
 def preparing_gateway(services) -> Iterator[gateway_pb2_grpc.GatewayServiceStub]:
     """A second gateway on the same draft and verifier services, preparing drafts."""
-    from gateway.server import start_gateway
+    from gateway.api.server import start_gateway
 
     server, _ = start_gateway(
         [services.draft_address],

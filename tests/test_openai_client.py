@@ -44,7 +44,7 @@ def _model_with_chat_template(folder: Path) -> Path:
 def client(tinystories_graph, tmp_path_factory) -> Iterator[openai.OpenAI]:
     model = _model_with_chat_template(tmp_path_factory.mktemp("model") / "stories260K")
     gateway, draft, verifier, http = free_ports(4)
-    command = [sys.executable, "-m", "speculant.cli", "up"]
+    command = [sys.executable, "-m", "launcher.cli", "up"]
     command += ["--graph", str(tinystories_graph), "--model", str(model)]
     command += ["--gateway-port", str(gateway), "--draft-port", str(draft)]
     command += ["--verifier-port", str(verifier), "--http-port", str(http)]

@@ -21,12 +21,13 @@ from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache, merge_order
 from gateway.generation import GenerationRequest
+from gateway.request_defaults import RequestDefaults
 from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig
+from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
-from speculant.types import DraftParams
 from speculant.v1 import common_pb2, draft_pb2
-from speculant.wire import draft_options_from_pb, draft_params_from_pb
+from speculant.wire import draft_fields_from_pb, draft_params_from_pb
 from tests.exactness_checks import (
     assert_parallel,
     generate_embedded,
@@ -268,7 +269,9 @@ def test_validation_names_overlay_weight(value: float) -> None:
                 DraftParams(),
             )
         assert info.value.field == "overlay_weight"
-    options = draft_options_from_pb(common_pb2.DraftOptions(overlay_weight=value), DraftConfig())
+    options = RequestDefaults(DraftConfig()).draft_params(
+        draft_fields_from_pb(common_pb2.DraftOptions(overlay_weight=value))
+    )
     with pytest.raises(InvalidArgumentError) as info:
         GenerationRequest(prompt_ids=[1], draft=options).validate()
     assert info.value.field == "draft.overlay_weight"
@@ -280,8 +283,13 @@ def test_overlay_weight_travels_and_has_one_default() -> None:
     request = draft_pb2.ProposeRequest(context_token_ids=[1], overlay_weight=2.5)
     assert draft_params_from_pb(request, DraftParams())[0].overlay_weight == 2.5
     options = common_pb2.DraftOptions(overlay_weight=3.0)
-    assert draft_options_from_pb(options, DraftConfig()).overlay_weight == 3.0
-    unset = draft_options_from_pb(common_pb2.DraftOptions(), DraftConfig(overlay_weight=1.0))
+    assert (
+        RequestDefaults(DraftConfig()).draft_params(draft_fields_from_pb(options)).overlay_weight
+        == 3.0
+    )
+    unset = RequestDefaults(DraftConfig(overlay_weight=1.0)).draft_params(
+        draft_fields_from_pb(common_pb2.DraftOptions())
+    )
     assert unset.overlay_weight == 1.0
 
 

@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from speculant.config import DraftConfig, GenerationConfig
-from speculant.types import SamplingControls
+from speculant.sampling_controls import SamplingControls
 from speculant.v1 import common_pb2
 from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served

@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from speculant.errors import InvalidArgumentError
-from speculant.types import SamplingControls
+from speculant.sampling_controls import SamplingControls
 from verifier_service.processing import TargetProcessor, history_counts
 
 VOCAB = 64

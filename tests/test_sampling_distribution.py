@@ -19,7 +19,7 @@ from scipy.stats import chisquare
 
 import verifier_service.rejection as rejection
 from gateway.generation import GenerationRequest
-from speculant.types import DraftParams
+from speculant.draft_params import DraftParams
 from tests.fixtures.e2e import verifier_config
 from tests.sampling_checks import (
     MIN_EXPECTED,

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
-from gateway.baseline import PlainDecoder
 from gateway.generation import GenerationRequest
+from gateway.launch.baseline import PlainDecoder
+from speculant.draft_params import DraftParams
 from speculant.prompt_records import load_prompts
-from speculant.types import DraftParams
 from tests.assets import PYTHON_CORPUS, SMOLLM2_MODEL, needs
 
 SMOLLM2 = SMOLLM2_MODEL
@@ -44,7 +44,7 @@ def docs_graph(tmp_path_factory):
 def decoders(docs_graph):
     """The embedded decoder with the measured profile, and its coordinator with a flat one
     (one model; learning off: each prompt drafts from the graph alone)."""
-    from gateway.coordinator import Coordinator
+    from gateway.rounds.coordinator import Coordinator
     from speculant.cost_profile import verify_cost_profile
 
     config = VerifierConfig(model_name=str(SMOLLM2), device="cpu")

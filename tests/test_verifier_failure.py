@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from gateway.server import start_gateway
+from gateway.api.server import start_gateway
 from speculant.ports import free_port
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 from tests.processes import start_verifier_process

@@ -219,7 +219,7 @@ def test_not_serving_until_model_loaded(loaded, monkeypatch) -> None:
 
 def _run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "speculant.cli", *args],
+        [sys.executable, "-m", "launcher.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -249,7 +249,7 @@ def test_cli_serves_and_stops_on_sigterm() -> None:
     port = free_port()
     proc = subprocess.Popen(
         [
-            *(sys.executable, "-m", "speculant.cli", "serve-verifier"),
+            *(sys.executable, "-m", "launcher.cli", "serve-verifier"),
             *("--model", str(STORIES_MODEL), "--port", str(port)),
             *("--max-unary-sessions", "2", "--session-ttl", "5"),
         ],
