@@ -108,7 +108,7 @@ def measure_tau(
     graph = NGramGraph.open(graph_path)
     try:
         drafter = Drafter(graph)
-        window = graph.max_order
+        window = graph.window  # the context tokens drafting reads
         results = [
             simulate(drafter, params, trace, max_tokens, window, max_context) for trace in traces
         ]

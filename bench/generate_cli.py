@@ -178,6 +178,14 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "repeatable",
     )
     p.add_argument(
+        "--long-context",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="every graph drafts from the longest match of up to this many context tokens too "
+        "(see serve-draft --long-context; 0 = off)",
+    )
+    p.add_argument(
         "--learn",
         dest="learns",
         type=_csv(_on_off),

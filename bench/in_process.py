@@ -53,6 +53,7 @@ class InProcessSystems:
                 torch_threads=settings.torch_threads,
             ),
             draft_config=DraftConfig(strategy=settings.strategy),
+            long_context=settings.long_context,
         )
         loaded = self.decoder.verifier.model
         self.plain = PlainDecoder(loaded.model, list(loaded.eos_token_ids))
@@ -67,6 +68,7 @@ class InProcessSystems:
             from speculant.graph_reader import NGramGraph
 
             graph = NGramGraph.open(path)
+            graph.use_long_context(self.settings.long_context)
             main = self.decoder.graph.meta
             if graph.meta.tokenizer_fingerprint != main.tokenizer_fingerprint:
                 raise ValueError(f"--compare-graph {path}: another tokenizer than --graph's")

@@ -149,6 +149,7 @@ class ServiceStack:
     def _draft_args(self, tier: tuple[str, bool]) -> list[str]:
         graph, learn = tier
         args = ["serve-draft", "--graph", graph or self.settings.graph]
+        args += ["--long-context", str(self.settings.long_context)]
         if not learn:
             return [*args, "--no-learn"]
         # the learn log lives in the bench's own directory, never beside the user's graph

@@ -69,6 +69,8 @@ class BenchSettings:
     pin_cpus: bool = False  # model forwards (this process, the verifier) on a core of their own
     # more graphs (e.g. a distilled one), each drafting its own embedded / services rows
     compare_graphs: tuple[str, ...] = ()
+    # draft from the longest match of up to this many context tokens too (0: off; every graph)
+    long_context: int = 0
     # online learning off / on (embedded: a live layer; services: a learning draft service),
     # on after learn_warmup generations of other prompts, then paused while measuring
     learns: tuple[bool, ...] = (False,)

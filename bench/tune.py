@@ -225,7 +225,7 @@ def _tune(
     from draft_service.drafting import Drafter
 
     drafter = Drafter(graph)
-    window = graph.max_order
+    window = graph.window  # the context tokens drafting reads
     max_context = loaded.max_context
 
     def simulate(params: DraftParams, part: list[GreedyTrace]) -> SimResult:

@@ -41,8 +41,8 @@ class ChainDrafter:
     ) -> DraftProposal:
         """A chain of up to params.k drafts after context_ids (checked, params resolved)."""
         successors = self.successors
-        max_order = successors.graph.max_order
-        tail = tail_key(context_ids, max_order)
+        window = successors.graph.window  # the context tokens a lookup reads
+        tail = tail_key(context_ids, window)
         greedy = params.strategy == "greedy"
         rng = None if greedy else np.random.default_rng(seed)
         proposal = DraftProposal()
@@ -88,7 +88,7 @@ class ChainDrafter:
             proposal.matched_orders.append(order)
             proposal.sources.append(source)
             proposal.path_probs.append(running)
-            tail = extend_tail(tail, token, max_order)
+            tail = extend_tail(tail, token, window)
         return proposal
 
     def sampled_step(

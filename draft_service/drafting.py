@@ -86,6 +86,7 @@ class Drafter:
         self.graph = graph
         self.live = live
         self.max_order = graph.max_order
+        self.window = graph.window  # the context tokens a lookup reads (the longest match)
         self.vocab_size = graph.vocab_size
         self.cache_size = cache_size
         self.successors = Successors(graph, live, Mixer(graph.vocab_size))
@@ -202,7 +203,7 @@ class Drafter:
         """
         params = self.resolve(params.validate())
         self.validate_context(context_ids)
-        tail = tail_key(context_ids, self.max_order)
+        tail = tail_key(context_ids, self.window)
         successors = self.successors
         orders, ids_list, counts_list, _ = successors.counts(
             tail, params, (), successors.learned(tail)[0]

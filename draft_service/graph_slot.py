@@ -57,8 +57,10 @@ class GraphSlot:
         self,
         live_for: Callable[[NGramGraph], LiveLayer] | None = None,
         on_health: Callable[[bool], None] | None = None,
+        long_context: int = 0,
     ) -> None:
         self._lock = threading.Lock()
+        self.long_context = long_context  # each graph installed drafts with it (graph_reader)
         self._current: LoadedGraph | None = None
         self._live_for = live_for
         self.on_health = on_health
@@ -95,6 +97,7 @@ class GraphSlot:
         """Make graph (with a new Drafter of it) the current one; the one it replaces closes
         once no call uses it."""
         live = self._live_for(graph) if self._live_for is not None else None
+        graph.use_long_context(self.long_context)
         loaded = LoadedGraph(graph, Drafter(graph, live=live))
         with self._lock:
             old, self._current = self._current, loaded

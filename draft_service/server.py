@@ -25,6 +25,7 @@ from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.graph_reader import NGramGraph
 from speculant.grpc_server import RESERVED_THREADS, ServiceServer
 from speculant.metrics import Metrics
+from speculant.suffix_index import MAX_CONTEXT
 from speculant.tls import ServerTls
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 
@@ -62,10 +63,13 @@ class DraftServer:
         metrics: Metrics | None = None,
         learning: LearningConfig | None = DEFAULT_LEARNING,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        long_context: int = 0,
     ) -> None:
         """metrics: count calls and drafts in it (its /metrics endpoint is the caller's).
         learning: learn from reported generations (draft_service.learning); None: off.
-        max_context_tokens: longer Propose contexts are refused (INVALID_ARGUMENT)."""
+        max_context_tokens: longer Propose contexts are refused (INVALID_ARGUMENT).
+        long_context: draft from the longest match of up to this many tokens (0: off; see
+        NGramGraph.use_long_context)."""
         if reload_interval_s < 0:
             raise InvalidArgumentError(
                 "reload_interval_s", f"must be >= 0, got {reload_interval_s}"
@@ -74,6 +78,10 @@ class DraftServer:
             raise InvalidArgumentError(
                 "max_context_tokens", f"must be >= 1, got {max_context_tokens}"
             )
+        if not 0 <= long_context <= MAX_CONTEXT:
+            raise InvalidArgumentError(
+                "--long-context", f"must be in 0..{MAX_CONTEXT}, got {long_context}"
+            )
         self.metrics = None if metrics is None else DraftMetrics(metrics.registry)
         self.servicer = DraftServicer(
             defaults,
@@ -81,6 +89,7 @@ class DraftServer:
             Learning(learning) if learning is not None else None,
             max_streams=workers,
             max_context_tokens=max_context_tokens,
+            long_context=long_context,
         )
         self.server = ServiceServer(
             host,
@@ -199,6 +208,7 @@ def start_server(
     metrics: Metrics | None = None,
     learning: LearningConfig | None = DEFAULT_LEARNING,
     max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+    long_context: int = 0,
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
@@ -217,6 +227,7 @@ def start_server(
         metrics=metrics,
         learning=learning,
         max_context_tokens=max_context_tokens,
+        long_context=long_context,
     )
     server.start()
     try:

@@ -84,14 +84,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         *,
         max_streams: int = 8,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
+        long_context: int = 0,
     ) -> None:
         """learning: learn from reported generations (Learn); None: Learn answers
-        learning = false and drafts come from the graph alone."""
+        learning = false and drafts come from the graph alone. long_context: see
+        NGramGraph.use_long_context (0: off)."""
         self.defaults = (defaults or DraftParams()).validate()
         self.metrics = metrics
         self.learning = learning
         self.max_context_tokens = max_context_tokens
-        self.slot = GraphSlot(learning.attach if learning is not None else None)
+        self.slot = GraphSlot(
+            learning.attach if learning is not None else None, long_context=long_context
+        )
         self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
 
     def load(self, graph: NGramGraph) -> None:

@@ -1,6 +1,6 @@
 """Bounded caches of drafting steps, and the key part the mixing parameters make.
 
-A *step* is what drafting decides after one context tail (its last max_order tokens): for a
+A *step* is what drafting decides after one context tail (its last graph.window tokens): for a
 chain, (token, matched order, q(token)[, source]); for a tree node, (matched order, its
 TREE_WIDTH likeliest successors). It depends only on the tail, on the mixing parameters
 (:func:`mix_key`) and, where the overlay or the live layer add counts, on those counts; the

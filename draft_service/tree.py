@@ -58,7 +58,7 @@ class TreeDrafter:
         A node's successors come likeliest first, so its next sibling is offered only once the
         node itself is taken: the heap then pops in the same order as if every successor had
         been offered at once, for about two pushes per node instead of TREE_WIDTH."""
-        max_order = self.successors.graph.max_order
+        window = self.successors.graph.window  # the context tokens a lookup reads
         key_of_mix = mix_key(params)
         step_after = self.step
         tree_nodes, max_depth = params.tree_nodes, params.k
@@ -69,7 +69,7 @@ class TreeDrafter:
         # max-heap of candidates: (-path probability, tie, parent node, parent's path
         # probability, depth, the parent's step and tail, the candidate's rank in that step)
         frontier: list[tuple[float, int, int, float, int, TreeStep, bytes, int]] = []
-        root = tail_key(context_ids, max_order)
+        root = tail_key(context_ids, window)
         step = step_after(root, params, key_of_mix, overlay)
         if step[1]:
             push(frontier, (-step[1][0][1], next(ties), -1, 1.0, 0, step, root, 0))
@@ -90,7 +90,7 @@ class TreeDrafter:
                 sibling = -parent_prob * successors[rank][1]
                 push(frontier, (sibling, next(ties), parent, parent_prob, depth, step, tail, rank))
             if depth + 1 < max_depth:  # its first child
-                child_tail = extend_tail(tail, token, max_order)
+                child_tail = extend_tail(tail, token, window)
                 child = step_after(child_tail, params, key_of_mix, overlay)
                 if child[1]:
                     first = -path_prob * child[1][0][1]
@@ -110,8 +110,8 @@ class TreeDrafter:
         """A tree of sampled drafts: nodes expanded best-first on path probability, each with
         up to SAMPLED_TREE_WIDTH children drawn from its q without replacement."""
         successors = self.successors
-        max_order = successors.graph.max_order
-        root = tail_key(context_ids, max_order)
+        window = successors.graph.window  # the context tokens a lookup reads
+        root = tail_key(context_ids, window)
         rng = np.random.default_rng(seed)
         proposal = DraftProposal()
         ties = itertools.count()
@@ -141,7 +141,7 @@ class TreeDrafter:
                 path_prob = -neg_prob * prob
                 proposal.path_probs.append(path_prob)
                 if depth + 1 < params.k:
-                    child_tail = extend_tail(tail, token, max_order)
+                    child_tail = extend_tail(tail, token, window)
                     index = len(proposal.token_ids) - 1
                     heapq.heappush(frontier, (-path_prob, next(ties), index, depth + 1, child_tail))
                 others = ids != token  # without replacement: the next sibling's q_i

@@ -42,6 +42,7 @@ class LocalGraph:
     graph_path: str
     graph_version: int
     max_order: int
+    context_window: int
     tokenizer_name: str
     tokenizer_fingerprint: str
 
@@ -53,7 +54,12 @@ class LocalDraftTier:
         meta = graph.meta
         self.propose = drafter.propose
         self.graph = LocalGraph(
-            str(path), 0, meta.max_order, meta.tokenizer_name, meta.tokenizer_fingerprint
+            str(path),
+            0,
+            meta.max_order,
+            graph.window,
+            meta.tokenizer_name,
+            meta.tokenizer_fingerprint,
         )
 
     def graph_info(self, timeout_s: float = 5.0) -> LocalGraph:
@@ -96,10 +102,14 @@ class SpeculativeDecoder:
         *,
         learn: bool = True,
         verify_cost: str = "measured",
+        long_context: int = 0,
     ) -> None:
         """learn: the drafter learns from every finished generation (a live layer in this
         process, draft_service.live_layer: drafts improve as similar text is generated; the
         output never changes). False: drafts from the graph alone.
+
+        long_context: draft from the longest match of up to this many context tokens too
+        (speculant.config.LONG_CONTEXT suggested; see NGramGraph.use_long_context; 0: off).
 
         verify_cost: the cost profile that sizes drafts (draft_size "cost", the default; see
         gateway.rounds.draft_sizing): "measured" (the verifier's, measured at start-up and refreshed
@@ -109,6 +119,7 @@ class SpeculativeDecoder:
         self.verifier_config = verifier_config or VerifierConfig()
         self.draft_config = draft_config or DraftConfig()
         self.graph = NGramGraph.open(graph_path)
+        self.graph.use_long_context(long_context)
         self.live = LiveLayer(self.graph.max_order) if learn else None
         self.verifier = LocalVerifier(self.verifier_config)
         info = self.verifier.info

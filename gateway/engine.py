@@ -228,7 +228,9 @@ class GenerationEngine:
             self.drafter if graph is not None else NoDrafts(),
             self.verifier,
             tokenizer,
-            draft_context_window=graph.max_order if graph is not None else 1,
+            draft_context_window=(
+                max(graph.context_window, graph.max_order) if graph is not None else 1
+            ),
             next_round_drafts=self.next_round_drafts if graph is not None else 0,
             learner=self.learner,
             verify_cost=(

@@ -109,6 +109,7 @@ class DraftTierGraph(Protocol):
     graph_path: str
     graph_version: int
     max_order: int
+    context_window: int  # the context tokens drafting reads (0 from an older draft service)
     tokenizer_name: str
     tokenizer_fingerprint: str
 

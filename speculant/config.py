@@ -50,6 +50,9 @@ DEFAULT_NEXT_ROUND_DRAFTS = 0
 # seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0
+# The context window `--long-context` suggests: the longest match of up to this many tokens joins
+# the orders drafts mix (speculant.graph_reader, a format 2 graph; off by default).
+LONG_CONTEXT = 16
 # Input bounds of the internal services, checked before any work (INVALID_ARGUMENT naming the
 # field): context tokens a Propose request may carry (the gateway sends the last max_order
 # tokens, or with the context overlay the whole context, clipped to this; the overlay indexes

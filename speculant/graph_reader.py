@@ -4,6 +4,14 @@ Terms: an *order-o context* is the last o token ids; its *successors* are the to
 it in the corpus, with their *counts*. A context *matches* at order o when the corpus has it,
 followed by a successor.
 
+*Long context* (opt-in, :meth:`NGramGraph.use_long_context`): a format 2 graph is matched over
+the last ``window`` tokens of a context (LONG_CONTEXT, 16, suggested). Drafting mixes the orders
+1..max_order (the build's ``--order``) as ever, and the *longest match* as one more order when it
+is longer, and at least LONGEST_FROM tokens: a context seen verbatim that far back says more than
+its last few tokens (dev prompts, greedy replay, the default tree: distilled tinystories 6.73 ->
+7.23 tokens per forward, distilled SmolLM2 chat 3.779 -> 3.786; Propose about 1.2x slower;
+docs/benchmarks.md).
+
 Every file is memory-mapped read-only: pages are read from the file on demand and belong to the
 page cache, so the process RSS does not grow with the graph's size. :meth:`NGramGraph.match` is
 the drafters' lookup: the successor counts of every matching order of a context, from the suffix
@@ -42,6 +50,7 @@ from speculant.graph_format import (
     order_db_name,
     read_meta,
 )
+from speculant.graph_lmdb import decode_values, match_orders
 from speculant.graph_manifest import manifest_sizes
 from speculant.map_guard import MappedFile
 from speculant.suffix_index import INDEX_FILES, MAX_CONTEXT, WEIGHTS_FILE, SuffixIndex
@@ -66,6 +75,9 @@ def _load_madvise() -> Callable[..., int] | None:
 _MADVISE = _load_madvise()
 
 
+# Long context (format 2, opt-in): the shortest longest match that counts beside the orders
+# 1..max_order (measured: docs/benchmarks.md).
+LONGEST_FROM = 8
 log = logging.getLogger(__name__)
 
 
@@ -111,6 +123,8 @@ class NGramGraph:
         # the tuned mixing parameters (``speculant tune --write``), defaults for every request
         self.draft_defaults = tuned_draft_defaults(meta, path)
         self.max_order = meta.max_order
+        # the context tokens a drafting lookup reads (see use_long_context)
+        self.window = self.max_order
         self.vocab_size = meta.vocab_size
         self._env = env
         self._index = index
@@ -156,6 +170,22 @@ class NGramGraph:
             env.close()
             raise
 
+    def use_long_context(self, window: int) -> int:
+        """Draft from contexts of up to `window` tokens: the longest match joins the orders
+        1..max_order (see *long context* above); 0 or a window <= max_order: off. A format 1
+        graph has no index to match longer contexts in: it stays at max_order (logged).
+        Returns the window in effect."""
+        if not 0 <= window <= MAX_CONTEXT:
+            raise InvalidArgumentError("long_context", f"must be in 0..{MAX_CONTEXT}, got {window}")
+        if window > self.max_order and self._index is None:
+            log.warning(
+                "%s is a format 1 graph: no long context (rebuild it with speculant build)",
+                self.path,
+            )
+            window = 0
+        self.window = max(self.max_order, window)
+        return self.window
+
     @property
     def file_id(self) -> tuple[int, int]:
         """(device, inode) of the data file this graph maps (a republished graph has another)."""
@@ -180,7 +210,8 @@ class NGramGraph:
     def match(self, tail: bytes, every_order: bool = True, top: int | None = None) -> Matches:
         """The successor counts of the orders that match the context ending ``tail``
         (graph_format.tail_key), highest first, from ``top`` (default: the tail's length)
-        down; every_order False: the highest matching order only."""
+        down; every_order False: the highest matching order only. With long context on, a tail
+        longer than max_order adds its longest match instead (see *long context* above)."""
         if self._closed:
             raise GraphFormatError(f"graph {self.path} is closed")
         top = len(tail) >> 2 if top is None else top
@@ -188,6 +219,8 @@ class NGramGraph:
             if not getattr(self._local, "reader", False):  # this thread's first lookup
                 self._register_reader()
             ids = np.frombuffer(tail, dtype=KEY_DTYPE).astype(np.int64)
+            if self.window > self.max_order and ids.shape[0] > self.max_order:
+                return self._index.match(ids, top, every_order, self.max_order, LONGEST_FROM)
             return self._index.match(ids, top, every_order)
         orders, values = match_orders(tail, self._txn(), self._dbs, every_order, top)
         return orders, *decode_values(values)
@@ -361,38 +394,3 @@ def _open_index(path: Path, meta: GraphMeta, guards: list[MappedFile]) -> Suffix
     except (KeyError, IndexError, ValueError) as exc:
         raise GraphFormatError(f"corrupt graph {path}: inconsistent index files ({exc})") from exc
     return index
-
-
-# Format 1 graphs' reads: values are memoryviews into the map, decoded without copying.
-
-
-def match_orders(
-    tail: bytes, txn: lmdb.Transaction, dbs: list, every_order: bool, top: int | None = None
-) -> tuple[list[int], list[memoryview]]:
-    """Backoff lookup: (matching orders, their LMDB values), highest order first.
-
-    tail: graph_format.tail_key of the context; every_order=False stops at the highest match;
-    top (default: the tail's length) is the highest order looked up.
-    """
-    orders: list[int] = []
-    values: list[memoryview] = []
-    get = txn.get
-    for order in range(len(tail) >> 2 if top is None else top, 0, -1):
-        value = get(tail[-4 * order :], db=dbs[order])
-        if value is not None:
-            orders.append(order)
-            values.append(value)
-            if not every_order:
-                break
-    return orders, values
-
-
-def decode_values(values: list[memoryview]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Zero-copy views (successor ids [n] uint32, counts [n] uint32) of each LMDB value."""
-    ids_list: list[np.ndarray] = []
-    counts_list: list[np.ndarray] = []
-    for value in values:
-        ids, counts = decode_successors(value)
-        ids_list.append(ids)
-        counts_list.append(counts)
-    return ids_list, counts_list

@@ -154,25 +154,34 @@ def _table_row(table_lo, table_hi, lo, hi):
 
 @numba.njit(cache=True, nogil=True)
 def lookup(
-    stream, sep, entries, weights, first, table_lo, table_hi, tail, top, every_order,
+    stream, sep, entries, weights, first, table_lo, table_hi, tail, top, mixed, longest_from,
+    every_order,
 ):  # fmt: skip
     """Where the successor counts of the contexts ending `tail` (ids, oldest first) are, for
-    the orders top, top - 1, ..., 1 that match (every_order False: the highest only): (orders
-    [m], rows [m], ids [s], counts [s], bounds [m + 1]). Order orders[j]'s successors are the
-    table's row rows[j] when it is >= 0 (a range of at least frequent_min entries), else
-    ids/counts[bounds[j]:bounds[j + 1]], counted from the stream (sorted by count descending,
-    then id ascending)."""
-    lo = np.empty(top, np.int64)
-    hi = np.empty(top, np.int64)
-    matched = match_ranges(stream, sep, entries, first, tail[max(0, tail.shape[0] - top) :], lo, hi)
-    wanted = matched if every_order else min(matched, 1)
-    orders = np.empty(wanted, np.int64)
+    the orders that match and are kept, highest first (every_order False: the highest only):
+    every matching order <= mixed, and the longest match when it is longer (and at least
+    longest_from), of those the ones <= top. Returns (orders [m], rows [m], ids [s], counts [s],
+    bounds [m + 1]). Order orders[j]'s successors are the table's row rows[j] when it is >= 0 (a
+    range of at least frequent_min entries), else ids/counts[bounds[j]:bounds[j + 1]], counted
+    from the stream (sorted by count descending, then id ascending)."""
+    lo = np.empty(tail.shape[0], np.int64)
+    hi = np.empty(tail.shape[0], np.int64)
+    matched = match_ranges(stream, sep, entries, first, tail, lo, hi)
+    kept = np.empty(min(matched, mixed) + 1, np.int64)
+    m = 0
+    if mixed < matched <= top and matched >= longest_from:
+        kept[m] = matched
+        m += 1
+    for order in range(min(matched, mixed, top), 0, -1):
+        kept[m] = order
+        m += 1
+    wanted = m if every_order else min(m, 1)
+    orders = kept[:wanted].copy()
     rows = np.empty(wanted, np.int64)
     bounds = np.zeros(wanted + 1, np.int64)
     total = 0
     for j in range(wanted):  # the rows, and the room the counted ranges need
-        order = matched - j
-        orders[j] = order
+        order = orders[j]
         rows[j] = _table_row(table_lo, table_hi, lo[order - 1], hi[order - 1])
         if rows[j] < 0:
             total += hi[order - 1] - lo[order - 1]
@@ -243,12 +252,22 @@ class SuffixIndex:
         range_successors(self.stream, self.entries, self.weights, 0, min(1, self.entries.shape[0]))
 
     def match(
-        self, tail: np.ndarray, top: int, every_order: bool
+        self,
+        tail: np.ndarray,
+        top: int,
+        every_order: bool,
+        mixed: int | None = None,
+        longest_from: int = 0,
     ) -> tuple[list[int], list[np.ndarray], list[np.ndarray]]:
         """(orders, successor ids [n] per order, counts [n] per order) of the contexts ending
         tail (int64 ids, oldest first) for the orders top .. 1 that match, highest first
         (every_order False: the highest only); successors sorted by count descending, then id
-        ascending. A tabled order's arrays are views of the memory-mapped table."""
+        ascending. A tabled order's arrays are views of the memory-mapped table.
+
+        mixed: only the orders up to mixed, and the longest match over the whole tail when it
+        is longer than mixed and at least longest_from tokens (None: every order up to top)."""
+        if mixed is None:
+            tail, mixed = tail[max(0, tail.shape[0] - top) :], top
         orders, rows, ids, counts, bounds = lookup(
             self.stream,
             self.sep,
@@ -259,6 +278,8 @@ class SuffixIndex:
             self.table_hi,
             tail,
             top,
+            mixed,
+            longest_from,
             every_order,
         )
         ids_list: list[np.ndarray] = []

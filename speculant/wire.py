@@ -184,6 +184,7 @@ def graph_info_to_pb(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
     return draft_pb2.GetGraphInfoResponse(
         format_version=meta.format_version,
         max_order=meta.max_order,
+        context_window=graph.window,
         tokenizer_name=meta.tokenizer_name,
         tokenizer_fingerprint=meta.tokenizer_fingerprint,
         vocab_size=meta.vocab_size,

@@ -48,6 +48,13 @@ def test_serve_draft_refuses_a_bad_graph(tmp_path: Path, make, message) -> None:
     assert message in lines[0]
 
 
+def test_serve_draft_refuses_a_long_context_past_the_index(core_graph_dir: Path) -> None:
+    cmd = [*SPECULANT, "serve-draft", "--graph", str(core_graph_dir), "--long-context", "65"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "--long-context: must be in 0..64, got 65" in result.stderr
+
+
 def test_serve_draft_serves_then_stops_on_sigterm(core_graph_dir: Path) -> None:
     port = free_port()
     address = f"127.0.0.1:{port}"

@@ -144,7 +144,7 @@ class OrderStats(_message.Message):
     def __init__(self, order: _Optional[int] = ..., contexts: _Optional[int] = ..., ngrams: _Optional[int] = ..., total_count: _Optional[int] = ...) -> None: ...
 
 class GetGraphInfoResponse(_message.Message):
-    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version", "live")
+    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version", "live", "context_window")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_ORDER_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class GetGraphInfoResponse(_message.Message):
     GRAPH_PATH_FIELD_NUMBER: _ClassVar[int]
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     max_order: int
     tokenizer_name: str
@@ -171,4 +172,5 @@ class GetGraphInfoResponse(_message.Message):
     graph_path: str
     graph_version: int
     live: LiveLayerStats
-    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ...) -> None: ...
+    context_window: int
+    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ..., context_window: _Optional[int] = ...) -> None: ...
