@@ -175,8 +175,10 @@ def test_logprobs_in_openai_shapes_match_the_tokens(http):
         f"{http.url}/generate",
         {"prompt": PROMPT, "max_tokens": 10, "temperature": 0, "top_logprobs": 3},
     )[1]
+    # The same tokens, scored in other forward shapes (cost-sized drafts follow the machine's
+    # timings, and the draft tier has learned from the first answer): logits agree to ~1e-5.
     assert [e["logprob"] for e in generated["logprobs"]] == pytest.approx(
-        logprobs["token_logprobs"], abs=1e-6
+        logprobs["token_logprobs"], abs=1e-4
     )
     assert [e["token_id"] for e in generated["logprobs"]] == generated["token_ids"]
     streamed = list(
