@@ -7,9 +7,12 @@ successor counts (:mod:`draft_service.successors`) and keep steps (:mod:`draft_s
 
 Terms:
 - *backoff*: at each draft position, look up the last n tokens of the context for
-  n = max_order down to 1 (one LMDB get per order) and draft from the highest order that matches;
-  after each drafted token the context grows by it and is matched again.
-- *matched order*: the highest order whose context matched at a position.
+  n = max_order down to 1 and draft from the highest order that matches; after each drafted
+  token the context grows by it and is matched again.
+- *long context* (opt-in, NGramGraph.use_long_context): the tails looked up are graph.window
+  tokens long, and the longest match of at least LONGEST_FROM tokens joins the orders 1..max_order.
+- *matched order*: the highest order whose context matched at a position (with long context, the
+  longest match where it counts).
 - *dead end*: no order matches; drafting stops there and the draft is partial (possibly empty).
 - *q*: the distribution the drafted token was drawn from. With attentive mixing (the default), the
   mix of every matching order's successor distribution under ``params.mixing`` (see

@@ -96,7 +96,7 @@ class GenerationEngine:
         draft tier learns nothing from this gateway). verify_cost: the cost profile that sizes
         drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
         profile file (see speculant.cost_profile.verify_cost_profile) or the profile itself.
-        tokenizer: the prompts' tokenizer, already loaded (in process: the verifier's own).
+        tokenizer: the verifier's own tokenizer, already loaded (in process; not checked again).
         log_generations: log one line per finished generation (a server's access log)."""
         if next_round_drafts < 0:
             raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
@@ -255,7 +255,8 @@ class GenerationEngine:
             raise TokenizerLoadError(
                 f"{exc}; give the gateway the verifier's tokenizer with --tokenizer NAME_OR_DIR"
             ) from exc
-        if tokenizer_fingerprint(tokenizer) != fingerprint:
+        given = tokenizer is self._given_tokenizer  # the verifier's own: nothing to check
+        if not given and tokenizer_fingerprint(tokenizer) != fingerprint:
             raise FailedPreconditionError(
                 f"the gateway's tokenizer {name!r} differs "
                 f"from the verifier's ({verifier_tokenizer!r})"

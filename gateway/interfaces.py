@@ -5,8 +5,9 @@ prepared while the verifier runs) and a verifier (TargetVerifier). Each has an i
 implementation (embedded mode: draft_service.drafting.Drafter and
 verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.backends.draft_client,
 gateway.backends.verifier_client), so the same round logic runs in one process or across services.
-The gRPC ones add what the gateway server needs of them (RemoteDraftTier, RemoteVerifier), and
-GenerationLearner is what learns from finished generations.
+The engine (gateway.engine) drives them as a draft tier and a verifier it can check
+(RemoteDraftTier, RemoteVerifier: the gRPC clients, or the in-process ones wrapped by
+gateway.embedded), and GenerationLearner is what learns from finished generations.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ def lookup(
         kept[m] = order
         m += 1
     wanted = m if every_order else min(m, 1)
-    orders = kept[:wanted].copy()
+    orders = kept[:wanted]
     rows = np.empty(wanted, np.int64)
     bounds = np.zeros(wanted + 1, np.int64)
     total = 0
