@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import grpc
 
 from gateway.alignment import check_tokenizer_alignment
-from gateway.backends.deadlines import request_deadline
+from gateway.backends.streams import request_deadline
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 from gateway.interfaces import (
     DraftTierGraph,
@@ -38,8 +38,7 @@ from gateway.interfaces import (
     RemoteVerifier,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.prompt_limits import SLACK, max_token_chars
-from gateway.request_defaults import PromptLimits, RequestDefaults
+from gateway.request_defaults import SLACK, PromptLimits, RequestDefaults, max_token_chars
 from gateway.rounds.coordinator import Coordinator
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig, GenerationConfig
 from speculant.cost_profile import CostProfile, verify_cost_profile
@@ -92,9 +91,9 @@ class GenerationEngine:
         max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
         next_round_drafts: drafts the draft service prepares for the next round while the
         verifier runs (see Coordinator; 0 = off). metrics: count generations in it.
-        learner: gets every finished generation (gateway.backends.learning.LearnReporter; None: the
-        draft tier learns nothing from this gateway). verify_cost: the cost profile that sizes
-        drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
+        learner: gets every finished generation (gateway.backends.draft_client.LearnReporter;
+        None: the draft tier learns nothing from this gateway). verify_cost: the cost profile
+        that sizes drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
         profile file (see speculant.cost_profile.verify_cost_profile) or the profile itself.
         tokenizer: the verifier's own tokenizer, already loaded (in process; not checked again).
         log_generations: log one line per finished generation (a server's access log)."""

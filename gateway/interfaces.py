@@ -143,7 +143,7 @@ class RemoteVerifier(TargetVerifier, Protocol):
 
 class GenerationLearner(Protocol):
     """Learns from finished generations: a draft tier's live layer (draft_service.live_layer)
-    in one process, a reporter to the draft services over gRPC (gateway.backends.learning). Best
+    in one process, a reporter to the draft services over gRPC (gateway.backends.draft_client). Best
     effort and quick: it never raises into the request and never waits for the network."""
 
     def learn(self, token_ids: Sequence[int]) -> object:

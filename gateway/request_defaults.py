@@ -5,29 +5,38 @@ serving defaults (a :class:`DraftConfig` and a :class:`GenerationConfig`: the ga
 ``SPECULANT_*`` variables, or the embedded decoder's configs) and tokenizes the prompt. The
 resulting :class:`GenerationRequest` is validated by the coordinator as its rounds begin, so
 every door (gRPC, HTTP, the embedded library) refuses the same requests with the same errors.
+
+A prompt too long for the model's context is refused before tokenizing it. Tokenizing costs
+time and memory in proportion to the text (a 15 MB prompt: 16 s and 2 GB), so the gateway first
+compares the prompt's length in characters with a bound that no prompt which
+fits the context can reach: a token stands for at most *max token chars* characters (its
+vocabulary entry's length, added tokens included: a byte-level or byte-fallback entry is at
+least as long as the text it decodes to), so a prompt of n tokens has at most
+n * max_token_chars characters. The bound allows SLACK times that, for normalizers that fold
+characters before tokenizing; a prompt under it is tokenized and checked exactly, token by token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 from gateway.generation import GenerationRequest, PromptRequest
-from gateway.prompt_limits import check_prompt_chars
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.draft_params import DraftParams
-from speculant.errors import InvalidArgumentError
+from speculant.errors import InvalidArgumentError, OutOfRangeError
 from speculant.prompting import encode_prompt, token_id_prompt
 from speculant.sampling_controls import SamplingControls
 
 MAX_TOKENS_LIMIT = 1 << 20
+SLACK = 4  # the prompt-character bound's allowance for normalizers (see the module)
 DRAFT_FIELDS = frozenset(f.name for f in fields(DraftParams))
 
 
 @dataclass(frozen=True)
 class PromptLimits:
     """What the tokenizer and the model allow: ``chars`` bounds a prompt's characters before
-    tokenizing (0: no bound; see gateway.prompt_limits)."""
+    tokenizing (0: no bound; see :func:`check_prompt_chars`)."""
 
     vocab_size: int
     max_context_length: int
@@ -89,3 +98,23 @@ def _prompt_ids(request: PromptRequest, tokenizer: object, limits: PromptLimits)
     if limits.chars:
         check_prompt_chars(request.prompt, messages, limits.chars, limits.max_context_length)
     return encode_prompt(tokenizer, request.prompt, messages or None)  # type: ignore[arg-type]
+
+
+def max_token_chars(tokenizer: object) -> int:
+    """The most characters one token of the tokenizer stands for (at least 1)."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))  # type: ignore[attr-defined]
+    return max((len(t) for t in tokens if isinstance(t, str)), default=1) or 1
+
+
+def check_prompt_chars(
+    prompt: str, messages: Sequence[dict[str, str]], limit: int, max_context_tokens: int
+) -> None:
+    """OUT_OF_RANGE, before any tokenizing, when the prompt (or the messages' contents) has
+    more than `limit` characters."""
+    chars = len(prompt) + sum(len(m.get("content", "")) for m in messages)
+    if chars > limit:
+        name = "messages" if messages else "prompt"
+        raise OutOfRangeError(
+            f"{name}: {chars} characters cannot fit the model's context of "
+            f"{max_context_tokens} tokens (at most {limit} characters with this tokenizer)"
+        )

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.generation import GenerationStats
 from gateway.rounds.adaptive_k import GROW, next_draft_length
-from gateway.rounds.stats import GenerationStats
 from speculant.config import DraftConfig
 from speculant.v1 import common_pb2
 from tests.assets import load_dev_prompts

@@ -6,8 +6,13 @@ import random
 
 import pytest
 
-from gateway.rounds.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, decoder
-from gateway.rounds.stopping import find_stop_string, safe_text_length
+from gateway.rounds.output import (
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    decoder,
+    find_stop_string,
+    safe_text_length,
+)
 from speculant.tokenizer import load_tokenizer
 from tests.assets import GPT2_TOKENIZER, SMOLLM2_MODEL, STORIES_MODEL, needs
 

@@ -1,5 +1,6 @@
-"""gateway.api.json_depth: a JSON body's nesting is measured before it is parsed, and the field
-whose value nests too deeply is named (strings, brackets inside them and escapes included)."""
+"""gateway.api.http_io.check_depth: a JSON body's nesting is measured before it is parsed, and
+the field whose value nests too deeply is named (strings, brackets inside them and escapes
+included)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from gateway.api.json_depth import MAX_JSON_DEPTH, TooDeep, check_depth
+from gateway.api.http_io import MAX_JSON_DEPTH, TooDeep, check_depth
 
 
 def nested(levels: int) -> str:

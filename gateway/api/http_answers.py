@@ -18,8 +18,7 @@ from typing import Any
 
 from gateway.api.http_logprobs import LogprobEntry, TokenText
 from gateway.api.openai_format import ApiRequest
-from gateway.generation import GenerationResult
-from gateway.rounds.stopping import FinishReason
+from gateway.generation import FinishReason, GenerationResult
 
 # OpenAI's finish reasons: the model ended or a stop string matched -> "stop"; a length limit
 # (max_tokens, or the model's context) -> "length".

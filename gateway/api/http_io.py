@@ -1,6 +1,14 @@
 """The HTTP API's wire: request bodies read as JSON (bounded in size and depth), errors as
 OpenAI-style bodies with the HTTP status of their error class, and server-sent event streams
-that notice when the client goes away."""
+that notice when the client goes away.
+
+A body's depth (how deeply it nests) is found before it is parsed (:func:`check_depth`).
+Python's json module parses arrays and objects recursively: a body nested about a thousand levels
+deep (``{"prompt": [[[[...]]]]}``) raises RecursionError, and a shallower one can still raise it
+later, in code that walks or prints the value. The HTTP API refuses such a body up front as a bad
+request that names the field whose value nests too deeply. Real requests nest a few levels (chat
+messages with content parts: five).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from gateway.api.json_depth import TooDeep, check_depth
 from gateway.api.openai_format import ApiRequest, renamed
 from speculant.errors import InvalidArgumentError, OutOfRangeError, SpeculantError
 from speculant.grpc_server import MAX_MESSAGE_BYTES, status_details
@@ -38,6 +46,49 @@ HTTP_ERRORS: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: (503, "service_unavailable"),
 }
 INTERNAL = (500, "internal_error")
+
+
+MAX_JSON_DEPTH = 64  # arrays and objects inside one another that a request body may have
+
+# A JSON string (its escapes included) or one bracket: the only tokens that matter for depth.
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+class TooDeep(ValueError):
+    """The body nests more than MAX_JSON_DEPTH levels; field: the top-level key whose value does
+    ("" when the body is not an object)."""
+
+    def __init__(self, field: str, limit: int) -> None:
+        where = f"{field}: " if field else ""
+        super().__init__(f"{where}arrays and objects nested more than {limit} levels deep")
+        self.field = field
+
+
+def check_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise TooDeep if `data` (a JSON text, not yet parsed) nests deeper than `limit`.
+
+    One regular-expression pass over strings and brackets; malformed JSON is left to the parser.
+    The field named is the last string read at the top level before the value that went too
+    deep opened: in an object, that value's key.
+    """
+    depth = 0
+    in_object = False  # the body is an object (its top-level strings are keys and values)
+    key = ""  # the last top-level string: the key of the value that follows it
+    field = ""  # the top-level key of the value being read
+    for token in _TOKENS.finditer(data):
+        text = token.group()
+        if text in (b"[", b"{"):
+            depth += 1
+            if depth == 1:
+                in_object = text == b"{"
+            elif depth == 2:
+                field = key if in_object else ""
+            if depth > limit:
+                raise TooDeep(field, limit)
+        elif text in (b"]", b"}"):
+            depth -= 1
+        elif depth == 1:
+            key = text[1:-1].decode("utf-8", "replace")
 
 
 class HttpError(Exception):
@@ -93,7 +144,7 @@ def _refuse_constant(name: str) -> None:
 
 async def read_json(request: Request) -> Any:
     """The request body as JSON (400 if it is not, or if it nests deeper than
-    gateway.api.json_depth allows; 413 over MAX_BODY_BYTES)."""
+    check_depth allows; 413 over MAX_BODY_BYTES)."""
     too_large = HttpError(413, "invalid_request_error", f"body over {MAX_BODY_BYTES} bytes")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:

@@ -2,7 +2,7 @@
 alternatives as the text it adds after the tokens generated before it.
 
 A token decoded alone can lose its context (SentencePiece drops the leading space of a text's
-first word), so, as gateway.rounds.detokenizer does for the streamed text, a short window of the
+first word), so, as gateway.rounds.output does for the streamed text, a short window of the
 previous tokens is decoded with and without the token and the difference taken. The window
 starts with an *anchor* token (the encoding of "a"), so the first generated token keeps its
 leading space too. A byte token (``<0xE2>``) of a character split over several tokens has no

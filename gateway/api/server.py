@@ -18,14 +18,17 @@ from collections.abc import Iterator, Sequence
 
 import grpc
 
-from gateway.backends.draft_client import GrpcDraftClient
-from gateway.backends.learning import LearnReporter
+from gateway.backends.draft_client import GrpcDraftClient, LearnReporter
 from gateway.backends.verifier_client import DEFAULT_VERIFIER_TIMEOUT_S, GrpcVerifierClient
 from gateway.engine import GenerationEngine
-from gateway.generation import GenerationResult, PromptRequest, StreamChunk
+from gateway.generation import (
+    FinishReason,
+    GenerationResult,
+    GenerationStats,
+    PromptRequest,
+    StreamChunk,
+)
 from gateway.metrics import GatewayMetrics
-from gateway.rounds.stats import GenerationStats
-from gateway.rounds.stopping import FinishReason
 from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
 from speculant.errors import FailedPreconditionError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
@@ -152,7 +155,7 @@ def start_gateway(
     tls: serve TLS; backend_tls: reach the backends over TLS. verifier_timeout_s: the most a
     verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's).
-    learn: report every finished generation to the draft tier (gateway.backends.learning);
+    learn: report every finished generation to the draft tier (gateway.backends.draft_client);
     verify_cost: the cost profile that sizes drafts (GenerationEngine's)."""
     drafter = GrpcDraftClient(
         draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s

@@ -1,18 +1,26 @@
 """The gRPC drafter of the coordinator: drafts from one or more draft-service replicas over
-open ProposeStreams, and reports what was generated (Learn)."""
+open ProposeStreams, and reports what was generated (Learn), off the request's path.
+
+Online learning: the coordinator hands each finished generation's tokens (prompt and output) to a
+:class:`LearnReporter`, which queues them and returns at once; one background thread sends each
+to every draft replica (``GrpcDraftClient.learn``: all replicas learn it, one persists it). A
+full queue drops the newest report, a failed call is logged at DEBUG and counted: learning is an
+optimisation, so a report never fails, delays or slows a request.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.backends.deadlines import remaining_time
 from gateway.backends.draft_calls import GrpcDraftCall, UnaryDraftCall
 from gateway.backends.draft_replicas import (
     REPLICA_HOLD_OFF_S,
@@ -20,7 +28,7 @@ from gateway.backends.draft_replicas import (
     expand_addresses,
     stream_refused,
 )
-from gateway.backends.stream_watchdog import StreamWatchdog
+from gateway.backends.streams import StreamWatchdog, remaining_time
 from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
@@ -37,6 +45,7 @@ log = logging.getLogger(__name__)
 
 
 LEARN_TIMEOUT_S = 2.0  # one Learn report to one draft replica (off the request's path)
+DEFAULT_QUEUE = 1024  # Learn reports waiting to be sent; more are dropped
 
 
 @dataclass
@@ -58,7 +67,7 @@ class GrpcDraftClient:
     (see expand_addresses) a background thread resolves them again every ``refresh_s`` seconds,
     so replicas a scaler adds are used and removed ones are dropped without a restart.
 
-    Streams: each replica's open streams are pooled (gateway.backends.stream_pool): idle ones are
+    Streams: each replica's open streams are pooled (gateway.backends.streams): idle ones are
     closed after a few seconds, and a replica that refuses a new stream (it serves its limit: each
     open stream holds one of its threads) is asked by unary Propose until it takes streams
     again, which is not a failure."""
@@ -282,3 +291,66 @@ class GrpcDraftClient:
             f"no draft service answers at {', '.join(self.addresses)}: "
             f"{last_error.details() if last_error else ''}"
         )
+
+
+@dataclass
+class ReporterCounts:
+    """Reports queued, sent (taken by at least one replica), failed (by every replica), and
+    dropped because the queue was full."""
+
+    queued: int = 0
+    sent: int = 0
+    failed: int = 0
+    dropped: int = 0
+
+
+class LearnReporter:
+    """Sends finished generations to the draft tier in the background (see the module)."""
+
+    def __init__(self, drafter: GrpcDraftClient, *, queue_size: int = DEFAULT_QUEUE) -> None:
+        self.drafter = drafter
+        self.counts = ReporterCounts()
+        self._queue: queue.Queue[tuple[str, list[int]] | None] = queue.Queue(queue_size)
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._thread = threading.Thread(target=self._run, name="learn-reporter", daemon=True)
+        self._thread.start()
+
+    def learn(self, token_ids: Sequence[int]) -> None:
+        """Queue one finished generation's tokens (returns at once)."""
+        with self._idle:
+            try:
+                self._queue.put_nowait((uuid.uuid4().hex, list(token_ids)))
+            except queue.Full:
+                self.counts.dropped += 1
+                return
+            self._pending += 1
+            self.counts.queued += 1
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued report was sent (tests, graceful shutdown)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout_s)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Send what is queued (for up to timeout_s), then stop the thread."""
+        self.wait_idle(timeout_s)
+        self._queue.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            generation_id, token_ids = item
+            try:
+                delivery = self.drafter.learn(token_ids, generation_id)
+                if delivery.delivered:
+                    self.counts.sent += 1
+                else:
+                    self.counts.failed += 1
+                    log.debug("no draft replica took learn report %s", generation_id)
+            except Exception as exc:  # never let the thread die
+                self.counts.failed += 1
+                log.warning("learn report %s not sent: %s", generation_id, exc)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()

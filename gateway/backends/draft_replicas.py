@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from gateway.backends.backend_channel import backend_channel
-from gateway.backends.stream_pool import StreamPool
+from gateway.backends.streams import StreamPool
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls

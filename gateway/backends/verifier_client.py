@@ -11,8 +11,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.backends.backend_channel import backend_channel
-from gateway.backends.deadlines import remaining_time
-from gateway.backends.stream_watchdog import StreamWatchdog
+from gateway.backends.streams import StreamWatchdog, remaining_time
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.request_context import request_metadata
 from speculant.sampling_controls import SamplingControls

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 
 from transformers import PreTrainedTokenizerBase
 
-from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
+from gateway.generation import GenerationRequest, GenerationResult, GenerationStats, StreamChunk
 from gateway.interfaces import (
     DraftCall,
     DraftSource,
@@ -40,8 +40,7 @@ from gateway.interfaces import (
 )
 from gateway.rounds.adaptive_k import next_draft_length
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
-from gateway.rounds.output_buffer import OutputBuffer
-from gateway.rounds.stats import GenerationStats
+from gateway.rounds.output import OutputBuffer
 from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError

@@ -1,8 +1,10 @@
-"""Open streams to one backend kept for reuse, within what the backend accepts.
+"""The upkeep of backend calls: a client request's deadline, carried by every backend call made
+for it; a watchdog that cancels a stream read outliving its deadline; and the pools of open
+streams kept for reuse, one a backend, within what the backend accepts.
 
-Terms: a backend serves each open stream on one of its worker threads for as long as the stream
-is open, idle or not, and refuses a new stream with RESOURCE_EXHAUSTED once it serves its limit
-(speculant.grpc_server.CallLimit). A pool therefore
+Pools. A backend serves each open stream on one of its worker threads for as long as the
+stream is open, idle or not, and refuses a new stream with RESOURCE_EXHAUSTED once it serves its
+limit (speculant.grpc_server.CallLimit). A pool therefore
 
 - reuses the most recently returned idle stream first (so under a steady load the streams
   beyond what the load needs stay idle and age out),
@@ -17,13 +19,76 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from speculant.stream_exchange import StreamExchange
 
 IDLE_STREAM_S = 5.0  # an idle stream is closed after this long
 REFUSED_RETRY_S = 5.0  # after a refusal, no new stream beyond those held for this long
 CLOSE_WAIT_S = 0.5  # how long closing an idle stream waits for the backend to end it
+
+
+# The deadline (time.monotonic()) of the client request being served, if it has one: every
+# backend call made for it carries the remaining time, so a request past its deadline stops
+# its backends' work too. Set by the gateway around each request (see `request_deadline`).
+REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("request_deadline", default=None)
+
+
+@contextmanager
+def request_deadline(remaining_s: float | None) -> Iterator[None]:
+    """Within this block, backend calls carry at most `remaining_s` (None: no deadline)."""
+    token = REQUEST_DEADLINE.set(
+        None if remaining_s is None else time.monotonic() + max(0.0, remaining_s)
+    )
+    try:
+        yield
+    finally:
+        REQUEST_DEADLINE.reset(token)
+
+
+def remaining_time(default_s: float | None) -> float | None:
+    """The smaller of default_s and the time left before the request's deadline."""
+    deadline = REQUEST_DEADLINE.get()
+    if deadline is None:
+        return default_s
+    left = max(0.001, deadline - time.monotonic())
+    return left if default_s is None else min(default_s, left)
+
+
+class StreamWatchdog:
+    """Cancels stream exchanges that run past their deadline (streams have no per-message
+    timeout). One thread, waking every `tick_s` only while calls are in flight."""
+
+    def __init__(self, tick_s: float = 0.01, name: str = "draft-watchdog") -> None:
+        self._tick_s = tick_s
+        self._in_flight: dict[int, tuple[float, StreamExchange]] = {}
+        self._lock = threading.Condition()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def watch(self, exchange: StreamExchange, timeout_s: float) -> int:
+        with self._lock:
+            ticket = id(exchange)
+            self._in_flight[ticket] = (time.monotonic() + timeout_s, exchange)
+            self._lock.notify()
+            return ticket
+
+    def done(self, ticket: int) -> bool:
+        """The exchange is answered (or failed); False when the watchdog had cancelled it."""
+        with self._lock:
+            return self._in_flight.pop(ticket, None) is not None
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._in_flight:
+                    self._lock.wait()
+                now = time.monotonic()
+                late = [t for t, (deadline, _) in self._in_flight.items() if deadline < now]
+                for ticket in late:
+                    self._in_flight.pop(ticket)[1].cancel()
+            time.sleep(self._tick_s)
 
 
 class StreamPool:
