@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speculant.config import VerifierConfig
 from speculant.ports import free_port
+from speculant.sampling_controls import SessionOptions
 from speculant.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.verifier import LocalVerifier
 
@@ -145,7 +146,7 @@ def _bench_in_process(
         model.crop(cache, len(prompt_ids))
 
     return bench_calls(
-        lambda sid, ids: verifier.prefill(sid, ids, temperature=1.0, seed=0),
+        lambda sid, ids: verifier.start(sid, ids, SessionOptions(seed=0)),
         lambda sid, ids: verifier.verify(sid, ids),
         verifier.release,
         info.vocab_size,

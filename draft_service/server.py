@@ -197,38 +197,16 @@ class DraftServer:
 
 
 def start_server(
-    graph_path: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 50051,
-    *,
-    workers: int = 8,
-    defaults: DraftParams | None = None,
-    tls: ServerTls | None = None,
-    reload_interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
-    metrics: Metrics | None = None,
-    learning: LearningConfig | None = DEFAULT_LEARNING,
-    max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
-    long_context: int = 0,
+    graph_path: str | Path, host: str = "127.0.0.1", port: int = 50051, **options: Any
 ) -> DraftServer:
     """Start a draft service on host:port (port 0: any free port) with the graph loaded.
 
     Health is NOT_SERVING from the bind until the graph is open, then SERVING. A bad graph
     raises GraphFormatError after the server has been stopped again. A graph published later at
-    graph_path is loaded without a restart (see :class:`DraftServer`). learning: see
-    :mod:`draft_service.learning` (None: off).
+    graph_path is loaded without a restart (see :class:`DraftServer`). options: DraftServer's
+    keyword arguments (learning: see :mod:`draft_service.learning`; None: off).
     """
-    server = DraftServer(
-        host,
-        port,
-        workers=workers,
-        defaults=defaults,
-        tls=tls,
-        reload_interval_s=reload_interval_s,
-        metrics=metrics,
-        learning=learning,
-        max_context_tokens=max_context_tokens,
-        long_context=long_context,
-    )
+    server = DraftServer(host, port, **options)
     server.start()
     try:
         server.load_graph(graph_path)
@@ -236,13 +214,3 @@ def start_server(
         server.stop(0)
         raise
     return server
-
-
-def serve(
-    graph_path: str | Path, host: str = "127.0.0.1", port: int = 50051, **options: Any
-) -> None:
-    """Run the draft service until SIGINT/SIGTERM, then stop gracefully (options: the keyword
-    arguments of :func:`start_server`)."""
-    server = start_server(graph_path, host, port, **options)
-    log.info("%s", server.serving_summary())
-    server.wait_for_termination_signal()

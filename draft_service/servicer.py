@@ -9,6 +9,7 @@ around it (bind, graph loading, reload, health, stop) is :mod:`draft_service.ser
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -29,7 +30,6 @@ from speculant.types import DraftProposal, NextRoundDraft
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 from speculant.wire import (
     draft_params_from_pb,
-    graph_info_to_pb,
     live_stats_to_pb,
     next_round_to_pb,
     proposal_to_pb,
@@ -50,6 +50,31 @@ def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
             "context_token_ids",
             f"has {count} tokens; this draft service takes at most {limit} (--max-context)",
         )
+
+
+def graph_info_to_pb(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
+    """The GetGraphInfoResponse describing a graph (its meta record, path and version)."""
+    meta = graph.meta
+    return draft_pb2.GetGraphInfoResponse(
+        format_version=meta.format_version,
+        max_order=meta.max_order,
+        context_window=graph.window,
+        tokenizer_name=meta.tokenizer_name,
+        tokenizer_fingerprint=meta.tokenizer_fingerprint,
+        vocab_size=meta.vocab_size,
+        corpus_documents=meta.corpus_documents,
+        corpus_tokens=meta.corpus_tokens,
+        orders=[
+            draft_pb2.OrderStats(
+                order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
+            )
+            for o in meta.orders
+        ],
+        build_params_json=json.dumps(meta.build_params, sort_keys=True),
+        built_at=meta.built_at,
+        graph_path=str(graph.path.resolve()),
+        graph_version=meta.version,
+    )
 
 
 def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | None]:

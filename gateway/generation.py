@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import SamplingControls, check_top_logprobs
+from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
 from speculant.types import TokenLogprobs
 
 MAX_STOP_STRINGS = 16
@@ -68,6 +68,11 @@ class GenerationRequest:
     # top_k, top_p, min_p and the penalties (see SamplingControls; unset: the model's defaults)
     sampling: SamplingControls = field(default_factory=SamplingControls)
     top_logprobs: int | None = None  # report logprobs with this many alternatives; None: none
+
+    @property
+    def session_options(self) -> SessionOptions:
+        """What the verifier session samples with (see SessionOptions)."""
+        return SessionOptions(self.temperature, self.sampling, self.seed, self.top_logprobs)
 
     def validate(self) -> GenerationRequest:
         """Raise InvalidArgumentError naming the first bad field."""

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from speculant.draft_params import DraftParams
-from speculant.sampling_controls import SamplingControls
+from speculant.sampling_controls import SessionOptions
 from speculant.types import (
     DraftProposal,
     ModelInfo,
@@ -77,17 +77,10 @@ class TargetVerifier(Protocol):
     def info(self) -> ModelInfo: ...
 
     def start(
-        self,
-        session_id: str,
-        prompt_ids: Sequence[int],
-        *,
-        temperature: float = 1.0,
-        controls: SamplingControls | None = None,
-        seed: int | None = None,
-        top_logprobs: int | None = None,
+        self, session_id: str, prompt_ids: Sequence[int], options: SessionOptions
     ) -> VerifyResult:
         """Build the session's KV cache from the prompt; return the first generated token (and
-        its logprobs with top_logprobs). controls and top_logprobs hold for the whole session."""
+        its logprobs when options ask for them). The options hold for the whole session."""
         ...
 
     def verify(

@@ -69,8 +69,7 @@ class RequestDefaults:
             stop=request.stop or tuple(defaults.stop),
             draft=self.draft_params(request.draft),
             sampling=SamplingControls(  # the request's controls over the defaults
-                **SamplingControls.from_config(defaults).set_fields()
-                | request.sampling.set_fields()
+                **defaults.sampling_controls().set_fields() | request.sampling.set_fields()
             ),
             top_logprobs=(
                 defaults.top_logprobs if request.top_logprobs is None else request.top_logprobs

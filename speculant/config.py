@@ -7,10 +7,12 @@ same variable works both ways. Explicit constructor arguments win over the envir
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_type_hints
 
-from pydantic import Field
+from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from speculant.sampling_controls import SAMPLING_CONTROLS_OFF, SamplingControls
 
 DraftStrategyName = Literal["greedy", "sampling"]
 # How the successor distributions of the matching orders become one q (draft_service.mixing):
@@ -158,8 +160,18 @@ class VerifierConfig(BaseSettings):
     cost_probe_s: float = Field(2.0, ge=0.0)
 
 
-class GenerationConfig(BaseSettings):
-    """Per-request generation parameters (``SPECULANT_GENERATION__*``)."""
+# The sampling controls as settings: SamplingControls' fields (declared there, validated there by
+# name), each None by default: the model's generation_config value where it sets one, else off.
+_SamplingSettings = create_model(
+    "_SamplingSettings",
+    __base__=BaseSettings,
+    **{name: (hint, None) for name, hint in get_type_hints(SamplingControls).items()},
+)
+
+
+class GenerationConfig(_SamplingSettings):  # type: ignore[misc,valid-type]
+    """Per-request generation parameters (``SPECULANT_GENERATION__*``), the sampling controls
+    (top_k, top_p, min_p and the penalties: see SamplingControls) included."""
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_GENERATION__", extra="forbid")
 
@@ -167,15 +179,11 @@ class GenerationConfig(BaseSettings):
     temperature: float = Field(1.0, ge=0.0)
     seed: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list)
-    # Sampling controls (speculant.sampling_controls.SamplingControls; validated there, by
-    # name). None: the model's generation_config value where it sets one, else off.
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20)
+
+    def sampling_controls(self) -> SamplingControls:
+        """The sampling controls these settings set (the others unset)."""
+        return SamplingControls(**{name: getattr(self, name) for name in SAMPLING_CONTROLS_OFF})
 
 
 class SpeculantSettings(BaseSettings):

@@ -1,4 +1,5 @@
-"""Server-wide drafting defaults as command-line flags (serve-draft, serve-gateway, up).
+"""Server-wide drafting defaults as command-line flags (serve-draft, serve-gateway, up), and the
+drafting flags of one `generate` run.
 
 A request that leaves a drafting field unset gets the server's default: the gateway's for
 Generate (k, the draft shape, the strategy...), the draft service's for a direct Propose. These
@@ -27,9 +28,16 @@ _FLAGS: dict[str, tuple[str, dict[str, object]]] = {
     ),
     "--mixing": (
         "mixing",
-        {"choices": list(MIXING_MODES), "help": "how the matching orders are mixed into q"},
+        {
+            "choices": list(MIXING_MODES),
+            "help": "how the matching orders are mixed into q (not given anywhere: the graph's "
+            "tuned mode)",
+        },
     ),
-    "--escape-weight": ("escape_weight", {"type": float, "help": "witten-bell's escape weight"}),
+    "--escape-weight": (
+        "escape_weight",
+        {"type": float, "help": "witten-bell's escape weight (not given anywhere: the graph's)"},
+    ),
     "--overlay-weight": (
         "overlay_weight",
         {"type": float, "help": "weight of the request's own context n-grams (0 = off)"},
@@ -50,12 +58,18 @@ _FLAGS: dict[str, tuple[str, dict[str, object]]] = {
 }
 
 
-def add_draft_default_arguments(parser: argparse.ArgumentParser) -> None:
-    """The drafting-default flags, in their own group; each defaults to None (not given)."""
-    group = parser.add_argument_group(
-        "drafting defaults (for requests that leave a field unset; "
-        "default: SPECULANT_DRAFT__* or the built-in value)"
-    )
+SERVER_DEFAULTS_TITLE = (
+    "drafting defaults (for requests that leave a field unset; "
+    "default: SPECULANT_DRAFT__* or the built-in value)"
+)
+
+
+def add_draft_default_arguments(
+    parser: argparse.ArgumentParser, title: str = SERVER_DEFAULTS_TITLE
+) -> None:
+    """The drafting flags, in their own group; each defaults to None (not given). A server's
+    flags set its defaults for requests; `generate`'s set its own run's drafting."""
+    group = parser.add_argument_group(title)
     for flag, (name, options) in _FLAGS.items():
         help_text = f"{options['help']} (built-in default: {_FIELDS[name].default})"
         group.add_argument(

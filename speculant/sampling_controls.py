@@ -1,14 +1,14 @@
 """How the target's logits become p, beside the temperature: the request's sampling controls
-(:class:`SamplingControls`), their bounds, and the bound on the logprob alternatives a request may
-ask for (:func:`check_top_logprobs`). Terms (p) are defined in :mod:`speculant.types`.
+(:class:`SamplingControls`), their bounds, the bound on the logprob alternatives a request may
+ask for (:func:`check_top_logprobs`), and all a verifier session is started with beside its prompt
+(:class:`SessionOptions`). Terms (p) are defined in :mod:`speculant.types`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from speculant.config import GenerationConfig
 from speculant.errors import InvalidArgumentError
 
 MAX_TOP_LOGPROBS = 20  # most alternatives a request may ask for with each token's logprob
@@ -50,11 +50,6 @@ class SamplingControls:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-
-    @classmethod
-    def from_config(cls, config: GenerationConfig) -> SamplingControls:
-        """The controls a GenerationConfig sets (the others unset)."""
-        return cls(**{name: getattr(config, name) for name in SAMPLING_CONTROLS_OFF})
 
     def resolved(self, model_defaults: Mapping[str, float] | None = None) -> SamplingControls:
         """Every field set: the request's value, else the model's default, else off."""
@@ -127,3 +122,19 @@ def check_top_logprobs(top_logprobs: int | None) -> None:
         raise InvalidArgumentError(
             "top_logprobs", f"must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}"
         )
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a verifier session samples, fixed for its whole life (a Prefill's fields beside the
+    prompt): ``temperature`` (0: greedy, the argmax of p), the sampling ``controls`` (unset
+    fields: the model's defaults), the ``seed`` of the session's generator (None: random) and
+    ``top_logprobs``, the alternatives each token's logprobs report (None: no logprobs)."""
+
+    temperature: float = 1.0
+    controls: SamplingControls = field(default_factory=SamplingControls)
+    seed: int | None = None
+    top_logprobs: int | None = None
+
+
+GREEDY = SessionOptions(temperature=0.0)

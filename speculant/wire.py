@@ -14,19 +14,15 @@ SparseDistribution messages.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, fields, replace
 
 import numpy as np
 
-from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.graph_reader import NGramGraph
-from speculant.request_context import REQUEST_ID
-from speculant.sampling_controls import SamplingControls, check_top_logprobs
+from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
 from speculant.strategies import STRATEGY_FROM_PROTO, STRATEGY_TO_PROTO
 from speculant.types import (
     DraftProposal,
@@ -82,13 +78,13 @@ def draft_params_from_pb(
 
 
 def propose_request_to_pb(
-    context_ids: Sequence[int], params: DraftParams, seed: int | None
+    context_ids: Sequence[int], params: DraftParams, seed: int | None, request_id: str = ""
 ) -> draft_pb2.ProposeRequest:
-    """The ProposeRequest for a drafting call (every parameter explicit), naming the request
-    being served (see speculant.request_context)."""
+    """The ProposeRequest for a drafting call (every parameter explicit); request_id: the
+    client request it drafts for (see speculant.request_context)."""
     return draft_pb2.ProposeRequest(
-        request_id=REQUEST_ID.get() or "",
-        context_token_ids=context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:],  # what a replica takes
+        request_id=request_id,
+        context_token_ids=context_ids,
         strategy=STRATEGY_TO_PROTO[params.strategy],
         seed=seed,
         **{name: getattr(params, name) for name in _PROPOSE_FIELDS},
@@ -178,31 +174,6 @@ def live_stats_to_pb(stats: LiveStats, weight: float) -> draft_pb2.LiveLayerStat
     )
 
 
-def graph_info_to_pb(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
-    """The GetGraphInfoResponse describing a graph (its meta record, path and version)."""
-    meta = graph.meta
-    return draft_pb2.GetGraphInfoResponse(
-        format_version=meta.format_version,
-        max_order=meta.max_order,
-        context_window=graph.window,
-        tokenizer_name=meta.tokenizer_name,
-        tokenizer_fingerprint=meta.tokenizer_fingerprint,
-        vocab_size=meta.vocab_size,
-        corpus_documents=meta.corpus_documents,
-        corpus_tokens=meta.corpus_tokens,
-        orders=[
-            draft_pb2.OrderStats(
-                order=o.order, contexts=o.contexts, ngrams=o.ngrams, total_count=o.total_count
-            )
-            for o in meta.orders
-        ],
-        build_params_json=json.dumps(meta.build_params, sort_keys=True),
-        built_at=meta.built_at,
-        graph_path=str(graph.path.resolve()),
-        graph_version=meta.version,
-    )
-
-
 def model_info_to_pb(info: ModelInfo) -> verifier_pb2.GetModelInfoResponse:
     return verifier_pb2.GetModelInfoResponse(**asdict(info))
 
@@ -262,6 +233,30 @@ def optional_top_logprobs(message: object) -> int | None:
     value = message.top_logprobs if message.HasField("top_logprobs") else None  # type: ignore[attr-defined]
     check_top_logprobs(value)
     return value
+
+
+def prefill_request_to_pb(
+    session_id: str, prompt_ids: Sequence[int], options: SessionOptions
+) -> verifier_pb2.PrefillRequest:
+    return verifier_pb2.PrefillRequest(
+        session_id=session_id,
+        prompt_token_ids=prompt_ids,
+        temperature=options.temperature,
+        seed=options.seed,
+        sampling=sampling_controls_to_pb(options.controls),
+        top_logprobs=options.top_logprobs,
+    )
+
+
+def session_options_from_pb(request: verifier_pb2.PrefillRequest) -> SessionOptions:
+    """A Prefill's session options (unset fields: SessionOptions' defaults), the sampling
+    controls and top_logprobs validated."""
+    return SessionOptions(
+        temperature=request.temperature if request.HasField("temperature") else 1.0,
+        controls=sampling_controls_from_pb(request.sampling),
+        seed=request.seed if request.HasField("seed") else None,
+        top_logprobs=optional_top_logprobs(request),
+    )
 
 
 def logprobs_to_pb(logprobs: Sequence[TokenLogprobs]) -> list[common_pb2.TokenLogprob]:

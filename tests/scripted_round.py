@@ -25,7 +25,7 @@ class ScriptedVerifier:
         self.verify_calls: list[int] = []  # draft length of each Verify
         self.info = ModelInfo("scripted", "t", "fp", 512, [EOS], max_context_length, "cpu", "f32")
 
-    def start(self, session_id, prompt_ids, **sampling) -> VerifyResult:
+    def start(self, session_id, prompt_ids, options) -> VerifyResult:
         self.position = 1
         return VerifyResult(0, [self.script[0]])
 

@@ -29,7 +29,7 @@ from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.assets import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
-from tests.fixtures.models import hf_greedy
+from tests.fixtures.models import first_token, hf_greedy
 from verifier_service.batching import VerifyBatcher
 from verifier_service.model import LoadedModel
 from verifier_service.verifier import LocalVerifier
@@ -143,7 +143,7 @@ def greedy_session(
     """Greedy decoding of N_TOKENS with arbitrary drafts (correct prefixes of random length,
     then junk), so that rows of a batch accept different numbers of drafts."""
     rng = random.Random(seed)
-    out = [verifier.prefill(session_id, prompt, temperature=0.0)]
+    out = [first_token(verifier, session_id, prompt, temperature=0.0)]
     while len(out) < N_TOKENS:
         good = ref[len(out) : len(out) + rng.randint(0, 6)]
         junk = [rng.randrange(3, verifier.info.vocab_size) for _ in range(rng.randint(0, 3))]
@@ -174,7 +174,7 @@ def sampled_session(
     """Seeded sampling at temperature 0.8 with drafts of 4 tokens, half of them given a q
     (a two-token distribution), half point-mass; returns every emitted token."""
     rng = random.Random(seed)
-    out = [verifier.prefill(session_id, prompt, temperature=0.8, seed=seed)]
+    out = [first_token(verifier, session_id, prompt, temperature=0.8, seed=seed)]
     for round_ in range(rounds):
         drafts = [rng.randrange(3, 60) for _ in range(4)]
         q = None
@@ -224,7 +224,7 @@ def test_cache_after_a_batched_verify_equals_a_fresh_forward(
 
     def session(i: int) -> None:
         prompt, ref = references[i]
-        first = verifier.prefill(f"c{i}", prompt, temperature=0.0)
+        first = first_token(verifier, f"c{i}", prompt, temperature=0.0)
         wrong = (ref[1 + i] + 1) % verifier.info.vocab_size
         drafts = [*ref[1 : 1 + i], wrong, 5]  # i correct drafts, then junk: i accepted
         emitted[i] = [first, *verifier.verify(f"c{i}", drafts).token_ids]
@@ -253,7 +253,7 @@ def test_a_failed_batch_fails_its_calls_and_keeps_their_sessions(
     assert verifier.batcher is not None
     hold_first_batch(verifier.batcher, 2)
     for i in range(3):
-        verifier.prefill(f"f{i}", references[i][0], temperature=0.0)
+        first_token(verifier, f"f{i}", references[i][0], temperature=0.0)
     monkeypatch.setattr(verifier.model, "forward_batch", broken)
     failures: dict[int, str] = {}
 

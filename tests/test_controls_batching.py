@@ -9,7 +9,7 @@ import random
 import numpy as np
 
 from speculant.config import VerifierConfig
-from speculant.sampling_controls import SamplingControls
+from speculant.sampling_controls import SamplingControls, SessionOptions
 from speculant.types import SparseDistribution
 from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.test_batching import hold_first_batch, run_threads
@@ -36,14 +36,8 @@ def run_session(verifier: LocalVerifier, tag: str, index: int, prompt: list[int]
     temperature, controls = SESSIONS[index]
     rng = random.Random(index)
     session_id = f"{tag}{index}"
-    first = verifier.start(
-        session_id,
-        prompt,
-        temperature=temperature,
-        controls=controls,
-        seed=100 + index,
-        top_logprobs=3,
-    )
+    options = SessionOptions(temperature, controls, seed=100 + index, top_logprobs=3)
+    first = verifier.start(session_id, prompt, options)
     out = list(zip(first.token_ids, first.logprobs, strict=True))
     for round_ in range(ROUNDS):
         drafts = [rng.randrange(3, 60) for _ in range(4)]

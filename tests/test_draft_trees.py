@@ -29,6 +29,7 @@ from tests.exactness_checks import (
     plain_greedy_outputs,
     totals,
 )
+from tests.fixtures.models import first_token
 from tests.sampling_checks import (
     PROMPT,
     chi_square_p_value,
@@ -168,7 +169,7 @@ def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_deco
     verifier = embedded_decoder.verifier
     model = verifier.model
     prompt = embedded_decoder.tokenizer("Once upon a time, there was").input_ids
-    first = verifier.prefill("tree-cache", prompt, temperature=0.0)
+    first = first_token(verifier, "tree-cache", prompt, temperature=0.0)
     with torch.inference_mode():
         row = model.model(torch.tensor([[*prompt, first]])).logits[0, -1]
     wanted = int(torch.argmax(row))
@@ -188,7 +189,7 @@ def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_deco
 
 def test_bad_trees_are_invalid_argument(embedded_decoder):
     verifier = embedded_decoder.verifier
-    verifier.prefill("bad-tree", [1, 403, 407], temperature=0.0)
+    first_token(verifier, "bad-tree", [1, 403, 407], temperature=0.0)
     with pytest.raises(InvalidArgumentError, match=r"draft_parents\[1\]"):
         verifier.verify("bad-tree", [5, 6], None, [-1, 1])
     with pytest.raises(InvalidArgumentError, match="draft_parents"):
@@ -372,13 +373,13 @@ def test_a_model_without_tree_support_checks_the_first_branch(embedded_decoder, 
     monkeypatch.setattr(verifier.model, "_supports_trees", False)
     wrong = (e[1] + 1) % verifier.info.vocab_size
     # the model's choice sits in the second branch only: not checked, e[1] is the correction
-    verifier.prefill("no-trees", prompt, temperature=0.0)
+    first_token(verifier, "no-trees", prompt, temperature=0.0)
     result = verifier.verify("no-trees", [wrong, e[1], e[2]], None, [-1, -1, 1])
     assert (result.accepted_nodes, result.token_ids) == ([], [e[1]])
     verifier.release("no-trees")
     # the first branch (node 0, then its first child, node 2) holds them: accepted, reported
     # by their indices in the request's tree
-    verifier.prefill("no-trees", prompt, temperature=0.0)
+    first_token(verifier, "no-trees", prompt, temperature=0.0)
     result = verifier.verify("no-trees", [e[1], wrong, e[2]], None, [-1, -1, 0])
     assert (result.accepted_nodes, result.token_ids) == ([0, 2], [e[1], e[2], e[3]])
     verifier.release("no-trees")

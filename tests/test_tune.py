@@ -194,18 +194,18 @@ def test_a_missing_graph_is_a_one_line_error(tmp_path: Path, capsys):
 
 
 def test_only_explicit_mixing_settings_override_the_graph(monkeypatch: pytest.MonkeyPatch):
-    from gateway.launch.cli_options import draft_options
     from launcher.cli import build_parser
     from speculant.config import DraftConfig
+    from speculant.draft_flags import given_draft_defaults
 
     assert DraftParams.from_config(DraftConfig(k=8)).mixing is None
     assert DraftParams.from_config(DraftConfig(k=8)).escape_weight is None
     assert DraftParams.from_config(DraftConfig(mixing="seed")).mixing == "seed"
     monkeypatch.setenv("SPECULANT_DRAFT__ESCAPE_WEIGHT", "3")
     assert DraftParams.from_config(DraftConfig()).escape_weight == 3.0
-    options = draft_options(build_parser().parse_args(["generate", "--prompt", "x"]))
+    options = given_draft_defaults(build_parser().parse_args(["generate", "--prompt", "x"]))
     assert "mixing" not in options and "escape_weight" not in options
-    options = draft_options(
+    options = given_draft_defaults(
         build_parser().parse_args(["generate", "--prompt", "x", "--mixing", "seed", "--adaptive-k"])
     )
     assert options["mixing"] == "seed" and options["adaptive_k"] is True

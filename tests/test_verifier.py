@@ -24,7 +24,7 @@ from speculant.errors import (
 from speculant.tokenizer import load_tokenizer, tokenizer_fingerprint
 from speculant.types import SparseDistribution
 from tests.assets import STORIES_MODEL, load_dev_prompts
-from tests.fixtures.models import hf_greedy
+from tests.fixtures.models import first_token, hf_greedy
 from verifier_service.model import LoadedModel
 from verifier_service.model_loading import ModelLoadError
 from verifier_service.verifier import LocalVerifier
@@ -59,7 +59,7 @@ def speculative_greedy(
     rng: random.Random,
 ) -> list[int]:
     """Greedy decoding with arbitrary drafts: correct prefixes of random length + junk."""
-    out = [verifier.prefill(session_id, prompt, temperature=0.0)]
+    out = [first_token(verifier, session_id, prompt, temperature=0.0)]
     while len(out) < n:
         good = reference[len(out) : len(out) + rng.randint(0, 6)]
         junk = [rng.randrange(verifier.info.vocab_size) for _ in range(rng.randint(0, 3))]
@@ -75,7 +75,7 @@ def speculative_greedy(
 
 def test_greedy_true_continuation_is_fully_accepted(verifier, references) -> None:
     for i, (prompt, ref) in enumerate(references):
-        assert verifier.prefill(f"s{i}", prompt, temperature=0) == ref[0]
+        assert first_token(verifier, f"s{i}", prompt, temperature=0) == ref[0]
         result = verifier.verify(f"s{i}", ref[1:9])
         assert result.accepted_count == 8
         assert result.token_ids == ref[1:10]  # 8 accepted + the bonus token
@@ -85,7 +85,7 @@ def test_greedy_true_continuation_is_fully_accepted(verifier, references) -> Non
 
 def test_greedy_wrong_draft_emits_hf_next_token(verifier, references) -> None:
     for i, (prompt, ref) in enumerate(references):
-        verifier.prefill(f"w{i}", prompt, temperature=0)
+        first_token(verifier, f"w{i}", prompt, temperature=0)
         wrong = (ref[1] + 1) % verifier.info.vocab_size
         result = verifier.verify(f"w{i}", [wrong, ref[2], ref[3]])
         assert result.accepted_count == 0
@@ -124,7 +124,7 @@ def test_greedy_sessions_in_parallel_threads(verifier, references) -> None:
 def test_greedy_with_sampled_q_matches_hf(verifier, references) -> None:
     """At temperature 0, drafts with a q are accepted iff they are the argmax."""
     prompt, ref = references[0]
-    verifier.prefill("q", prompt, temperature=0)
+    first_token(verifier, "q", prompt, temperature=0)
     q = [SparseDistribution.point_mass(t) for t in ref[1:4]]
     q[1] = SparseDistribution(torch.tensor([ref[2], 7]).numpy(), torch.tensor([0.5, 0.5]).numpy())
     result = verifier.verify("q", ref[1:4], q)
@@ -156,7 +156,7 @@ def test_seeded_determinism(verifier, references) -> None:
     drafts = [ref[1:5], ref[3:9], [5, 6, 7]]
 
     def run(seed: int, sid: str) -> list[list[int]]:
-        out = [[verifier.prefill(sid, prompt, temperature=1.0, seed=seed)]]
+        out = [[first_token(verifier, sid, prompt, temperature=1.0, seed=seed)]]
         out += [verifier.verify(sid, d).token_ids for d in drafts * 3]
         verifier.release(sid)
         return out
@@ -168,7 +168,7 @@ def test_seeded_determinism(verifier, references) -> None:
 def test_context_limit_truncates_drafts(verifier, loaded) -> None:
     max_ctx = verifier.info.max_context_length
     prompt = [1] + [300] * (max_ctx - 3)  # length max_ctx - 2
-    first = verifier.prefill("c", prompt, temperature=0)
+    first = first_token(verifier, "c", prompt, temperature=0)
     ref = hf_greedy(loaded, prompt, 2)
     assert first == ref[0]
     before = verifier.stats().draft_tokens
@@ -190,18 +190,18 @@ def test_prompt_validation(verifier) -> None:
     ]
     for prompt, field in cases:
         with pytest.raises(InvalidArgumentError) as err:
-            verifier.prefill("v", prompt)
+            first_token(verifier, "v", prompt)
         assert err.value.field == field
     for temperature in (-1.0, float("nan"), float("inf")):
         with pytest.raises(InvalidArgumentError, match="temperature"):
-            verifier.prefill("v", [1, 2], temperature=temperature)
+            first_token(verifier, "v", [1, 2], temperature=temperature)
     with pytest.raises(InvalidArgumentError, match="session_id"):
-        verifier.prefill("", [1, 2])
+        first_token(verifier, "", [1, 2])
     assert verifier.stats().live_sessions == 0
 
 
 def test_verify_validation(verifier) -> None:
-    verifier.prefill("v", [1, 400, 300], temperature=1.0, seed=0)
+    first_token(verifier, "v", [1, 400, 300], temperature=1.0, seed=0)
 
     def q(ids: list[int], probs: list[float]) -> SparseDistribution:
         return SparseDistribution(torch.tensor(ids).numpy(), torch.tensor(probs).numpy())
@@ -229,8 +229,8 @@ def test_verify_validation(verifier) -> None:
 
 
 def test_release_and_stats(verifier) -> None:
-    verifier.prefill("r1", [1, 400], seed=1)
-    verifier.prefill("r2", [1, 400], seed=1)
+    first_token(verifier, "r1", [1, 400], seed=1)
+    first_token(verifier, "r2", [1, 400], seed=1)
     verifier.verify("r1", [5, 6])
     stats = verifier.stats()
     assert (stats.live_sessions, stats.sessions_created, stats.forward_passes) == (2, 2, 3)
@@ -247,14 +247,14 @@ def test_max_sessions_cap(loaded) -> None:
     config = VerifierConfig(model_name=str(STORIES_MODEL), max_sessions=2)
     v = LocalVerifier(config, model=loaded)
     try:
-        v.prefill("a", [1, 2])
-        v.prefill("b", [1, 2])
+        first_token(v, "a", [1, 2])
+        first_token(v, "b", [1, 2])
         with pytest.raises(ResourceExhaustedError):
-            v.prefill("c", [1, 2])
+            first_token(v, "c", [1, 2])
         with pytest.raises(AlreadyExistsError):  # a live session is never replaced
-            v.prefill("a", [1, 3])
+            first_token(v, "a", [1, 3])
         v.release("a")
-        v.prefill("c", [1, 2])
+        first_token(v, "c", [1, 2])
         assert v.stats().live_sessions == 2
     finally:
         v.close()
@@ -264,8 +264,8 @@ def test_idle_sessions_expire_without_further_calls(loaded) -> None:
     config = VerifierConfig(model_name=str(STORIES_MODEL), session_ttl_s=0.3)
     v = LocalVerifier(config, model=loaded, sweep_interval_s=0.05)
     try:
-        v.prefill("old", [1, 2, 3])
-        v.prefill("busy", [1, 2, 3])
+        first_token(v, "old", [1, 2, 3])
+        first_token(v, "busy", [1, 2, 3])
         session = v.sessions._sessions["old"]
         for _ in range(6):  # keep "busy" in use while "old" idles
             time.sleep(0.1)
@@ -326,7 +326,7 @@ def test_sampling_joint_of_first_two_tokens_matches_model(verifier, loaded) -> N
     draw = torch.Generator().manual_seed(123)
     pairs: Counter[tuple[int, int]] = Counter()
     for seed in range(runs):
-        t1 = verifier.prefill("s", prompt, temperature=temperature, seed=seed)
+        t1 = first_token(verifier, "s", prompt, temperature=temperature, seed=seed)
         d = int(q_ids[torch.multinomial(torch.from_numpy(q.probs), 1, generator=draw)])
         pairs[(t1, verifier.verify("s", [d], [q]).token_ids[0])] += 1
     expected: dict[tuple[int, int], float] = {}

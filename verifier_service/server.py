@@ -23,8 +23,7 @@ from speculant.v1 import verifier_pb2, verifier_pb2_grpc
 from speculant.wire import (
     logprobs_to_pb,
     model_info_to_pb,
-    optional_top_logprobs,
-    sampling_controls_from_pb,
+    session_options_from_pb,
     sparse_from_pb,
     verifier_stats_to_pb,
     verify_result_to_pb,
@@ -77,15 +76,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServiceServicer):
         self, request: verifier_pb2.PrefillRequest, unary: bool
     ) -> verifier_pb2.PrefillResponse:
         session_id = request.session_id or new_session_id()
-        result = self.verifier.start(
-            session_id,
-            request.prompt_token_ids,
-            temperature=request.temperature if request.HasField("temperature") else 1.0,
-            controls=sampling_controls_from_pb(request.sampling),
-            seed=request.seed if request.HasField("seed") else None,
-            top_logprobs=optional_top_logprobs(request),
-            unary=unary,
-        )
+        options = session_options_from_pb(request)
+        result = self.verifier.start(session_id, request.prompt_token_ids, options, unary=unary)
         return verifier_pb2.PrefillResponse(
             session_id=session_id,
             token_id=result.token_ids[0],

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import check_top_logprobs
+from speculant.sampling_controls import SessionOptions, check_top_logprobs
 from speculant.types import SparseDistribution
 
 PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed for a draft distribution
@@ -45,9 +45,7 @@ def check_token_ids(ids: Sequence[int], field: str, vocab: int) -> None:
 def checked_start(
     session_id: str,
     prompt_ids: Sequence[int],
-    temperature: float,
-    seed: int | None,
-    top_logprobs: int | None,
+    options: SessionOptions,
     *,
     vocab: int,
     max_context: int,
@@ -66,11 +64,13 @@ def checked_start(
         )
     prompt = [int(t) for t in prompt_ids]
     check_token_ids(prompt, "prompt_token_ids", vocab)
+    temperature, seed = options.temperature, options.seed
     if not (math.isfinite(temperature) and temperature >= 0):
         raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
     if seed is not None and not 0 <= seed < 2**64:
         raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
-    check_top_logprobs(top_logprobs)
+    check_top_logprobs(options.top_logprobs)
+    options.controls.validate()
     return prompt
 
 

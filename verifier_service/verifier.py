@@ -29,7 +29,7 @@ import torch
 
 from speculant.config import VerifierConfig
 from speculant.errors import OutOfRangeError
-from speculant.sampling_controls import SamplingControls
+from speculant.sampling_controls import GREEDY, SessionOptions
 from speculant.tokenizer import tokenizer_fingerprint
 from speculant.types import (
     DraftProposal,
@@ -156,35 +156,28 @@ class LocalVerifier:
         self,
         session_id: str,
         prompt_ids: Sequence[int],
-        *,
-        temperature: float = 1.0,
-        controls: SamplingControls | None = None,
-        seed: int | None = None,
-        top_logprobs: int | None = None,
+        options: SessionOptions,
         unary: bool = False,
     ) -> VerifyResult:
         """Create the session from the prompt; return its first generated token (ALREADY_EXISTS
         when session_id is live; unary: a unary-Prefill session, see SessionStore).
 
         The first token is sampled from p after the prompt with the session's generator (seeded
-        with ``seed``; random when None), or is the argmax at temperature 0. p: the logits
-        processed by ``controls`` (unset fields: the model's generation_config, else off; see
-        SamplingControls), for every token of the session. top_logprobs: every result of the
-        session reports its tokens' logprobs with this many alternatives (None: none).
+        with ``options.seed``; random when None), or is the argmax at temperature 0. p: the
+        logits processed by ``options.controls`` (unset fields: the model's generation_config,
+        else off; see SamplingControls), for every token of the session. top_logprobs: every
+        result of the session reports its tokens' logprobs with this many alternatives (None:
+        none).
         """
         prompt = checked_start(
             session_id,
             prompt_ids,
-            temperature,
-            seed,
-            top_logprobs,
+            options,
             vocab=self.model.vocab_size,
             max_context=self.model.max_context,
         )
-        resolved = (
-            (controls or SamplingControls()).validate().resolved(self.model.sampling_defaults)
-        )
-        processor = TargetProcessor(resolved, float(temperature))
+        resolved = options.controls.resolved(self.model.sampling_defaults)
+        processor = TargetProcessor(resolved, float(options.temperature))
         self.sessions.check_capacity(session_id, unary)
 
         session = Session(
@@ -193,9 +186,9 @@ class LocalVerifier:
             length=len(prompt),
             pending_token=-1,  # the first token: sampled by the prefill
             processor=processor,
-            generator=self._generator(seed),
+            generator=self._generator(options.seed),
             counts=self._counts(prompt) if processor.penalises else None,
-            top_logprobs=top_logprobs,
+            top_logprobs=options.top_logprobs,
             unary=unary,
         )
         logprobs = self._on_model(lambda: self._prefill(session, prompt))
@@ -231,18 +224,6 @@ class LocalVerifier:
         else:
             generator.manual_seed(seed)
         return generator
-
-    def prefill(
-        self,
-        session_id: str,
-        prompt_ids: Sequence[int],
-        temperature: float = 1.0,
-        seed: int | None = None,
-        unary: bool = False,
-    ) -> int:
-        """:meth:`start` without sampling controls or logprobs: the first token only."""
-        result = self.start(session_id, prompt_ids, temperature=temperature, seed=seed, unary=unary)
-        return result.token_ids[0]
 
     def verify(
         self,
@@ -354,7 +335,7 @@ class LocalVerifier:
         """Run one short session through prefill and verify, so the first real request does not
         pay for lazy initialisation (kernels, thread pools, allocator)."""
         session_id = f"warm-up-{new_session_id()}"
-        token = self.prefill(session_id, [0, 1, 2, 3], temperature=0.0)
+        token = self.start(session_id, [0, 1, 2, 3], GREEDY).token_ids[0]
         self.verify(session_id, [token] * 4)
         self.release(session_id)
 

@@ -29,10 +29,10 @@ from gateway.backends.draft_replicas import (
     stream_refused,
 )
 from gateway.backends.streams import StreamWatchdog, remaining_time
-from speculant.config import DEFAULT_DRAFT_REFRESH_S
+from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
-from speculant.request_context import request_metadata
+from speculant.request_context import REQUEST_ID, request_metadata
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
 from speculant.types import DraftProposal
@@ -55,6 +55,15 @@ class LearnDelivery:
     delivered: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     persisted_by: str = ""
+
+
+def propose_request(
+    context_ids: Sequence[int], params: DraftParams, seed: int | None
+) -> draft_pb2.ProposeRequest:
+    """The ProposeRequest for one drafting call made for the request being served: the context's
+    last DEFAULT_MAX_CONTEXT_TOKENS tokens (all a replica takes), named by the request's id."""
+    tail = context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:]
+    return propose_request_to_pb(tail, params, seed, REQUEST_ID.get() or "")
 
 
 class GrpcDraftClient:
@@ -209,7 +218,7 @@ class GrpcDraftClient:
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
     ) -> DraftProposal:
-        return self.propose_message(propose_request_to_pb(context_ids, params, seed))
+        return self.propose_message(propose_request(context_ids, params, seed))
 
     def propose_message(
         self, request: draft_pb2.ProposeRequest, skip: Replica | None = None
@@ -243,7 +252,7 @@ class GrpcDraftClient:
         draft_known: the caller holds this draft already; only the next-round drafts come.
         Without a stream to the replica (it takes none now), the draft comes by unary Propose
         when asked for, without next-round drafts."""
-        request = propose_request_to_pb(context_ids, params, seed)
+        request = propose_request(context_ids, params, seed)
         replica = self._replica_order()[0]
         exchange = replica.streams.checkout()
         if exchange is None:

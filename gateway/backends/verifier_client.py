@@ -14,7 +14,7 @@ from gateway.backends.backend_channel import backend_channel
 from gateway.backends.streams import StreamWatchdog, remaining_time
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.request_context import request_metadata
-from speculant.sampling_controls import SamplingControls
+from speculant.sampling_controls import SessionOptions
 from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
 from speculant.types import ModelInfo, SparseDistribution, VerifyResult
@@ -25,7 +25,7 @@ from speculant.v1 import (
 from speculant.wire import (
     logprobs_from_pb,
     model_info_from_pb,
-    sampling_controls_to_pb,
+    prefill_request_to_pb,
     sparse_to_pb,
     verify_result_from_pb,
 )
@@ -110,14 +110,7 @@ class GrpcVerifierClient:
         self._info = None
 
     def start(
-        self,
-        session_id: str,
-        prompt_ids: Sequence[int],
-        *,
-        temperature: float = 1.0,
-        controls: SamplingControls | None = None,
-        seed: int | None = None,
-        top_logprobs: int | None = None,
+        self, session_id: str, prompt_ids: Sequence[int], options: SessionOptions
     ) -> VerifyResult:
         stream = StreamExchange(
             self._stub.Session,
@@ -127,14 +120,7 @@ class GrpcVerifierClient:
         with self._lock:
             self._sessions[session_id] = stream
         request = verifier_pb2.SessionRequest(
-            prefill=verifier_pb2.PrefillRequest(
-                session_id=session_id,
-                prompt_token_ids=prompt_ids,
-                temperature=temperature,
-                seed=seed,
-                sampling=sampling_controls_to_pb(controls or SamplingControls()),
-                top_logprobs=top_logprobs,
-            )
+            prefill=prefill_request_to_pb(session_id, prompt_ids, options)
         )
         try:
             response = self._step(stream, request, "verifier Prefill").prefill

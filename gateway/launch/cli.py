@@ -11,15 +11,11 @@ from gateway.launch.commands import run_generate, run_serve_gateway
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
     DEFAULT_NEXT_ROUND_DRAFTS,
-    MIXING_MODES,
-    DraftConfig,
 )
 from speculant.draft_flags import add_draft_default_arguments
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
 from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
-
-_DRAFT_DEFAULTS = DraftConfig.model_fields
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,74 +27,8 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     add_sampling_arguments(parser)
-    parser.add_argument(
-        "--k",
-        type=int,
-        default=_DRAFT_DEFAULTS["k"].default,
-        help="draft tokens per round (1..64): a chain's length, a tree's depth",
-    )
-    parser.add_argument(
-        "--strategy",
-        choices=["greedy", "sampling"],
-        default="greedy",
-        help="draft the likeliest token, or sample it from q",
-    )
-    parser.add_argument(
-        "--no-attentive-mix",
-        dest="attentive_mix",
-        action="store_false",
-        help="draft from the highest matching order only (plain backoff)",
-    )
-    parser.add_argument(
-        "--mixing",
-        choices=list(MIXING_MODES),
-        default=None,
-        help="how the matching orders are mixed into q (--no-attentive-mix forces backoff; "
-        "default: the graph's tuned mode, else "
-        f"{_DRAFT_DEFAULTS['mixing'].default})",
-    )
-    parser.add_argument(
-        "--escape-weight",
-        type=float,
-        default=None,
-        help="witten-bell: weight of an order's distinct successors in the mass it lends to the "
-        "lower orders (1 = classic; default: the graph's tuned value, else "
-        f"{_DRAFT_DEFAULTS['escape_weight'].default:g})",
-    )
-    parser.add_argument(
-        "--min-draft-prob",
-        type=float,
-        default=0.0,
-        help="adaptive draft length: stop where the draft's running probability falls below "
-        "this (0 = off)",
-    )
-    parser.add_argument(
-        "--overlay-weight",
-        type=float,
-        default=_DRAFT_DEFAULTS["overlay_weight"].default,
-        help="context overlay: per order, counts = graph + this * the request's own context "
-        "(0 = off)",
-    )
-    parser.add_argument(
-        "--tree-nodes",
-        type=int,
-        default=_DRAFT_DEFAULTS["tree_nodes"].default,
-        help="draft a tree of up to this many tokens (not with min-draft-prob), "
-        "verified in one forward pass (0 = a chain of k)",
-    )
-    parser.add_argument(
-        "--adaptive-k",
-        action="store_true",
-        help="adapt each round's draft length (1..k) to the request's acceptance history; "
-        "the output is the same",
-    )
-    parser.add_argument(
-        "--draft-size",
-        choices=["cost", "fixed"],
-        default=_DRAFT_DEFAULTS["draft_size"].default,
-        help="cost: verify, each round, the part of the draft that pays under the verifier's "
-        "cost profile (--k and --tree-nodes are limits; possibly nothing: a plain step); "
-        "fixed: verify every drafted token",
+    add_draft_default_arguments(
+        parser, "drafting (flags not given: SPECULANT_DRAFT__* or the built-in value)"
     )
 
 

@@ -1,5 +1,5 @@
-"""Reading the gateway's command-line flags: the sampling and drafting flags given, and the
---verify-cost check (shared by generate, serve-gateway, up and bench generate)."""
+"""Reading the gateway's command-line flags: the sampling flags given, and the --verify-cost
+check (shared by generate, serve-gateway, up and bench generate)."""
 
 from __future__ import annotations
 
@@ -36,24 +36,3 @@ def sampling_options(args: argparse.Namespace) -> dict[str, object]:
     """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
     names = [name for name, _, _ in SAMPLING_FLAGS] + ["top_logprobs"]
     return {name: value for name in names if (value := getattr(args, name, None)) is not None}
-
-
-# The drafting flags of add_generation_arguments, named as DraftConfig / DraftOptions fields.
-_DRAFT_FLAGS = (
-    "k",
-    "strategy",
-    "attentive_mix",
-    "mixing",
-    "escape_weight",
-    "min_draft_prob",
-    "overlay_weight",
-    "tree_nodes",
-    "adaptive_k",
-    "draft_size",
-)
-
-
-def draft_options(args: argparse.Namespace) -> dict[str, object]:
-    """The drafting flags given (a mixing flag left out takes the graph's tuned default)."""
-    values = {name: getattr(args, name, None) for name in _DRAFT_FLAGS}
-    return {name: value for name, value in values.items() if value is not None}

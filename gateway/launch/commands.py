@@ -9,8 +9,9 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from gateway.launch.cli_options import check_verify_cost, draft_options, sampling_options
+from gateway.launch.cli_options import check_verify_cost, sampling_options
 from speculant import termination
+from speculant.draft_flags import draft_defaults_from_args, given_draft_defaults
 
 if TYPE_CHECKING:  # imported when the commands run: they pull in grpc and torch
     from gateway.engine import GenerationEngine
@@ -90,7 +91,6 @@ def _start_gateway(
 ) -> tuple[ServiceServer, GenerationEngine]:
     """The gateway's gRPC server and engine for serve-gateway's flags."""
     from gateway.api.server import start_gateway
-    from speculant.draft_flags import draft_defaults_from_args
     from speculant.tls import client_tls_from_args
 
     draft_defaults = draft_defaults_from_args(args)
@@ -150,12 +150,12 @@ def run_generate(args: argparse.Namespace) -> int:
 def _generate_embedded(args: argparse.Namespace) -> dict:
     from pydantic import ValidationError
 
-    from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
+    from speculant.config import GenerationConfig, VerifierConfig
     from speculant.errors import InvalidArgumentError
 
     try:
         check_verify_cost(args.verify_cost)
-        draft = DraftConfig(**draft_options(args))
+        draft = draft_defaults_from_args(args)  # InvalidArgumentError names the flag
         generation = GenerationConfig(
             max_tokens=args.max_tokens,
             temperature=args.temperature,
@@ -198,7 +198,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             seed=args.seed,
             stop=args.stop,
             sampling=sampling_options(args),
-            **draft_options(args),
+            **given_draft_defaults(args),
         )
     result = json_format.MessageToDict(
         response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True

@@ -197,14 +197,7 @@ class Coordinator:
         """Round 1: the verifier runs the prompt and samples the first token."""
         request = run.request
         t0 = time.perf_counter()
-        first = self.verifier.start(
-            run.session_id,
-            request.prompt_ids,
-            temperature=request.temperature,
-            controls=request.sampling,
-            seed=request.seed,
-            top_logprobs=request.top_logprobs,
-        )
+        first = self.verifier.start(run.session_id, request.prompt_ids, request.session_options)
         run.prefilled = True
         run.stats.verify_seconds += time.perf_counter() - t0
         run.stats.rounds += 1
