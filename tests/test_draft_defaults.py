@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from launcher.cli import build_parser
-from speculant.draft_flags import draft_default_argv, draft_defaults_from_args
+from speculant.draft_flags import draft_default_argv, draft_defaults_from_args, given_draft_defaults
 from speculant.errors import InvalidArgumentError
 from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 
@@ -29,6 +29,15 @@ def test_flags_set_only_what_is_given():
     assert draft_default_argv(args) == ["--tree-nodes", "0", "--no-attentive-mix"]
     with pytest.raises(InvalidArgumentError, match="--k"):
         draft_defaults_from_args(parse("serve-draft", "--graph", "g", "--k", "0"))
+
+
+def test_generate_sends_a_remote_gateway_only_the_drafting_flags_given():
+    """generate's drafting flags are the same table as the servers': not given, a field is not
+    sent, so a remote gateway's own defaults (its flags) apply."""
+    assert given_draft_defaults(parse("generate", "--gateway", "g:1", "--prompt", "x")) == {}
+    args = parse("generate", "--prompt", "x", "--k", "4", "--no-attentive-mix")
+    assert given_draft_defaults(args) == {"k": 4, "attentive_mix": False}
+    assert draft_defaults_from_args(args).k == 4
 
 
 def test_a_bad_default_is_one_usage_line(tinystories_graph):
