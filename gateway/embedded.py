@@ -30,6 +30,7 @@ from gateway.rounds.coordinator import Coordinator
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
 from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
+from speculant.sampling_controls import SamplingControls
 from speculant.types import ModelInfo
 from verifier_service.verifier import LocalVerifier
 
@@ -193,6 +194,6 @@ def prompt_request(
         seed=generation.seed,
         stop=tuple(generation.stop),
         draft=asdict(DraftParams.from_config(draft_config)) if draft_config else {},
-        sampling=generation.sampling_controls(),
+        sampling=SamplingControls.of_settings(generation),
         top_logprobs=generation.top_logprobs,
     )

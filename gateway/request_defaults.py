@@ -69,7 +69,8 @@ class RequestDefaults:
             stop=request.stop or tuple(defaults.stop),
             draft=self.draft_params(request.draft),
             sampling=SamplingControls(  # the request's controls over the defaults
-                **defaults.sampling_controls().set_fields() | request.sampling.set_fields()
+                **SamplingControls.of_settings(defaults).set_fields()
+                | request.sampling.set_fields()
             ),
             top_logprobs=(
                 defaults.top_logprobs if request.top_logprobs is None else request.top_logprobs

@@ -12,7 +12,7 @@ from typing import Literal, get_type_hints
 from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from speculant.sampling_controls import SAMPLING_CONTROLS_OFF, SamplingControls
+from speculant.sampling_controls import SamplingControls
 
 DraftStrategyName = Literal["greedy", "sampling"]
 # How the successor distributions of the matching orders become one q (draft_service.mixing):
@@ -180,10 +180,6 @@ class GenerationConfig(_SamplingSettings):  # type: ignore[misc,valid-type]
     seed: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list)
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20)
-
-    def sampling_controls(self) -> SamplingControls:
-        """The sampling controls these settings set (the others unset)."""
-        return SamplingControls(**{name: getattr(self, name) for name in SAMPLING_CONTROLS_OFF})
 
 
 class SpeculantSettings(BaseSettings):

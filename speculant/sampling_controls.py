@@ -51,6 +51,12 @@ class SamplingControls:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
+    @classmethod
+    def of_settings(cls, settings: object) -> SamplingControls:
+        """The controls that settings with these field names set, the others unset (a
+        speculant.config.GenerationConfig, whose sampling fields are declared by this class)."""
+        return cls(**{name: getattr(settings, name) for name in SAMPLING_CONTROLS_OFF})
+
     def resolved(self, model_defaults: Mapping[str, float] | None = None) -> SamplingControls:
         """Every field set: the request's value, else the model's default, else off."""
         model_defaults = model_defaults or {}
