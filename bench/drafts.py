@@ -33,11 +33,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
+from gateway.backends.streams import StreamExchange
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
 from speculant.ports import free_port
-from speculant.stream_exchange import StreamExchange
 from speculant.v1 import draft_pb2_grpc
 from speculant.wire import propose_request_to_pb
 

@@ -187,9 +187,9 @@ def client_main(argv: list[str]) -> int:
     """One closed-loop client process; prints {"latencies_ms": [...], "elapsed_s": s} as JSON."""
     import grpc
 
+    from gateway.backends.streams import StreamExchange
     from speculant.config import DraftConfig
     from speculant.draft_params import DraftParams
-    from speculant.stream_exchange import StreamExchange
     from speculant.v1 import draft_pb2_grpc
     from speculant.wire import propose_request_to_pb
 

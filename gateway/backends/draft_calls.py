@@ -7,8 +7,8 @@ import logging
 from typing import Protocol
 
 from gateway.backends.draft_replicas import Replica, stream_refused
+from gateway.backends.streams import StreamExchange
 from speculant.errors import RemoteError, UnavailableError
-from speculant.stream_exchange import StreamExchange
 from speculant.types import (
     DraftProposal,
     NextRoundDraft,

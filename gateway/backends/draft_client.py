@@ -28,12 +28,11 @@ from gateway.backends.draft_replicas import (
     expand_addresses,
     stream_refused,
 )
-from gateway.backends.streams import StreamWatchdog, remaining_time
+from gateway.backends.streams import StreamExchange, StreamWatchdog, remaining_time
 from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
 from speculant.request_context import REQUEST_ID, request_metadata
-from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
 from speculant.types import DraftProposal
 from speculant.v1 import (

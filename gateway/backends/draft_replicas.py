@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import grpc
 
 from gateway.backends.backend_channel import backend_channel
-from gateway.backends.streams import StreamPool
+from gateway.backends.streams import StreamExchange, StreamPool
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
-from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
 from speculant.v1 import (
     draft_pb2_grpc,

@@ -11,11 +11,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.backends.backend_channel import backend_channel
-from gateway.backends.streams import StreamWatchdog, remaining_time
+from gateway.backends.streams import StreamExchange, StreamWatchdog, remaining_time
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.request_context import request_metadata
 from speculant.sampling_controls import SessionOptions
-from speculant.stream_exchange import StreamExchange
 from speculant.tls import ClientTls
 from speculant.types import ModelInfo, SparseDistribution, VerifyResult
 from speculant.v1 import (
