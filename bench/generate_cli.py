@@ -274,7 +274,7 @@ def _progress(msg: str) -> None:
 
 def run_bench_generate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    from speculant.cli_errors import usage_error
+    from speculant.cli_errors import fail, usage_error
 
     if not settings.ks or not settings.mixes or not settings.systems:
         return usage_error("--k, --mix and --systems need at least one value")
@@ -292,7 +292,10 @@ def run_bench_generate(args: argparse.Namespace) -> int:
         except PlotUnavailable as exc:
             return usage_error(exc)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    result = run_benchmark(settings, progress=_progress)
+    try:
+        result = run_benchmark(settings, progress=_progress)
+    except SpeculantError as exc:  # a graph or a model that does not load, a backend that fails
+        return fail(exc)
     if args.cost:
         cost_settings = cost_settings_from_args(
             args, prefix="cost-", models=default_cost_models(settings.model)

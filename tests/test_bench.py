@@ -95,6 +95,24 @@ def test_cli_arguments() -> None:
         )
 
 
+@pytest.mark.parametrize("missing", ["graph", "model"])
+def test_a_graph_or_model_that_does_not_load_is_one_error_line(
+    missing, tinystories_graph, tmp_path, capsys
+):
+    from launcher.cli import main
+
+    graph, model = str(tinystories_graph), str(STORIES_MODEL)
+    if missing == "graph":
+        graph = str(tmp_path / "no-graph")
+    else:
+        model = str(tmp_path / "no-model")
+    argv = ["bench", "generate", "--graph", graph, "--model", model, "--limit", "1"]
+    assert main([*argv, "--prompts", str(DEMO_PROMPTS), "--systems", "plain,embedded"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "speculant bench generate: error:" in err
+    assert ("graph not found" if missing == "graph" else "no-model") in err
+
+
 def test_bench_in_process(tinystories_graph, tmp_path) -> None:
     systems = ("hf", "hf-lookup", "plain", "embedded")
     result = run_benchmark(_settings(tinystories_graph, systems))
