@@ -99,15 +99,22 @@ def load_cost_model(path: str, device: Any, dtype: str, seed: int = 0) -> tuple[
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    from speculant.config import VerifierConfig
     from verifier_service.model import LoadedModel
+    from verifier_service.model_loading import ModelLoadError, first_line, source_and_kwargs
 
+    config = VerifierConfig(model_name=path)
+    source, hub_kwargs, _ = source_and_kwargs(config)  # ModelLoadError: a missing folder
     random_weights = Path(path).is_dir() and not has_weights(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if random_weights:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **hub_kwargs)
+        if random_weights:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+        else:
+            model = AutoModelForCausalLM.from_pretrained(source, **hub_kwargs)
+    except (OSError, ValueError) as exc:  # not a model folder, a hub name not fetched
+        raise ModelLoadError(f"cannot load model {path!r}: {first_line(exc)}") from None
     model.to(device=device, dtype=_torch_dtype(dtype))
     return LoadedModel.from_model(model, tokenizer, name=str(path)), random_weights
 

@@ -103,8 +103,14 @@ def register_cost(bench_subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bench_cost(args: argparse.Namespace) -> int:
+    from speculant.cli_errors import fail
+    from speculant.errors import SpeculantError
+
     settings = cost_settings_from_args(args)
-    cost = run_cost(settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        cost = run_cost(settings, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except SpeculantError as exc:  # a model that does not load
+        return fail(exc)
     result: dict[str, Any] = {"cost": cost}
     print(format_cost_table(cost))
     if args.from_json:

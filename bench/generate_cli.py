@@ -294,13 +294,13 @@ def run_bench_generate(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     try:
         result = run_benchmark(settings, progress=_progress)
+        if args.cost:
+            cost_settings = cost_settings_from_args(
+                args, prefix="cost-", models=default_cost_models(settings.model)
+            )
+            add_cost_section(result, cost_settings, _progress)
     except SpeculantError as exc:  # a graph or a model that does not load, a backend that fails
         return fail(exc)
-    if args.cost:
-        cost_settings = cost_settings_from_args(
-            args, prefix="cost-", models=default_cost_models(settings.model)
-        )
-        add_cost_section(result, cost_settings, _progress)
     print(format_table(result))
     print()
     print(format_footer(result))

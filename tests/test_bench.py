@@ -113,6 +113,19 @@ def test_a_graph_or_model_that_does_not_load_is_one_error_line(
     assert ("graph not found" if missing == "graph" else "no-model") in err
 
 
+@pytest.mark.parametrize("folder", ["missing", "not-a-model"])
+def test_bench_cost_of_a_model_that_does_not_load_is_one_error_line(folder, tmp_path, capsys):
+    from launcher.cli import main
+
+    model = tmp_path / folder
+    if folder == "not-a-model":
+        model.mkdir()
+        (model / "notes.txt").write_text("no config, no tokenizer")
+    assert main(["bench", "cost", "--models", str(model), "--new-tokens", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "speculant bench cost: error:" in err and folder in err
+
+
 def test_bench_in_process(tinystories_graph, tmp_path) -> None:
     systems = ("hf", "hf-lookup", "plain", "embedded")
     result = run_benchmark(_settings(tinystories_graph, systems))
