@@ -3,7 +3,8 @@ GetGraphInfo, Learn) answered from the current graph's drafter.
 
 It only translates between protos and the drafting core (:mod:`draft_service.drafting`): unset
 optional fields take the server's default DraftParams, DRAFT_STRATEGY_UNSPECIFIED means the
-default strategy (greedy), bad requests become INVALID_ARGUMENT naming the field. The server
+default strategy (greedy), bad requests become INVALID_ARGUMENT naming the field, and the graph's
+meta record becomes a GetGraphInfoResponse (:func:`graph_info_to_pb`). The server
 around it (bind, graph loading, reload, health, stop) is :mod:`draft_service.server`.
 """
 
