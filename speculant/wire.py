@@ -238,6 +238,7 @@ def optional_top_logprobs(message: object) -> int | None:
 def prefill_request_to_pb(
     session_id: str, prompt_ids: Sequence[int], options: SessionOptions
 ) -> verifier_pb2.PrefillRequest:
+    """The PrefillRequest that starts a verifier session (see SessionOptions)."""
     return verifier_pb2.PrefillRequest(
         session_id=session_id,
         prompt_token_ids=prompt_ids,

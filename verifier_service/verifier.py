@@ -165,9 +165,9 @@ class LocalVerifier:
         The first token is sampled from p after the prompt with the session's generator (seeded
         with ``options.seed``; random when None), or is the argmax at temperature 0. p: the
         logits processed by ``options.controls`` (unset fields: the model's generation_config,
-        else off; see SamplingControls), for every token of the session. top_logprobs: every
-        result of the session reports its tokens' logprobs with this many alternatives (None:
-        none).
+        else off; see SamplingControls), for every token of the session. options.top_logprobs:
+        every result of the session reports its tokens' logprobs with this many alternatives
+        (None: none).
         """
         prompt = checked_start(
             session_id,

@@ -19,7 +19,7 @@ from speculant.tls import add_client_tls_arguments, add_server_tls_arguments
 
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
-    """Generation and drafting flags shared by `generate` and `demo`."""
+    """`generate`'s generation, sampling and drafting flags."""
     parser.add_argument("--max-tokens", type=int, default=100, help="tokens to generate at most")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument(
