@@ -196,4 +196,5 @@ def prompt_request(
         draft=asdict(DraftParams.from_config(draft_config)) if draft_config else {},
         sampling=SamplingControls.of_settings(generation),
         top_logprobs=generation.top_logprobs,
+        constraint=generation.constraint,
     )

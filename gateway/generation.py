@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
@@ -53,6 +54,7 @@ class PromptRequest:
     draft: Mapping[str, object] = field(default_factory=dict)
     sampling: SamplingControls = field(default_factory=SamplingControls)
     top_logprobs: int | None = None
+    constraint: Constraint | None = None  # what the output must match (speculant.grammar)
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,14 @@ class GenerationRequest:
     # top_k, top_p, min_p and the penalties (see SamplingControls; unset: the model's defaults)
     sampling: SamplingControls = field(default_factory=SamplingControls)
     top_logprobs: int | None = None  # report logprobs with this many alternatives; None: none
+    constraint: Constraint | None = None  # what the output must match (speculant.grammar)
 
     @property
     def session_options(self) -> SessionOptions:
         """What the verifier session samples with (see SessionOptions)."""
-        return SessionOptions(self.temperature, self.sampling, self.seed, self.top_logprobs)
+        return SessionOptions(
+            self.temperature, self.sampling, self.seed, self.top_logprobs, self.constraint
+        )
 
     def validate(self) -> GenerationRequest:
         """Raise InvalidArgumentError naming the first bad field."""
@@ -96,6 +101,8 @@ class GenerationRequest:
             )
         self.sampling.validate()
         check_top_logprobs(self.top_logprobs)
+        if self.constraint is not None:
+            self.constraint.validate()
         try:
             self.draft.validate()
         except InvalidArgumentError as exc:
@@ -130,6 +137,7 @@ class GenerationStats:
     accepted_from_graph: int = 0  # accepted drafts by source (DraftProposal.sources)
     accepted_from_overlay: int = 0
     accepted_from_both: int = 0
+    accepted_from_grammar: int = 0  # drafts the constraint forced (gateway.rounds.constrained)
     prepared_drafts_used: int = 0  # rounds whose draft was prepared during the last verify
     unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.rounds.draft_sizing)
     rounds_without_draft: int = 0  # Verify rounds with no draft token (plain decoding steps)
@@ -168,6 +176,8 @@ class GenerationStats:
         for source in sources[:accepted]:
             if source == "overlay":
                 self.accepted_from_overlay += 1
+            elif source == "grammar":
+                self.accepted_from_grammar += 1
             elif source == "both":
                 self.accepted_from_both += 1
             else:
@@ -206,6 +216,7 @@ class GenerationStats:
             "accepted_from_graph": self.accepted_from_graph,
             "accepted_from_overlay": self.accepted_from_overlay,
             "accepted_from_both": self.accepted_from_both,
+            "accepted_from_grammar": self.accepted_from_grammar,
             "prepared_drafts_used": self.prepared_drafts_used,
             "wasted_draft_tokens": self.wasted_draft_tokens,
             "unverified_draft_tokens": self.unverified_draft_tokens,

@@ -75,6 +75,7 @@ class RequestDefaults:
             top_logprobs=(
                 defaults.top_logprobs if request.top_logprobs is None else request.top_logprobs
             ),
+            constraint=request.constraint,
         )
 
     def draft_params(self, given: Mapping[str, object]) -> DraftParams:

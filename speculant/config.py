@@ -12,6 +12,7 @@ from typing import Literal, get_type_hints
 from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from speculant.constraint import Constraint
 from speculant.sampling_controls import SamplingControls
 
 DraftStrategyName = Literal["greedy", "sampling"]
@@ -180,6 +181,9 @@ class GenerationConfig(_SamplingSettings):  # type: ignore[misc,valid-type]
     seed: int | None = Field(None, ge=0)
     stop: list[str] = Field(default_factory=list)
     top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20)
+    # what the output must match (speculant.constraint), e.g.
+    # Constraint("json_schema", json.dumps(schema)); None: free text
+    constraint: Constraint | None = None
 
 
 class SpeculantSettings(BaseSettings):

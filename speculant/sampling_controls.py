@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from speculant.constraint import Constraint
 from speculant.errors import InvalidArgumentError
 
 MAX_TOP_LOGPROBS = 20  # most alternatives a request may ask for with each token's logprob
@@ -135,12 +136,14 @@ class SessionOptions:
     """How a verifier session samples, fixed for its whole life (a Prefill's fields beside the
     prompt): ``temperature`` (0: greedy, the argmax of p), the sampling ``controls`` (unset
     fields: the model's defaults), the ``seed`` of the session's generator (None: random) and
-    ``top_logprobs``, the alternatives each token's logprobs report (None: no logprobs)."""
+    ``top_logprobs``, the alternatives each token's logprobs report (None: no logprobs), and
+    the ``constraint`` every emitted token must keep to (None: none; see speculant.grammar)."""
 
     temperature: float = 1.0
     controls: SamplingControls = field(default_factory=SamplingControls)
     seed: int | None = None
     top_logprobs: int | None = None
+    constraint: Constraint | None = None
 
 
 GREEDY = SessionOptions(temperature=0.0)

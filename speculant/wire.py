@@ -20,6 +20,7 @@ from dataclasses import asdict, fields, replace
 
 import numpy as np
 
+from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
@@ -246,6 +247,7 @@ def prefill_request_to_pb(
         seed=options.seed,
         sampling=sampling_controls_to_pb(options.controls),
         top_logprobs=options.top_logprobs,
+        constraint=constraint_to_pb(options.constraint),
     )
 
 
@@ -257,7 +259,32 @@ def session_options_from_pb(request: verifier_pb2.PrefillRequest) -> SessionOpti
         controls=sampling_controls_from_pb(request.sampling),
         seed=request.seed if request.HasField("seed") else None,
         top_logprobs=optional_top_logprobs(request),
+        constraint=constraint_from_pb(request.constraint),
     )
+
+
+def constraint_to_pb(constraint: Constraint | None) -> common_pb2.Constraint | None:
+    """The Constraint message of a constraint (None: none)."""
+    if constraint is None:
+        return None
+    if constraint.kind == "json_object":
+        return common_pb2.Constraint(json_object=True)
+    if constraint.kind == "choice":
+        return common_pb2.Constraint(choice=common_pb2.Choice(options=constraint.choices))
+    return common_pb2.Constraint(**{constraint.kind: constraint.text})
+
+
+def constraint_from_pb(message: common_pb2.Constraint) -> Constraint | None:
+    """A Constraint message as the library's (None when no kind is set, or json_object is
+    false), checked (InvalidArgumentError naming the field)."""
+    kind = message.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not message.json_object):
+        return None
+    if kind == "json_object":
+        return Constraint("json_object").validate()
+    if kind == "choice":
+        return Constraint("choice", choices=tuple(message.choice.options)).validate()
+    return Constraint(kind, getattr(message, kind)).validate()  # type: ignore[arg-type]
 
 
 def logprobs_to_pb(logprobs: Sequence[TokenLogprobs]) -> list[common_pb2.TokenLogprob]:

@@ -33,10 +33,16 @@ from typing import Any
 
 import torch
 
+from speculant.grammar import ConstraintMatcher
 from speculant.types import TokenLogprobs
 from verifier_service.model import LoadedModel
-from verifier_service.processing import TargetProcessor, history_counts, token_logprobs
-from verifier_service.rejection import RejectionOutput, rejection_sample, tree_sample
+from verifier_service.processing import (
+    ConstrainedRows,
+    TargetProcessor,
+    history_counts,
+    token_logprobs,
+)
+from verifier_service.rejection import RejectionOutput, rejection_sample, tree_sample, walk_tree
 
 
 @dataclass(eq=False)
@@ -52,6 +58,7 @@ class VerifyJob:
     parents: list[int] | None = None  # [n]: a draft tree (see DraftProposal.parents); None: chain
     counts: torch.Tensor | None = None  # [V] counts of the cached tokens (with a penalty)
     top_logprobs: int | None = None  # report logprobs with this many alternatives (None: none)
+    grammar: ConstraintMatcher | None = None  # the session's constraint (at the pending token)
     output: RejectionOutput | None = None
     logprobs: list[TokenLogprobs] | None = None  # one per emitted token, with top_logprobs
     error: BaseException | None = None
@@ -67,6 +74,19 @@ def decide(job: VerifyJob, logits: torch.Tensor, input_ids: torch.Tensor) -> Rej
     if processor.penalises:
         assert job.counts is not None
         counts = history_counts(job.counts, input_ids, job.parents)  # [n+1, V]
+    if job.grammar is not None:
+        out, job.logprobs = sample_constrained(
+            job.grammar,
+            logits,
+            counts,
+            processor,
+            job.generator,
+            job.input_ids[1:],
+            job.parents,
+            job.q,
+            job.top_logprobs,
+        )
+        return out
     scores = processor.scores(logits, counts)  # [n+1, V]
     temperature = processor.sampling_temperature
     if job.parents is not None:
@@ -80,6 +100,36 @@ def decide(job: VerifyJob, logits: torch.Tensor, input_ids: torch.Tensor) -> Rej
         log_p = processor.log_probs(scores[rows])  # [emitted, V]
         job.logprobs = token_logprobs(log_p, out.token_ids, job.top_logprobs)
     return out
+
+
+def sample_constrained(
+    grammar: ConstraintMatcher,
+    logits: torch.Tensor,
+    counts: torch.Tensor | None,
+    processor: TargetProcessor,
+    generator: torch.Generator,
+    drafts: list[int] = (),  # type: ignore[assignment]
+    parents: list[int] | None = None,
+    q: torch.Tensor | None = None,
+    top_logprobs: int | None = None,
+) -> tuple[RejectionOutput, list[TokenLogprobs]]:
+    """The outcome of a forward's logits [n+1, V] (counts [n+1, V] with a penalty) under a
+    constraint: the draft walked as a tree (a chain is one), each row masked by the grammar at
+    the state of its own path as the walk reaches it (processing.ConstrainedRows), and the
+    matcher moved past the emitted tokens; with top_logprobs, their logprobs. No drafts: the
+    first token after a prefill."""
+    drafts = list(drafts)
+    temperature = processor.sampling_temperature
+    argmax_only = temperature == 0 and top_logprobs is None
+    rows = ConstrainedRows(grammar, logits, counts, processor, drafts, parents, argmax_only)
+    tree = parents if parents is not None else list(range(-1, len(drafts) - 1))
+    out = walk_tree(rows, drafts, tree, temperature, generator, q)
+    rows.emitted(out.token_ids[-1])
+    if top_logprobs is None:
+        return out, []
+    emitted_rows = [0, *(node + 1 for node in out.accepted_nodes)]
+    log_p = processor.log_probs(torch.stack([rows.scores[r] for r in emitted_rows]))  # [e, V]
+    return out, token_logprobs(log_p, out.token_ids, top_logprobs)
 
 
 def _finish(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from speculant.grammar import ConstraintMatcher
 from speculant.sampling_controls import SamplingControls
 from speculant.types import TokenLogprobs
 
@@ -160,3 +161,54 @@ def token_logprobs(log_p: torch.Tensor, token_ids: list[int], top: int) -> list[
             )
         return out
     return [TokenLogprobs(token, logprob) for token, logprob in zip(token_ids, chosen, strict=True)]
+
+
+class ConstrainedRows:
+    """The scores of a forward's rows under a constraint, made as a tree walk reaches them
+    (rejection.walk_tree): row 0 at the grammar state after the pending token, row i + 1 once
+    the walk has accepted draft i (the matcher consumes it then). Each row's logits are masked
+    by the grammar (forbidden tokens at -inf, see speculant.grammar), then processed.
+
+    At temperature 0, when no logprobs are reported (``argmax_only``), a row gives its argmax
+    token: the processed argmax when the grammar allows it (then it is the masked argmax too),
+    else the masked one, so most rows need no mask. logits: [n+1, V]; counts: [n+1, V] of each
+    row's history (with a penalty); drafts, parents: the draft (parents None: a chain).
+    """
+
+    def __init__(
+        self,
+        matcher: ConstraintMatcher,
+        logits: torch.Tensor,
+        counts: torch.Tensor | None,
+        processor: TargetProcessor,
+        drafts: list[int],
+        parents: list[int] | None,
+        argmax_only: bool,
+    ) -> None:
+        self.matcher = matcher
+        self._logits, self._counts, self._processor = logits, counts, processor
+        self._drafts = drafts
+        self._parents = parents if parents is not None else list(range(-1, len(drafts) - 1))
+        self._argmax_only = argmax_only
+        self._node = -1  # the draft the matcher has consumed last (-1: none this round)
+        self.scores: dict[int, torch.Tensor] = {}  # [V] processed scores of the rows made
+
+    def __call__(self, row: int) -> torch.Tensor | int:
+        node = row - 1
+        if node != self._node:  # the walk accepted draft `node`, a child of the last node
+            assert self._parents[node] == self._node, "rows are asked for along one path"
+            self.matcher.consume([self._drafts[node]])
+            self._node = node
+        logits = self._logits[row : row + 1]  # [1, V]
+        counts = None if self._counts is None else self._counts[row : row + 1]
+        if self._argmax_only:
+            best = int(torch.argmax(self._processor.scores(logits, counts)))
+            if self.matcher.allows(best):
+                return best
+        scores = self._processor.scores(self.matcher.mask(logits), counts)[0]  # [V]
+        self.scores[row] = scores
+        return int(torch.argmax(scores)) if self._argmax_only else scores
+
+    def emitted(self, token_id: int) -> None:
+        """The walk's last emitted token (corrected or bonus): the matcher consumes it."""
+        self.matcher.consume([token_id])

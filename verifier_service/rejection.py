@@ -50,6 +50,7 @@ bonus distribution.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -169,6 +170,9 @@ def rejection_sample(
     return RejectionOutput(accepted, [*draft_list[:accepted], final_token])
 
 
+Rows = Callable[[int], torch.Tensor]  # row index -> that row's logits [V]
+
+
 def tree_sample(
     logits: torch.Tensor,
     draft_ids: list[int],
@@ -185,18 +189,38 @@ def tree_sample(
     the order they were drawn), or None for point masses. Returns the accepted path
     (accepted_nodes) and its tokens plus one corrected or bonus token.
     """
+    if draft_probs is None and temperature == 0:
+        best = torch.argmax(logits, dim=-1).tolist()  # [n+1], all rows at once
+        return walk_tree(lambda row: best[row], draft_ids, parents, 0.0, generator)
+    return walk_tree(logits.__getitem__, draft_ids, parents, temperature, generator, draft_probs)
+
+
+def walk_tree(
+    rows: Rows | Callable[[int], int],
+    draft_ids: list[int],
+    parents: list[int],
+    temperature: float,
+    generator: torch.Generator | None = None,
+    draft_probs: torch.Tensor | None = None,
+) -> RejectionOutput:
+    """tree_sample with each row's logits asked for when the walk reaches it: row 0 first, row
+    i + 1 only once draft i is accepted, so a row's logits may depend on the path to it (a
+    grammar's mask). At temperature 0 with point masses, rows may give the row's argmax token
+    instead of its logits."""
     if draft_probs is not None and temperature > 0:
-        return _recursive_tree_sample(
-            logits, draft_ids, parents, temperature, generator, draft_probs
-        )
+        return _recursive_walk(rows, draft_ids, parents, temperature, generator, draft_probs)
     children: dict[int, dict[int, int]] = {}  # node (-1 = pending) -> {token: draft index}
     for index, (token, parent) in enumerate(zip(draft_ids, parents, strict=True)):
         children.setdefault(parent, {}).setdefault(token, index)
-    best = torch.argmax(logits, dim=-1).tolist() if temperature == 0 else None  # [n+1]
     node, path, tokens = -1, [], []
     while True:
-        row = node + 1
-        token = best[row] if best is not None else sample_token(logits[row], temperature, generator)
+        scores = rows(node + 1)
+        if isinstance(scores, int):
+            token = scores
+        elif temperature == 0:
+            token = int(torch.argmax(scores))
+        else:
+            token = sample_token(scores, temperature, generator)
         child = children.get(node, {}).get(token)
         tokens.append(token)
         if child is None:
@@ -205,27 +229,26 @@ def tree_sample(
         node = child
 
 
-def _recursive_tree_sample(
-    logits: torch.Tensor,
+def _recursive_walk(
+    rows: Rows,
     draft_ids: list[int],
     parents: list[int],
     temperature: float,
     generator: torch.Generator | None,
     draft_probs: torch.Tensor,
 ) -> RejectionOutput:
-    """tree_sample for sampled drafts: recursive rejection sampling over each node's children."""
+    """walk_tree for sampled drafts: recursive rejection sampling over each node's children."""
     children: dict[int, list[int]] = {}  # node (-1 = pending) -> its children, in drawn order
     for index, parent in enumerate(parents):
         children.setdefault(parent, []).append(index)
-    p = target_probs(logits, temperature)  # [n+1, V]
     node, path, tokens = -1, [], []
     while True:
-        residual = p[node + 1]  # [V] r: what is left of p at this node
+        residual = target_probs(rows(node + 1), temperature)  # [V] r: what is left of p here
         for child in children.get(node, ()):
             token = draft_ids[child]
             q = draft_probs[child]  # [V] q_i
             accept = torch.clamp_max(residual[token] / q[token], 1.0)
-            if bool(torch.rand(1, device=p.device, generator=generator) < accept):
+            if bool(torch.rand(1, device=q.device, generator=generator) < accept):
                 path.append(child)
                 tokens.append(token)
                 node = child

@@ -4,8 +4,8 @@ A *session* is one generation in progress: its KV cache (``length`` positions, t
 the tokens emitted so far except the last), the *pending* token (the last emitted token, not yet
 in the cache: the next Verify's forward starts with it), how its target distribution is made
 (temperature and sampling controls: a :class:`~verifier_service.processing.TargetProcessor`,
-with the cached tokens' counts when a penalty needs them), its RNG, and whether it reports
-logprobs.
+with the cached tokens' counts when a penalty needs them), its RNG, whether it reports
+logprobs, and the state of its constraint (speculant.grammar), if it has one.
 
 Calls on one session are serialised by the session's lock (use :meth:`SessionStore.use`); idle
 sessions are expired by a background sweeper thread (and lazily on every call), so a vanished
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from speculant.errors import AlreadyExistsError, NotFoundError, ResourceExhaustedError
+from speculant.grammar import ConstraintMatcher
 from verifier_service.processing import TargetProcessor
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Session:
     generator: torch.Generator
     counts: torch.Tensor | None = None  # [V] occurrences of each token in the cache (penalties)
     top_logprobs: int | None = None  # report logprobs with this many alternatives; None: none
+    grammar: ConstraintMatcher | None = None  # the constraint's state after the pending token
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False  # released or expired: later calls get NOT_FOUND

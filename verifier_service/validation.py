@@ -71,6 +71,8 @@ def checked_start(
         raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
     check_top_logprobs(options.top_logprobs)
     options.controls.validate()
+    if options.constraint is not None:
+        options.constraint.validate()
     return prompt
 
 

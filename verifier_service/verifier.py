@@ -29,6 +29,7 @@ import torch
 
 from speculant.config import VerifierConfig
 from speculant.errors import OutOfRangeError
+from speculant.grammar import Grammars, grammars_for
 from speculant.sampling_controls import GREEDY, SessionOptions
 from speculant.tokenizer import tokenizer_fingerprint
 from speculant.types import (
@@ -39,7 +40,7 @@ from speculant.types import (
     VerifierStats,
     VerifyResult,
 )
-from verifier_service.batching import VerifyBatcher, VerifyJob, run_job
+from verifier_service.batching import VerifyBatcher, VerifyJob, run_job, sample_constrained
 from verifier_service.cost_probe import measure_cost_profile
 from verifier_service.model import LoadedModel
 from verifier_service.model_runner import ModelRunner
@@ -128,6 +129,11 @@ class LocalVerifier:
         return replace(self._info, verify_cost_seconds=self.cost_profile.copy().seconds)
 
     @property
+    def grammars(self) -> Grammars:
+        """The model's compiled constraints (speculant.grammar; made on first use)."""
+        return grammars_for(self.model.tokenizer, self.model.vocab_size, self.model.eos_token_ids)
+
+    @property
     def batcher(self) -> VerifyBatcher | None:
         """The batcher of concurrent Verify calls; None when config.max_batch is 1 or the model
         cannot batch (see LoadedModel.supports_batching)."""
@@ -178,6 +184,9 @@ class LocalVerifier:
         )
         resolved = options.controls.resolved(self.model.sampling_defaults)
         processor = TargetProcessor(resolved, float(options.temperature))
+        grammar = None
+        if options.constraint is not None:  # compiled (or a cached copy) before any forward
+            grammar = self.grammars.matcher(options.constraint)
         self.sessions.check_capacity(session_id, unary)
 
         session = Session(
@@ -189,6 +198,7 @@ class LocalVerifier:
             generator=self._generator(options.seed),
             counts=self._counts(prompt) if processor.penalises else None,
             top_logprobs=options.top_logprobs,
+            grammar=grammar,
             unary=unary,
         )
         logprobs = self._on_model(lambda: self._prefill(session, prompt))
@@ -207,9 +217,17 @@ class LocalVerifier:
         pending one) sampled from p after it; the token's logprobs when the session reports
         them. Run on the model."""
         processor, counts = session.processor, session.counts
+        counts = None if counts is None else counts[None]  # [1, V]
         input_ids = torch.tensor(prompt, dtype=torch.long, device=self.model.device)  # [n]
         logits = self.model.forward(session.cache, input_ids, 0, logits_to_keep=1)  # [1, V]
-        scores = processor.scores(logits, None if counts is None else counts[None])  # [1, V]
+        if session.grammar is not None:  # the first token, masked by the constraint
+            gen, top = session.generator, session.top_logprobs
+            out, logprobs = sample_constrained(
+                session.grammar, logits, counts, processor, gen, top_logprobs=top
+            )
+            session.pending_token = out.token_ids[0]
+            return logprobs
+        scores = processor.scores(logits, counts)  # [1, V]
         token = sample_token(scores[0], processor.sampling_temperature, session.generator)
         session.pending_token = token
         if session.top_logprobs is None:
@@ -254,6 +272,8 @@ class LocalVerifier:
             return self._verify_tree(session_id, drafts, parents, q, unary)
         with self.sessions.use(session_id, unary) as session:
             room = self._room(session_id, session.length)  # drafts that still fit
+            if session.grammar is not None and q is None:  # no forward on a forbidden draft
+                room = min(room, session.grammar.valid_prefix(drafts))
             if len(drafts) > room:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
@@ -281,6 +301,7 @@ class LocalVerifier:
             parents=parents,
             counts=session.counts,
             top_logprobs=session.top_logprobs,
+            grammar=session.grammar,
         )
         started = time.perf_counter()
         if self._batcher is not None:
@@ -323,6 +344,9 @@ class LocalVerifier:
             if not self.model.supports_trees:  # probed above: a cached answer
                 kept = _first_branch(parents, kept)
             kept_tree = tree.select(kept)
+            if session.grammar is not None and q is None:  # no forward on a forbidden draft
+                valid = session.grammar.valid_nodes(kept_tree.token_ids, kept_tree.parents)
+                kept, kept_tree = [kept[i] for i in valid], kept_tree.select(valid)
             drafts, parents = kept_tree.token_ids, kept_tree.parents
             if q is not None:
                 q = q[torch.tensor(kept, dtype=torch.long, device=q.device)]  # [kept, V]

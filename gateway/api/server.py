@@ -36,6 +36,7 @@ from speculant.metrics import Metrics
 from speculant.tls import ClientTls, ServerTls
 from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 from speculant.wire import (
+    constraint_from_pb,
     draft_fields_from_pb,
     logprobs_to_pb,
     optional_top_logprobs,
@@ -77,6 +78,7 @@ def prompt_request_from_pb(request: gateway_pb2.GenerateRequest) -> PromptReques
         draft=draft_fields_from_pb(request.draft),
         sampling=sampling_controls_from_pb(request.sampling),
         top_logprobs=optional_top_logprobs(request),
+        constraint=constraint_from_pb(request.constraint),
     )
 
 

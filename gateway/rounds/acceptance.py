@@ -4,7 +4,9 @@ Terms (draft trees; a chain is a tree where token i's parent is token i - 1):
 - a node's *confidence* is the drafter's q of its token given its parent,
   ``path_probs[i] / path_probs[parent]`` (speculant.types.DraftProposal);
 - its *group* is ``context`` when the request's own context listed its token (source "overlay"
-  or "both", see draft_service.overlay), else ``graph`` (the graph or the live layer alone);
+  or "both", see draft_service.overlay), ``grammar`` when the request's constraint forced it
+  (gateway.rounds.constrained: the target emits it with certainty), else ``graph`` (the graph or
+  the live layer alone);
 - a node is *tried* when the target's output reached its parent (or it follows the context
   directly) and *accepted* when the target emitted its token there;
 - its *survival* is the chance that the whole path to it is accepted: the product of the
@@ -44,8 +46,9 @@ BINS = len(BIN_EDGES) + 1
 _LOWS = (0.0, *BIN_EDGES)
 _HIGHS = (*BIN_EDGES, 1.0)
 MID_CONFIDENCE = tuple((lo + hi) / 2 for lo, hi in zip(_LOWS, _HIGHS, strict=True))
-GRAPH, CONTEXT = 0, 1  # groups
-GROUP_PRIOR = (0.6, 0.9)  # acceptance / confidence before any observation, by group
+GRAPH, CONTEXT, GRAMMAR = 0, 1, 2  # groups
+GROUP_PRIOR = (0.6, 0.9, 1.0)  # acceptance / confidence before any observation, by group
+_GROUP_OF_SOURCE = {"overlay": CONTEXT, "both": CONTEXT, "grammar": GRAMMAR}
 PRIOR_WEIGHT = 20.0  # pseudo-observations of the prior in the shared estimate
 REQUEST_WEIGHT = 8.0  # pseudo-observations of the shared estimate in a request's own
 COUNT_CAP = 4000.0  # a bin's shared counts are halved past this many tried nodes
@@ -78,7 +81,7 @@ class NodeFeatures:
         sources = proposal.sources
         groups = [GRAPH] * n
         if len(sources) == n:
-            groups = [CONTEXT if s == "overlay" or s == "both" else GRAPH for s in sources]
+            groups = [_GROUP_OF_SOURCE.get(s, GRAPH) for s in sources]
         probs = proposal.path_probs
         if len(probs) != n:
             return cls(parents, groups, [confidence_bin(0.5)] * n)

@@ -39,11 +39,13 @@ from gateway.interfaces import (
     TargetVerifier,
 )
 from gateway.rounds.adaptive_k import next_draft_length
+from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
 from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError
+from speculant.grammar import grammars_for
 from speculant.types import DraftProposal, NextRoundDraft, VerifyResult
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,7 @@ class _Run:
     output: OutputBuffer
     sizer: RequestSizer | None
     draft_length: int  # with draft.adaptive_k: set round by round
+    constrained: ConstrainedDrafts | None  # with a constraint: its drafting
     prefilled: bool = False  # the verifier holds a session to release
     context: list[int] = field(default_factory=list)  # prompt and output so far
     # drafts the draft service prepared last round, by (accepted, next token)
@@ -176,6 +179,7 @@ class Coordinator:
             ),
             sizer=self._sizer(request.draft),
             draft_length=request.draft.k,
+            constrained=self._constrained(request),  # compiled before any verifier work
         )
         try:
             if run.output.finish_reason is None:
@@ -202,23 +206,33 @@ class Coordinator:
         run.stats.verify_seconds += time.perf_counter() - t0
         run.stats.rounds += 1
         run.output.add(first.token_ids, first.logprobs)
+        if run.constrained is not None:
+            run.constrained.advance(first.token_ids)
 
     def _round(self, run: _Run) -> None:
         """One draft-and-verify round: plan, draft, cut, verify, then take the tokens."""
         request, stats, sizer = run.request, run.stats, run.sizer
         round_started = time.perf_counter()
-        k = min(run.draft_length, run.output.remaining - 1)
+        depth = run.output.remaining - 1  # draft positions that can still be emitted
+        forced = run.constrained.forced(depth) if run.constrained is not None else None
+        forced_ids = forced.token_ids if forced is not None else []
+        k = min(run.draft_length, depth - len(forced_ids))
         params = request.draft
         if sizer is not None:  # this round's budget (None: no draft)
             planned = sizer.plan(params, k)
             params, k = (params, 0) if planned is None else (planned, planned.k)
         ready = run.prepared.get(run.outcome) if k > 0 else None  # prepared last round?
-        call = self._start_draft(run.context, params, k, request.seed, stats, ready)
+        context = run.context + forced_ids if forced_ids else run.context
+        prepare = run.constrained is None  # a constraint shapes each draft: none prepared
+        call = self._start_draft(context, params, k, request.seed, stats, ready, prepare)
         if ready is not None:
             drafted = ready.truncated(k)  # no waiting for a draft call this round
             stats.prepared_drafts_used += 1
         else:
             drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
+        if run.constrained is not None and forced is not None:
+            sampled = params.strategy == "sampling"
+            drafted = run.constrained.assemble(forced, drafted, depth, sampled)
         draft_s = time.perf_counter() - round_started
         proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
         stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
@@ -235,7 +249,8 @@ class Coordinator:
         start = self._take(run, proposal, result, k)
         if sizer is not None:
             timings = (draft_s, verify_s, time.perf_counter() - round_started)
-            sizer.observe(drafted if k > 0 else None, proposal, result, start, run.context, timings)
+            observed = drafted if k > 0 else None  # None: the drafter was not asked
+            sizer.observe(observed, proposal, result, start, run.context, timings)
 
     def _verify(
         self, run: _Run, proposal: DraftProposal, call: DraftCall | None
@@ -274,6 +289,8 @@ class Coordinator:
         before, start = len(run.output.token_ids), len(run.context)
         run.output.add(result.token_ids, result.logprobs)
         run.context.extend(run.output.token_ids[before:])
+        if run.constrained is not None and run.output.finish_reason is None:
+            run.constrained.advance(result.token_ids)
         return start
 
     def _finish(self, run: _Run, started: float) -> Iterator[StreamChunk | GenerationResult]:
@@ -296,6 +313,14 @@ class Coordinator:
             output.text, output.token_ids, output.finish_reason, stats, output.logprobs
         )
 
+    def _constrained(self, request: GenerationRequest) -> ConstrainedDrafts | None:
+        """The drafting of a constrained request (InvalidArgumentError naming the constraint's
+        field when it does not compile); None without a constraint."""
+        if request.constraint is None:
+            return None
+        grammars = grammars_for(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return ConstrainedDrafts(grammars.matcher(request.constraint))
+
     def _sizer(self, params: DraftParams) -> RequestSizer | None:
         """The request's cost-aware sizing: None with draft_size "fixed", and for sampled drafts
         (their output for a seed depends on the draft, so its size must not depend on timings:
@@ -312,13 +337,15 @@ class Coordinator:
         request_seed: int | None,
         stats: GenerationStats,
         ready: DraftProposal | None,
+        prepare: bool = True,
     ) -> DraftCall | None:
         """Send this round's draft request (params, k deep); None when k is 0 or sending failed
         (an empty draft).
 
         With a drafter that prepares drafts (a draft service) and next_round_drafts > 0, the
         request also asks for the next round's drafts, prepared while the verifier runs
-        (ready: this round's draft, prepared last round; then only those are asked for).
+        (ready: this round's draft, prepared last round; then only those are asked for;
+        prepare False: none are asked for).
         """
         if k <= 0:
             return None
@@ -329,7 +356,7 @@ class Coordinator:
         draft_known = ready is not None
         try:
             # next-round drafts are prepared for a chain's outcomes: not with trees
-            prepares = self.next_round_drafts > 0 and not params.drafts_tree
+            prepares = prepare and self.next_round_drafts > 0 and not params.drafts_tree
             if prepares and self._preparing is not None:
                 next_seed = _draft_seed(request_seed, stats.rounds + 1)
                 return self._preparing.start(

@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from gateway.rounds.acceptance import (
+    GRAMMAR,
     NodeFeatures,
     PendingDrafts,
     RequestAcceptance,
@@ -298,7 +299,8 @@ class RequestSizer:
         ranked = []
         for n, index in enumerate(order, start=1):
             node = survival[index]
-            ranked.append(node)
+            if nodes.groups[index] != GRAMMAR:  # the drafter's nodes (what a budget buys)
+                ranked.append(node)
             expected += node
             rate = expected / (fixed + forward[n])
             if rate > best:
@@ -329,7 +331,7 @@ class RequestSizer:
         if drafted is not None:
             nodes = self.last_cut.nodes or NodeFeatures.of(drafted)
             self.pending.add(drafted, start, nodes)
-            size = len(drafted.token_ids)
+            size = len(drafted.token_ids) - nodes.groups.count(GRAMMAR)  # the drafter's nodes
             own = drafted.seconds if 0 < drafted.seconds <= draft_s else draft_s
             model.draft_cost[self.shape].add(size, own)
             model.call_overhead.add(draft_s - own)

@@ -30,7 +30,7 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "seed", "stop", "draft", "sampling", "top_logprobs", "prompt_token_ids")
+    __slots__ = ("prompt", "messages", "max_tokens", "temperature", "seed", "stop", "draft", "sampling", "top_logprobs", "prompt_token_ids", "constraint")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     max_tokens: int
@@ -51,10 +52,11 @@ class GenerateRequest(_message.Message):
     sampling: _common_pb2.SamplingControls
     top_logprobs: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[_common_pb2.DraftOptions, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingControls, _Mapping]] = ..., top_logprobs: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    constraint: _common_pb2.Constraint
+    def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[_common_pb2.DraftOptions, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingControls, _Mapping]] = ..., top_logprobs: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "acceptance_rate", "accepted_by_position", "drafted_by_position", "tokens_per_second", "tokens_per_round", "prompt_tokens", "generated_tokens", "total_seconds", "draft_seconds", "verify_seconds", "other_seconds", "draft_failures", "accepted_from_graph", "accepted_from_overlay", "accepted_from_both", "prepared_drafts_used", "wasted_draft_tokens", "unverified_draft_tokens", "rounds_without_draft")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "acceptance_rate", "accepted_by_position", "drafted_by_position", "tokens_per_second", "tokens_per_round", "prompt_tokens", "generated_tokens", "total_seconds", "draft_seconds", "verify_seconds", "other_seconds", "draft_failures", "accepted_from_graph", "accepted_from_overlay", "accepted_from_both", "prepared_drafts_used", "wasted_draft_tokens", "unverified_draft_tokens", "rounds_without_draft", "accepted_from_grammar")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +79,7 @@ class GenerationStats(_message.Message):
     WASTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNVERIFIED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_WITHOUT_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FROM_GRAMMAR_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     draft_tokens: int
     accepted_tokens: int
@@ -99,7 +102,8 @@ class GenerationStats(_message.Message):
     wasted_draft_tokens: int
     unverified_draft_tokens: int
     rounds_without_draft: int
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_by_position: _Optional[_Iterable[int]] = ..., drafted_by_position: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., tokens_per_round: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., total_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., draft_failures: _Optional[int] = ..., accepted_from_graph: _Optional[int] = ..., accepted_from_overlay: _Optional[int] = ..., accepted_from_both: _Optional[int] = ..., prepared_drafts_used: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., unverified_draft_tokens: _Optional[int] = ..., rounds_without_draft: _Optional[int] = ...) -> None: ...
+    accepted_from_grammar: int
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_by_position: _Optional[_Iterable[int]] = ..., drafted_by_position: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., tokens_per_round: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., total_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., draft_failures: _Optional[int] = ..., accepted_from_graph: _Optional[int] = ..., accepted_from_overlay: _Optional[int] = ..., accepted_from_both: _Optional[int] = ..., prepared_drafts_used: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., unverified_draft_tokens: _Optional[int] = ..., rounds_without_draft: _Optional[int] = ..., accepted_from_grammar: _Optional[int] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("text", "token_ids", "finish_reason", "stats", "logprobs")

@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("session_id", "prompt_token_ids", "temperature", "seed", "sampling", "top_logprobs")
+    __slots__ = ("session_id", "prompt_token_ids", "temperature", "seed", "sampling", "top_logprobs", "constraint")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     temperature: float
     seed: int
     sampling: _common_pb2.SamplingControls
     top_logprobs: int
-    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingControls, _Mapping]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    constraint: _common_pb2.Constraint
+    def __init__(self, session_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingControls, _Mapping]] = ..., top_logprobs: _Optional[int] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ...) -> None: ...
 
 class PrefillResponse(_message.Message):
     __slots__ = ("session_id", "token_id", "logprobs")
