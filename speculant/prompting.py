@@ -8,7 +8,8 @@ generation prompt, then tokenized without adding special tokens again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -18,14 +19,19 @@ from speculant.errors import InvalidArgumentError
 def encode_prompt(
     tokenizer: PreTrainedTokenizerBase,
     prompt: str = "",
-    messages: list[dict[str, str]] | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    chat_template: str | None = None,
 ) -> list[int]:
     """Token ids of a text prompt (with the tokenizer's default special tokens, e.g. BOS) or of
-    chat messages rendered with the tokenizer's chat template."""
+    chat messages rendered with a chat template: `chat_template` (Jinja text) when given, else
+    the tokenizer's. tools: OpenAI's function tools, passed to the template (which may show
+    them to the model, or not: see rendered_with_tools)."""
     if messages:
         if prompt:
             raise InvalidArgumentError("prompt", "give either a prompt or messages, not both")
-        if not getattr(tokenizer, "chat_template", None):
+        if not (chat_template or getattr(tokenizer, "chat_template", None)):
             raise InvalidArgumentError(
                 "messages", "this model's tokenizer has no chat template; send a text prompt"
             )
@@ -34,13 +40,38 @@ def encode_prompt(
                 raise InvalidArgumentError(
                     f"messages[{i}].role", "must be system, user, assistant or tool"
                 )
-        rendered = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
+        rendered = render_chat(tokenizer, messages, tools, chat_template)
         return list(tokenizer(rendered, add_special_tokens=False).input_ids)
     if not prompt:
         raise InvalidArgumentError("prompt", "must not be empty")
     return list(tokenizer(prompt).input_ids)
+
+
+def render_chat(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    chat_template: str | None = None,
+) -> str:
+    """The messages (and tools) rendered with the chat template and a generation prompt."""
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages],
+        tools=[dict(t) for t in tools] if tools else None,
+        chat_template=chat_template,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+
+
+def rendered_with_tools(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]],
+    chat_template: str | None = None,
+) -> bool:
+    """Whether the chat template shows the model the tools (its text with them differs)."""
+    with_tools = render_chat(tokenizer, messages, tools, chat_template)
+    return with_tools != render_chat(tokenizer, messages, None, chat_template)
 
 
 def token_id_prompt(
