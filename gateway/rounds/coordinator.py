@@ -114,6 +114,7 @@ class Coordinator:
         next_round_drafts: int = 0,
         learner: GenerationLearner | None = None,
         verify_cost: CostProfile | None = None,
+        constrained_drafts: bool = True,
     ) -> None:
         """draft_context_window: how many trailing tokens the drafter sees (>= its max order);
         with a request's draft.overlay_weight > 0 it sees the whole context instead.
@@ -130,6 +131,11 @@ class Coordinator:
 
         learner: gets each finished generation's tokens (prompt and output), so that the
         drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).
+
+        constrained_drafts: a constrained request's drafts know its constraint (forced tokens
+        drafted, forbidden drafts pruned: gateway.rounds.constrained); False: the constraint
+        only masks what the verifier emits (with a drafter that never drafts, the one-token
+        constrained loop a benchmark compares against).
         """
         self.drafter = drafter
         # decided once: a draft service prepares next-round drafts; an in-process drafter not
@@ -139,6 +145,7 @@ class Coordinator:
         self.verifier = verifier
         self.tokenizer = tokenizer
         self.draft_context_window = draft_context_window
+        self.constrained_drafts = constrained_drafts
         info = verifier.info
         self.eos_token_ids = set(info.eos_token_ids)
         self.max_context_length = info.max_context_length
@@ -316,7 +323,7 @@ class Coordinator:
     def _constrained(self, request: GenerationRequest) -> ConstrainedDrafts | None:
         """The drafting of a constrained request (InvalidArgumentError naming the constraint's
         field when it does not compile); None without a constraint."""
-        if request.constraint is None:
+        if request.constraint is None or not self.constrained_drafts:
             return None
         grammars = grammars_for(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return ConstrainedDrafts(grammars.matcher(request.constraint))
