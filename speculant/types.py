@@ -78,6 +78,15 @@ class DraftProposal:
             depths.append(0 if parent < 0 else depths[parent] + 1)
         return depths
 
+    def accepted_sources(self, result: VerifyResult) -> list[str]:
+        """The sources of the drafts a verification accepted (a tree's path, a chain's
+        prefix)."""
+        if not self.sources:
+            return []
+        if self.parents:
+            return [self.sources[i] for i in result.accepted_nodes]
+        return self.sources[: result.accepted_count]
+
     def truncated(self, k: int) -> DraftProposal:
         """Only the draft tokens at positions < k (a shorter chain with the same seed drafts the
         same prefix; a shallower tree keeps its top levels)."""

@@ -51,15 +51,6 @@ from speculant.types import DraftProposal, NextRoundDraft, VerifyResult
 log = logging.getLogger(__name__)
 
 
-def _accepted_sources(proposal: DraftProposal, result: VerifyResult) -> list[str]:
-    """The sources of the accepted drafts (a tree's accepted path, or a chain's prefix)."""
-    if not proposal.sources:
-        return []
-    if proposal.parents:
-        return [proposal.sources[i] for i in result.accepted_nodes]
-    return proposal.sources[: result.accepted_count]
-
-
 def _draft_seed(seed: int | None, round_index: int) -> int | None:
     """A distinct, reproducible drafter seed per round of a seeded request."""
     return None if seed is None else (seed * 1_000_003 + round_index) % 2**63
@@ -132,10 +123,9 @@ class Coordinator:
         learner: gets each finished generation's tokens (prompt and output), so that the
         drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).
 
-        constrained_drafts: a constrained request's drafts know its constraint (forced tokens
-        drafted, forbidden drafts pruned: gateway.rounds.constrained); False: the constraint
-        only masks what the verifier emits (with a drafter that never drafts, the one-token
-        constrained loop a benchmark compares against).
+        constrained_drafts: drafts know a request's constraint (gateway.rounds.constrained);
+        False: it only masks what the verifier emits (with no drafter: plain constrained
+        decoding, one token per forward).
         """
         self.drafter = drafter
         # decided once: a draft service prepares next-round drafts; an in-process drafter not
@@ -286,7 +276,7 @@ class Coordinator:
         stats.record_round(
             len(proposal.token_ids),
             result.accepted_count,
-            _accepted_sources(proposal, result),
+            proposal.accepted_sources(result),
             positions,
         )
         if request.draft.adaptive_k and k > 0:
@@ -321,8 +311,8 @@ class Coordinator:
         )
 
     def _constrained(self, request: GenerationRequest) -> ConstrainedDrafts | None:
-        """The drafting of a constrained request (InvalidArgumentError naming the constraint's
-        field when it does not compile); None without a constraint."""
+        """A constrained request's drafting (InvalidArgumentError naming the constraint's field
+        when it does not compile)."""
         if request.constraint is None or not self.constrained_drafts:
             return None
         grammars = grammars_for(self.tokenizer, self.vocab_size, self.eos_token_ids)
