@@ -28,6 +28,7 @@ fast instead of stalling), and an error names the field and gives the engine's r
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -264,11 +265,20 @@ class Grammars:
         return matcher
 
 
-def _one_line(message: str, lines_kept: int = 3) -> str:
-    """The engine's message on one line, without the source excerpt or state dump after its
-    first lines."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return " ".join(lines[:lines_kept]) if lines else message
+def _one_line(message: str, lines_kept: int = 4) -> str:
+    """The engine's message on one line: its first lines, without the source excerpts (``1 |
+    ...``), the caret lines under them and the state dumps (``<state>...``) it adds."""
+    kept: list[str] = []
+    for line in message.strip().splitlines():
+        line = line.strip()
+        if line.startswith("<"):
+            break
+        if line and not _EXCERPT.match(line):
+            kept.append(line)
+    return " ".join(kept[:lines_kept]) if kept else message.strip()
+
+
+_EXCERPT = re.compile(r"^(\^+|\d+ \|.*)$")
 
 
 _GRAMMARS: weakref.WeakKeyDictionary[object, dict[tuple[int, tuple[int, ...]], Grammars]] = (

@@ -15,9 +15,7 @@ the next batch then serves them all together.
 from __future__ import annotations
 
 import random
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -29,6 +27,7 @@ from speculant.config import VerifierConfig
 from speculant.types import SparseDistribution
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.assets import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
+from tests.concurrency import hold_first_batch, run_threads
 from tests.fixtures.models import first_token, hf_greedy
 from verifier_service.batching import VerifyBatcher
 from verifier_service.model import LoadedModel
@@ -36,7 +35,6 @@ from verifier_service.verifier import LocalVerifier
 
 N_SESSIONS = 6
 N_TOKENS = 48
-HOLD_LIMIT_S = 60.0  # never wait longer than this for the other calls (a bound, not a check)
 
 
 def make_verifier(loaded: LoadedModel, max_batch: int) -> LocalVerifier:
@@ -59,42 +57,6 @@ def references(loaded: LoadedModel) -> list[tuple[list[int], list[int]]]:
         ids = loaded.tokenizer(text).input_ids
         refs.append((ids, hf_greedy(loaded, ids, N_TOKENS)))
     return refs
-
-
-def hold_first_batch(batcher: VerifyBatcher, others: int) -> None:
-    """Make the batcher's first batch wait at the model until `others` more calls are queued
-    (at most HOLD_LIMIT_S), so that the second batch serves those calls together."""
-    run_alone = batcher.on_model
-    first = threading.Event()
-
-    def held(fn: Callable[[], None]) -> None:
-        if not first.is_set():
-            first.set()
-            deadline = time.monotonic() + HOLD_LIMIT_S
-            while batcher.queued < others and time.monotonic() < deadline:
-                time.sleep(0.001)
-        run_alone(fn)
-
-    batcher.on_model = held
-
-
-def run_threads(target: Callable[[int], None], count: int) -> None:
-    """target(0..count-1) on one thread each; re-raise the first failure."""
-    errors: list[BaseException] = []
-
-    def guarded(i: int) -> None:
-        try:
-            target(i)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
 
 
 # -- the batched forward ---------------------------------------------------------------------

@@ -42,25 +42,32 @@ class ConstrainedDrafts:
         return _forced_chain(*self.matcher.forced(), limit) if limit > 0 else DraftProposal()
 
     def assemble(
-        self, forced: DraftProposal, drafted: DraftProposal, limit: int, sampled: bool
+        self,
+        forced: DraftProposal,
+        drafted: DraftProposal,
+        limit: int,
+        sampled: bool,
+        max_nodes: int,
     ) -> DraftProposal:
         """The round's draft: the forced tokens, then what the drafter proposed after them
         (pruned to what the grammar allows, unless sampled), then the tokens forced after its
-        likeliest path; `limit` positions deep at most."""
+        likeliest path; `limit` positions deep and `max_nodes` tokens at most (the likeliest
+        kept)."""
         if not sampled and drafted.token_ids:
             parents = drafted.parents or list(range(-1, len(drafted.token_ids) - 1))
             kept = self.matcher.valid_nodes(drafted.token_ids, parents, prefix=forced.token_ids)
             if len(kept) < len(drafted.token_ids):
                 drafted = drafted.select(kept)
         draft = _graft(forced, drafted)
-        if sampled:
-            return draft
-        path = _likeliest_path(draft)
-        room = limit - len(path)
-        if room <= 0:
-            return draft
-        tail = _forced_chain(*self.matcher.forced_after([draft.token_ids[i] for i in path]), room)
-        return _append(draft, path[-1] if path else -1, tail) if tail.token_ids else draft
+        if not sampled:
+            path = _likeliest_path(draft)
+            room = limit - len(path)
+            if room > 0:
+                tokens = [draft.token_ids[i] for i in path]
+                tail = _forced_chain(*self.matcher.forced_after(tokens), room)
+                if tail.token_ids:
+                    draft = _append(draft, path[-1] if path else -1, tail)
+        return _likeliest(draft, max_nodes)
 
 
 def _forced_chain(certain: list[int], likely: list[int], limit: int) -> DraftProposal:
@@ -104,6 +111,17 @@ def _path_probs(draft: DraftProposal) -> list[float]:
     if len(draft.path_probs) == n:
         return list(draft.path_probs)
     return [0.5 ** (depth + 1) for depth in draft.depths()]
+
+
+def _likeliest(draft: DraftProposal, max_nodes: int) -> DraftProposal:
+    """The draft's max_nodes likeliest tokens (by path probability, then position: a set that
+    keeps every kept token's parent, since a path probability never grows along a path)."""
+    n = len(draft.token_ids)
+    if n <= max_nodes:
+        return draft
+    probs = _path_probs(draft)
+    keep = sorted(sorted(range(n), key=lambda i: (-probs[i], i))[: max(0, max_nodes)])
+    return draft.select(keep)
 
 
 def _likeliest_path(draft: DraftProposal) -> list[int]:

@@ -228,8 +228,11 @@ class Coordinator:
         else:
             drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
         if run.constrained is not None and forced is not None:
-            sampled = params.strategy == "sampling"
-            drafted = run.constrained.assemble(forced, drafted, depth, sampled)
+            sampled, nodes = (
+                params.strategy == "sampling",
+                max(request.draft.tree_nodes, request.draft.k),
+            )
+            drafted = run.constrained.assemble(forced, drafted, depth, sampled, nodes)
         draft_s = time.perf_counter() - round_started
         proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
         stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
