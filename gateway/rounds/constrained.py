@@ -11,7 +11,8 @@ after the tokens emitted so far, to draft what the grammar allows and nothing el
 - no forward on a forbidden token: of the drafter's point-mass draft, only the nodes whose path
   the grammar allows are kept (a forbidden node would be rejected for certain);
 - forced tokens after the draft: what the grammar forces after the likeliest path of what is
-  kept (the key after a closing quote, say) is drafted after it, the same way.
+  kept (the key after a closing quote, say) is drafted after it, the same way, and the drafter
+  drafts on after that (the value after the key), up to MAX_PARTS drafter parts a round.
 
 Sampled drafts are not pruned: rejection sampling corrects against the q each draft was drawn
 from, and dropping the drafts that q drew into forbidden tokens would change what it corrects
@@ -19,6 +20,9 @@ against. Forced tokens are point masses there too, accepted with certainty.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
 
 from speculant.grammar import ConstraintMatcher
 from speculant.types import DraftProposal, SparseDistribution
@@ -48,26 +52,42 @@ class ConstrainedDrafts:
         limit: int,
         sampled: bool,
         max_nodes: int,
+        extend: Extend | None = None,
     ) -> DraftProposal:
         """The round's draft: the forced tokens, then what the drafter proposed after them
         (pruned to what the grammar allows, unless sampled), then the tokens forced after its
-        likeliest path; `limit` positions deep and `max_nodes` tokens at most (the likeliest
-        kept)."""
-        if not sampled and drafted.token_ids:
-            parents = drafted.parents or list(range(-1, len(drafted.token_ids) - 1))
-            kept = self.matcher.valid_nodes(drafted.token_ids, parents, prefix=forced.token_ids)
-            if len(kept) < len(drafted.token_ids):
-                drafted = drafted.select(kept)
-        draft = _graft(forced, drafted)
-        if not sampled:
+        likeliest path, and, with `extend` (the drafter's draft after given tokens), what it
+        drafts after those, and so on, up to MAX_PARTS drafter parts; `limit` positions deep
+        and `max_nodes` tokens at most (the likeliest kept)."""
+        if sampled:  # no pruning, no forced tail: the drafter's q must stay as drawn
+            return _likeliest(_attach(forced, len(forced.token_ids) - 1, drafted, True), max_nodes)
+        draft, anchor, part = forced, len(forced.token_ids) - 1, drafted
+        for parts in range(1, MAX_PARTS + 1):
+            draft = _attach(draft, anchor, self._pruned(part, _tokens_to(draft, anchor)))
             path = _likeliest_path(draft)
-            room = limit - len(path)
-            if room > 0:
-                tokens = [draft.token_ids[i] for i in path]
-                tail = _forced_chain(*self.matcher.forced_after(tokens), room)
-                if tail.token_ids:
-                    draft = _append(draft, path[-1] if path else -1, tail)
+            tokens = [draft.token_ids[i] for i in path]
+            room = min(limit - len(path), max_nodes - len(draft.token_ids))
+            tail = _forced_chain(*self.matcher.forced_after(tokens), room) if room > 0 else None
+            if tail is None or not tail.token_ids:
+                break
+            draft = _attach(draft, path[-1] if path else -1, tail)
+            if extend is None or parts == MAX_PARTS:
+                break
+            anchor = len(draft.token_ids) - 1
+            part = extend([*tokens, *tail.token_ids])
         return _likeliest(draft, max_nodes)
+
+    def _pruned(self, part: DraftProposal, prefix: list[int]) -> DraftProposal:
+        """The nodes of the drafter's part whose path the grammar allows after prefix."""
+        if not part.token_ids:
+            return part
+        parents = part.parents or list(range(-1, len(part.token_ids) - 1))
+        kept = self.matcher.valid_nodes(part.token_ids, parents, prefix=prefix)
+        return part if len(kept) == len(part.token_ids) else part.select(kept)
+
+
+Extend = Callable[[list[int]], DraftProposal]  # tokens after the context -> the draft after them
+MAX_PARTS = 3  # drafter parts a round's draft joins at most (the first and two after tails)
 
 
 def _forced_chain(certain: list[int], likely: list[int], limit: int) -> DraftProposal:
@@ -81,28 +101,50 @@ def _forced_chain(certain: list[int], likely: list[int], limit: int) -> DraftPro
     return DraftProposal(tokens, sources=[GRAMMAR] * len(tokens), path_probs=probs)
 
 
-def _graft(forced: DraftProposal, drafted: DraftProposal) -> DraftProposal:
-    """The forced chain, with the drafted tree (or chain) continuing from its last token."""
-    if not forced.token_ids:
-        return drafted
-    n, count = len(forced.token_ids), len(drafted.token_ids)
+def _attach(
+    draft: DraftProposal, after: int, part: DraftProposal, keep_q: bool = False
+) -> DraftProposal:
+    """The draft with `part` (a chain or a tree) continuing from its node `after` (-1: the
+    root), its path probabilities scaled by that node's. keep_q: keep the q's of sampled
+    drafts (the draft's own are point masses); else the result carries none (point-mass
+    drafts are verified without them)."""
+    if not part.token_ids:
+        return draft
+    if not draft.token_ids:
+        return part if keep_q else replace(part, distributions=[])
+    n, m = len(draft.token_ids), len(part.token_ids)
+    probs, above = _path_probs(draft), 1.0
+    if after >= 0:
+        above = probs[after]
+    chain = not draft.parents and not part.parents and after == n - 1
     parents: list[int] = []
-    if drafted.parents:  # a tree: its roots hang from the last forced token
-        parents = [*range(-1, n - 1), *(p + n if p >= 0 else n - 1 for p in drafted.parents)]
-    below = forced.path_probs[-1]
+    if not chain:
+        own = draft.parents or list(range(-1, n - 1))
+        below = part.parents or list(range(-1, m - 1))
+        parents = [*own, *(p + n if p >= 0 else after for p in below)]
+    distributions: list[SparseDistribution] = []
+    if keep_q and part.distributions:
+        forced = [SparseDistribution.point_mass(t) for t in draft.token_ids]
+        distributions = [*(draft.distributions or forced), *part.distributions]
     return DraftProposal(
-        token_ids=[*forced.token_ids, *drafted.token_ids],
-        distributions=(
-            [*map(SparseDistribution.point_mass, forced.token_ids), *drafted.distributions]
-            if drafted.distributions
-            else []
-        ),
-        matched_orders=[*([0] * n), *drafted.matched_orders] if drafted.matched_orders else [],
-        sources=[*forced.sources, *(drafted.sources or ["graph"] * count)],
+        token_ids=[*draft.token_ids, *part.token_ids],
+        distributions=distributions,
+        matched_orders=[*(draft.matched_orders or [0] * n), *(part.matched_orders or [0] * m)],
+        sources=[*(draft.sources or ["graph"] * n), *(part.sources or ["graph"] * m)],
         parents=parents,
-        path_probs=[*forced.path_probs, *(below * p for p in _path_probs(drafted))],
-        seconds=drafted.seconds,
+        path_probs=[*probs, *(above * p for p in _path_probs(part))],
+        seconds=draft.seconds + part.seconds,
     )
+
+
+def _tokens_to(draft: DraftProposal, node: int) -> list[int]:
+    """The tokens on the path from the root to node (none for -1)."""
+    path = []
+    parents = draft.parents or list(range(-1, len(draft.token_ids) - 1))
+    while node >= 0:
+        path.append(draft.token_ids[node])
+        node = parents[node]
+    return path[::-1]
 
 
 def _path_probs(draft: DraftProposal) -> list[float]:
@@ -129,8 +171,6 @@ def _likeliest_path(draft: DraftProposal) -> list[int]:
     n = len(draft.token_ids)
     if not draft.parents:
         return list(range(n))
-    if not n:
-        return []
     has_child = [False] * n
     for parent in draft.parents:
         if parent >= 0:
@@ -142,23 +182,3 @@ def _likeliest_path(draft: DraftProposal) -> list[int]:
         path.append(leaf)
         leaf = draft.parents[leaf]
     return path[::-1]
-
-
-def _append(draft: DraftProposal, after: int, tail: DraftProposal) -> DraftProposal:
-    """The draft with a forced chain after node `after` (-1: the root)."""
-    n, tokens = len(draft.token_ids), tail.token_ids
-    m = len(tokens)
-    chain = not draft.parents and after == n - 1
-    probs = _path_probs(draft)
-    above = probs[after] if after >= 0 else 1.0
-    return DraftProposal(
-        token_ids=[*draft.token_ids, *tokens],
-        distributions=[*draft.distributions, *map(SparseDistribution.point_mass, tokens)]
-        if draft.distributions
-        else [],
-        matched_orders=[*draft.matched_orders, *([0] * m)] if draft.matched_orders else [],
-        sources=[*(draft.sources or ["graph"] * n), *tail.sources],
-        parents=[] if chain else [*draft.parents, after, *range(n, n + m - 1)],
-        path_probs=[*probs, *(above * p for p in tail.path_probs)],
-        seconds=draft.seconds,
-    )

@@ -12,12 +12,10 @@ With ``draft.draft_size`` "cost" (the default) each round's draft is sized by th
 cost profile and calibrated acceptance (:mod:`gateway.rounds.draft_sizing`): the drafter is asked
 for a budget of nodes, and only the best-first part of its draft that pays is verified (possibly
 nothing: then the round is a plain decoding step). With "fixed" every drafted token is
-verified. With ``draft.adaptive_k`` the draft length of each round follows the request's
-acceptance history (:mod:`gateway.rounds.adaptive_k`), between 1 and draft.k; otherwise it is
-draft.k.
-
-Drafts are only an optimisation: if the drafter fails, the round goes on with an empty draft
-(the verifier then emits exactly one token) and the output is unchanged.
+verified. With ``draft.adaptive_k`` the draft length follows the request's acceptance
+(:mod:`gateway.rounds.adaptive_k`). A constrained request's drafts know its grammar
+(:mod:`gateway.rounds.constrained`). Drafts are only an optimisation: if the drafter fails, the
+round goes on with an empty draft and the output is unchanged.
 """
 
 from __future__ import annotations
@@ -59,9 +57,7 @@ def _draft_seed(seed: int | None, round_index: int) -> int | None:
 class _ImmediateDraftCall:
     """A DraftCall on a plain DraftSource: drafts when asked, prepares nothing."""
 
-    def __init__(
-        self, drafter: DraftSource, context: list[int], params: DraftParams, seed: int | None
-    ) -> None:
+    def __init__(self, drafter: DraftSource, context: list[int], params: DraftParams, seed):
         self._propose = lambda: drafter.propose(context, params, seed)
 
     def proposal(self) -> DraftProposal:
@@ -228,11 +224,16 @@ class Coordinator:
         else:
             drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
         if run.constrained is not None and forced is not None:
-            sampled, nodes = (
-                params.strategy == "sampling",
-                max(request.draft.tree_nodes, request.draft.k),
-            )
-            drafted = run.constrained.assemble(forced, drafted, depth, sampled, nodes)
+
+            def extend(
+                tokens: list[int],
+            ) -> DraftProposal:  # the drafter after the context + tokens
+                window = run.context + tokens
+                more = self._start_draft(window, params, k, request.seed, stats, None, False)
+                return self._await_draft(more, stats)
+
+            limits = depth, params.strategy == "sampling", max(params.tree_nodes, params.k)
+            drafted = run.constrained.assemble(forced, drafted, *limits, extend if k else None)
         draft_s = time.perf_counter() - round_started
         proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
         stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
@@ -336,7 +337,7 @@ class Coordinator:
         k: int,
         request_seed: int | None,
         stats: GenerationStats,
-        ready: DraftProposal | None,
+        ready: DraftProposal | None = None,
         prepare: bool = True,
     ) -> DraftCall | None:
         """Send this round's draft request (params, k deep); None when k is 0 or sending failed
