@@ -85,6 +85,7 @@ class GenerationEngine:
         verify_cost: str | CostProfile = "measured",
         tokenizer: object | None = None,
         log_generations: bool = True,
+        chat_template: str | None = None,
     ) -> None:
         """tokenizer_name: the prompts' tokenizer (default: the verifier's, by its name).
         draft_defaults, generation_defaults: for the fields a request leaves unset.
@@ -96,14 +97,18 @@ class GenerationEngine:
         that sizes drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
         profile file (see speculant.cost_profile.verify_cost_profile) or the profile itself.
         tokenizer: the verifier's own tokenizer, already loaded (in process; not checked again).
-        log_generations: log one line per finished generation (a server's access log)."""
+        log_generations: log one line per finished generation (a server's access log).
+        chat_template: the chat template (Jinja text) every chat request is rendered with
+        (None: the tokenizer's; see gateway.request_defaults)."""
         if next_round_drafts < 0:
             raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
         self.drafter = drafter
         self.verifier = verifier
         self.tokenizer_name = tokenizer_name
         self.defaults = RequestDefaults(
-            draft_defaults or DraftConfig(), generation_defaults or GenerationConfig()
+            draft_defaults or DraftConfig(),
+            generation_defaults or GenerationConfig(),
+            chat_template,
         )
         self.max_concurrent = max_concurrent
         self.next_round_drafts = next_round_drafts

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
@@ -38,14 +39,17 @@ class PromptRequest:
     the prompt untokenized, and None (or empty) wherever the serving defaults apply
     (:meth:`gateway.request_defaults.RequestDefaults.prepare` fills them and validates).
 
-    Exactly one of ``prompt``, ``messages`` (chat messages, ``{"role", "content"}``, rendered
-    with the tokenizer's chat template) and ``prompt_token_ids`` is given. ``draft``: the
-    drafting fields the request sets (:class:`DraftParams` names; ``strategy`` a name, e.g.
-    "greedy"); ``sampling``: the controls it sets (unset fields None).
+    Exactly one of ``prompt``, ``messages`` (chat messages, ``{"role", "content"}`` and, as
+    Hugging Face's chat templates take them, an assistant's ``tool_calls`` or a tool's
+    ``tool_call_id``; rendered with the chat template) and ``prompt_token_ids`` is given.
+    ``tools``: OpenAI's function tools, passed to the chat template (which may show them to the
+    model); ``tools_must_show``: refuse the request (naming ``tool_choice``) unless it does.
+    ``draft``: the drafting fields the request sets (:class:`DraftParams` names; ``strategy`` a
+    name, e.g. "greedy"); ``sampling``: the controls it sets (unset fields None).
     """
 
     prompt: str = ""
-    messages: tuple[Mapping[str, str], ...] = ()
+    messages: tuple[Mapping[str, Any], ...] = ()
     prompt_token_ids: tuple[int, ...] = ()
     max_tokens: int | None = None
     temperature: float | None = None
@@ -55,6 +59,8 @@ class PromptRequest:
     sampling: SamplingControls = field(default_factory=SamplingControls)
     top_logprobs: int | None = None
     constraint: Constraint | None = None  # what the output must match (speculant.grammar)
+    tools: tuple[Mapping[str, Any], ...] = ()
+    tools_must_show: bool = False
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,9 @@
 
 :meth:`RequestDefaults.prepare` fills every field a :class:`PromptRequest` leaves unset from the
 serving defaults (a :class:`DraftConfig` and a :class:`GenerationConfig`: the gateway's flags and
-``SPECULANT_*`` variables, or the embedded decoder's configs) and tokenizes the prompt. The
+``SPECULANT_*`` variables, or the embedded decoder's configs) and tokenizes the prompt: chat
+messages (and a request's tools) are rendered with the serving chat template (the gateway's
+``--chat-template FILE``) when there is one, else with the tokenizer's. The
 resulting :class:`GenerationRequest` is validated by the coordinator as its rounds begin, so
 every door (gRPC, HTTP, the embedded library) refuses the same requests with the same errors.
 
@@ -18,14 +20,16 @@ characters before tokenizing; a prompt under it is tokenized and checked exactly
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from gateway.generation import GenerationRequest, PromptRequest
 from speculant.config import DraftConfig, GenerationConfig
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, OutOfRangeError
-from speculant.prompting import encode_prompt, token_id_prompt
+from speculant.prompting import encode_prompt, rendered_with_tools, token_id_prompt
 from speculant.sampling_controls import SamplingControls
 
 MAX_TOKENS_LIMIT = 1 << 20
@@ -49,6 +53,7 @@ class RequestDefaults:
 
     draft: DraftConfig = field(default_factory=DraftConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    chat_template: str | None = None  # renders every chat request (None: the tokenizer's)
 
     def prepare(
         self, request: PromptRequest, tokenizer: object, limits: PromptLimits
@@ -60,7 +65,7 @@ class RequestDefaults:
         if max_tokens > MAX_TOKENS_LIMIT:
             raise InvalidArgumentError("max_tokens", f"must be <= {MAX_TOKENS_LIMIT}")
         return GenerationRequest(
-            prompt_ids=_prompt_ids(request, tokenizer, limits),
+            prompt_ids=self._prompt_ids(request, tokenizer, limits),
             max_tokens=max_tokens,
             temperature=defaults.temperature
             if request.temperature is None
@@ -89,16 +94,40 @@ class RequestDefaults:
         values["strategy"] = given.get("strategy") or self.draft.strategy
         return DraftParams(**values)
 
-
-def _prompt_ids(request: PromptRequest, tokenizer: object, limits: PromptLimits) -> list[int]:
-    messages = [dict(m) for m in request.messages]
-    if request.prompt_token_ids:
-        return token_id_prompt(
-            request.prompt_token_ids, request.prompt, messages, limits.vocab_size
+    def _prompt_ids(
+        self, request: PromptRequest, tokenizer: object, limits: PromptLimits
+    ) -> list[int]:
+        messages = [dict(m) for m in request.messages]
+        if request.prompt_token_ids:
+            return token_id_prompt(
+                request.prompt_token_ids, request.prompt, messages, limits.vocab_size
+            )
+        tools = [dict(t) for t in request.tools] if messages else []
+        if limits.chars:
+            check_prompt_chars(
+                request.prompt, messages, limits.chars, limits.max_context_length, tools
+            )
+        ids = encode_prompt(
+            tokenizer,  # type: ignore[arg-type]
+            request.prompt,
+            messages or None,
+            tools=tools or None,
+            chat_template=self.chat_template,
         )
-    if limits.chars:
-        check_prompt_chars(request.prompt, messages, limits.chars, limits.max_context_length)
-    return encode_prompt(tokenizer, request.prompt, messages or None)  # type: ignore[arg-type]
+        if request.tools_must_show and not rendered_with_tools(
+            tokenizer,  # type: ignore[arg-type]
+            messages,
+            tools,
+            self.chat_template,
+        ):
+            raise InvalidArgumentError(
+                "tool_choice",
+                "'auto' needs a chat template that shows the model its tools, and this one "
+                "does not: serve with --chat-template FILE (e.g. "
+                "deploy/chat-templates/chatml-tools.jinja), or ask for 'required' or a named "
+                "function",
+            )
+        return ids
 
 
 def max_token_chars(tokenizer: object) -> int:
@@ -108,14 +137,27 @@ def max_token_chars(tokenizer: object) -> int:
 
 
 def check_prompt_chars(
-    prompt: str, messages: Sequence[dict[str, str]], limit: int, max_context_tokens: int
+    prompt: str,
+    messages: Sequence[Mapping[str, Any]],
+    limit: int,
+    max_context_tokens: int,
+    tools: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    """OUT_OF_RANGE, before any tokenizing, when the prompt (or the messages' contents) has
-    more than `limit` characters."""
-    chars = len(prompt) + sum(len(m.get("content", "")) for m in messages)
+    """OUT_OF_RANGE, before any tokenizing, when the prompt (or the messages' contents, their
+    tool calls and the tools, which the chat template renders) has more than `limit`
+    characters."""
+    chars = len(prompt) + sum(_message_chars(m) for m in messages)
+    chars += sum(len(json.dumps(t)) for t in tools)
     if chars > limit:
         name = "messages" if messages else "prompt"
         raise OutOfRangeError(
             f"{name}: {chars} characters cannot fit the model's context of "
             f"{max_context_tokens} tokens (at most {limit} characters with this tokenizer)"
         )
+
+
+def _message_chars(message: Mapping[str, Any]) -> int:
+    content = message.get("content")
+    chars = len(content) if isinstance(content, str) else 0
+    calls = message.get("tool_calls")
+    return chars + (len(json.dumps(calls)) if calls else 0)

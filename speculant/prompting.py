@@ -3,17 +3,24 @@
 One rule for every caller (the gateway, the embedded decoder, distillation): a text prompt is
 tokenized with the tokenizer's default special tokens (e.g. a leading BOS), as the graph builder
 tokenizes a document; chat messages are rendered with the tokenizer's chat template and a
-generation prompt, then tokenized without adding special tokens again.
+generation prompt, then tokenized without adding special tokens again. The chat template is the
+tokenizer's unless one is given (a server's ``--chat-template FILE``: :func:`load_chat_template`);
+a request's tools are passed to it, and whether it shows them to the model is
+:func:`rendered_with_tools`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from speculant.errors import InvalidArgumentError
+
+ROLES = ("system", "user", "assistant", "tool")  # the roles chat templates render
 
 
 def encode_prompt(
@@ -36,7 +43,7 @@ def encode_prompt(
                 "messages", "this model's tokenizer has no chat template; send a text prompt"
             )
         for i, message in enumerate(messages):
-            if message.get("role") not in ("system", "user", "assistant", "tool"):
+            if message.get("role") not in ROLES:
                 raise InvalidArgumentError(
                     f"messages[{i}].role", "must be system, user, assistant or tool"
                 )
@@ -53,14 +60,38 @@ def render_chat(
     tools: Sequence[Mapping[str, Any]] | None = None,
     chat_template: str | None = None,
 ) -> str:
-    """The messages (and tools) rendered with the chat template and a generation prompt."""
-    return tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
-        tools=[dict(t) for t in tools] if tools else None,
-        chat_template=chat_template,
-        add_generation_prompt=True,
-        tokenize=False,
-    )
+    """The messages (and tools) rendered with the chat template and a generation prompt;
+    InvalidArgumentError naming ``messages`` when the template cannot render them (it raises,
+    or fails on a message it does not expect: a tool call, content null)."""
+    try:
+        return tokenizer.apply_chat_template(
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            chat_template=chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise InvalidArgumentError(
+            "messages", f"the chat template cannot render these messages: {reason}"
+        ) from None
+
+
+def load_chat_template(path: str | Path) -> str:
+    """A chat template file's text (Jinja, as Hugging Face's templates): InvalidArgumentError
+    naming ``--chat-template`` when it cannot be read or is not a Jinja template."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError("--chat-template", f"cannot read {path}: {exc}") from None
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise InvalidArgumentError(
+            "--chat-template", f"{path} is not a Jinja template: line {exc.lineno}: {exc}"
+        ) from None
+    return text
 
 
 def rendered_with_tools(

@@ -24,9 +24,10 @@ from typing import Any, Literal
 
 from speculant.constraint import Constraint, json_schema_constraint
 from speculant.errors import InvalidArgumentError
+from speculant.tool_stream import CLOSE_TAG, OPEN_TAG, ToolCall, ToolCallReader
 
 ToolMode = Literal["named", "required", "auto"]
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = OPEN_TAG, CLOSE_TAG
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -74,15 +75,6 @@ class Tool:
 
 
 @dataclass(frozen=True)
-class ToolCall:
-    """A call read back from the generated text: the function's name and its arguments as
-    JSON text."""
-
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
 class ToolCalling:
     """How a request's tools are called (see the module): the form of the text, the tools
     callable in it, and whether several calls may be made."""
@@ -117,23 +109,22 @@ class ToolCalling:
         )
         return Constraint("grammar", grammar)
 
+    def reader(self) -> ToolCallReader:
+        """A reader of this form's text, delta by delta (speculant.tool_stream)."""
+        return ToolCallReader(self.mode, self.tools[0].name if self.mode == "named" else "")
+
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """The generated text as (content, calls): content is the text outside the calls
         (None when there is none); calls are empty when the text makes none (auto) or could not
-        be read (a generation cut short by max_tokens)."""
-        if self.mode == "named":
-            try:
-                arguments = json.loads(text)
-            except ValueError:
-                return text or None, []
-            return None, [ToolCall(self.tools[0].name, _compact(arguments))]
-        if self.mode == "required":
-            try:
-                items = json.loads(text)
-            except ValueError:
-                return text or None, []
-            return None, [ToolCall(item["name"], _compact(item["parameters"])) for item in items]
-        return _parse_tagged(text)
+        be read (a generation cut short by max_tokens: then the text is the content). Read as
+        a stream of the text is (speculant.tool_stream), so both answers agree."""
+        reader = self.reader()
+        reader.feed(text)
+        reader.finish()
+        if self.mode != "auto" and not reader.complete:
+            return text or None, []
+        content = "".join(reader.content) + reader.unfinished
+        return content.strip() or None, list(reader.calls)
 
 
 def tool_calling(tools: object, tool_choice: object, parallel: object = True) -> ToolCalling | None:
@@ -209,25 +200,18 @@ def _call_schema(tool: Tool, arguments_key: str) -> dict[str, Any]:
     }
 
 
-def _compact(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+def schema_problem(schema: Mapping[str, Any]) -> str | None:
+    """Why the grammar engine cannot compile a JSON schema (its reason, e.g. ``Unimplemented
+    keys: ["uniqueItems"]``), or None; checked without a tokenizer (well under a millisecond)."""
+    import llguidance
 
+    from speculant.grammar import llguidance_grammar
 
-def _parse_tagged(text: str) -> tuple[str | None, list[ToolCall]]:
-    """Auto's text: the content outside <tool_call>...</tool_call> and the calls inside."""
-    calls: list[ToolCall] = []
-    content: list[str] = []
-    rest = text
-    while TOOL_CALL_OPEN in rest:
-        before, _, after = rest.partition(TOOL_CALL_OPEN)
-        body, closed, rest = after.partition(TOOL_CALL_CLOSE)
-        try:
-            call = json.loads(body)
-            calls.append(ToolCall(call["name"], _compact(call["arguments"])))
-        except (ValueError, KeyError, TypeError):
-            content.append(before + TOOL_CALL_OPEN + body + closed)  # not a call after all
-            continue
-        content.append(before)
-    content.append(rest)
-    joined = "".join(content).strip()
-    return joined or None, calls
+    try:
+        grammar = llguidance_grammar(json_schema_constraint(schema))
+    except ValueError as exc:
+        return str(exc)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if not is_error:
+        return None
+    return " ".join((messages[0] if messages else "the schema does not compile").split())

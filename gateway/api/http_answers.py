@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.api.http_logprobs import LogprobEntry, TokenText
 from gateway.api.openai_format import ApiRequest
+from gateway.api.openai_tools import ToolDeltas, tool_message
 from gateway.generation import FinishReason, GenerationResult
 
 # OpenAI's finish reasons: the model ended or a stop string matched -> "stop"; a length limit
@@ -73,8 +74,8 @@ class ResponseWriter:
     """Builds the JSON objects of one OpenAI answer: the whole response, or its stream chunks.
 
     All objects of one answer share an id (``cmpl-...`` or ``chatcmpl-...``), a creation time
-    and the served model name. A completion's text offsets are counted per choice, so one
-    writer serves one answer.
+    and the served model name. A completion's text offsets and a streamed choice's tool calls
+    (gateway.api.openai_tools) are followed per choice, so one writer serves one answer.
     """
 
     def __init__(self, request: ApiRequest, model: str) -> None:
@@ -85,6 +86,8 @@ class ResponseWriter:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self._offsets = [0] * len(request.generates)  # characters reported, by choice
+        self.tools = request.structured.tool_calling if self.chat else None
+        self._deltas = [ToolDeltas(self.tools) for _ in request.generates] if self.tools else []
 
     def _envelope(self, chunk: bool) -> dict[str, Any]:
         if self.chat:
@@ -148,6 +151,9 @@ class ResponseWriter:
         for index, (result, choice_entries) in enumerate(zip(results, entries, strict=True)):
             finish = OPENAI_FINISH_REASONS[result.finish_reason]
             choice = self._choice(index, result.text, finish, chunk=False, entries=choice_entries)
+            if self.tools is not None:
+                choice["message"], calls = tool_message(self.tools, result.text)
+                choice["finish_reason"] = "tool_calls" if calls and finish == "stop" else finish
             choice["speculant_stats"] = result.stats.as_dict()
             choices.append(choice)
         return {
@@ -165,25 +171,53 @@ class ResponseWriter:
         out = []
         for index in range(choices):
             choice = self._choice(index, "", None, chunk=True)
-            choice["delta"] = {"role": "assistant", "content": ""}
+            # content null with tools, so that a client's accumulated answer with calls only
+            # has content null, as a unary one
+            content = None if self.tools is not None else ""
+            choice["delta"] = {"role": "assistant", "content": content}
             out.append({**self._envelope(chunk=True), "choices": [choice]})
         return out
 
-    def text_chunk(
+    def text_chunks(
         self, index: int, text: str, entries: Sequence[LogprobEntry] = ()
-    ) -> dict[str, Any]:
-        """New text of choice `index` (and the entries of the tokens that brought it)."""
+    ) -> list[dict[str, Any]]:
+        """New text of choice `index` (and the entries of the tokens that brought it): one
+        chunk, or with tools the chunks of its content and call deltas (the entries in the
+        first; none while text is held back and no entries came)."""
+        if self.tools is None:
+            return [self._chunk(index, text, entries)]
+        deltas = self._deltas[index].feed(text) or ([{}] if entries else [])
+        return [
+            self._delta_chunk(index, d, entries if i == 0 else ()) for i, d in enumerate(deltas)
+        ]
+
+    def _chunk(self, index: int, text: str, entries: Sequence[LogprobEntry]) -> dict[str, Any]:
         choice = self._choice(index, text, None, chunk=True, entries=entries)
         return {**self._envelope(chunk=True), "choices": [choice]}
 
-    def final_chunk(self, index: int, result: GenerationResult) -> dict[str, Any]:
-        """The chunk with choice `index`'s finish reason, and its statistics."""
+    def _delta_chunk(
+        self, index: int, delta: dict[str, Any], entries: Sequence[LogprobEntry] = ()
+    ) -> dict[str, Any]:
+        chunk = self._chunk(index, "", entries)
+        chunk["choices"][0]["delta"] = delta
+        return chunk
+
+    def final_chunks(self, index: int, result: GenerationResult) -> list[dict[str, Any]]:
+        """The chunks that end choice `index`: text held back (with tools), then the one
+        with its finish reason and its statistics."""
         finish = OPENAI_FINISH_REASONS[result.finish_reason]
-        return {
+        chunks = []
+        if self.tools is not None:
+            deltas = self._deltas[index]
+            chunks = [self._delta_chunk(index, delta) for delta in deltas.finish()]
+            if deltas.made_calls and finish == "stop":
+                finish = "tool_calls"
+        final = {
             **self._envelope(chunk=True),
             "choices": [self._choice(index, None, finish, chunk=True)],
             "speculant_stats": result.stats.as_dict(),
         }
+        return [*chunks, final]
 
     def usage_chunk(self, results: Sequence[GenerationResult]) -> dict[str, Any]:
         """stream_options.include_usage: a last chunk with no choices and the usage."""

@@ -257,9 +257,11 @@ async def _stream(
             item = choice.item
             if isinstance(item, GenerationResult):
                 results[choice.index] = item
-                yield event(writer.final_chunk(choice.index, item))
+                for chunk in writer.final_chunks(choice.index, item):
+                    yield event(chunk)
             elif item.text_delta or choice.entries:
-                yield event(writer.text_chunk(choice.index, item.text_delta, choice.entries))
+                for chunk in writer.text_chunks(choice.index, item.text_delta, choice.entries):
+                    yield event(chunk)
         finished = [r for r in results if r is not None]
         if request.include_usage and len(finished) == runs.count:
             yield event(writer.usage_chunk(finished))

@@ -40,39 +40,6 @@ def stop_strings(body: dict[str, Any]) -> list[str]:
     raise InvalidArgumentError("stop", "must be a string or a list of strings")
 
 
-def _message_content(index: int, content: Any) -> str:
-    """A message's text: a string, or OpenAI's list of content parts of type text."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text"):
-                raise InvalidArgumentError(
-                    f"messages[{index}].content[{j}]", "only parts of type 'text' are supported"
-                )
-            texts.append(part.get("text"))
-        if all(isinstance(t, str) for t in texts):
-            return "".join(texts)
-    raise InvalidArgumentError(
-        f"messages[{index}].content", "must be a string or a list of text parts"
-    )
-
-
-def chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InvalidArgumentError("messages", "must be a non-empty list of messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidArgumentError(f"messages[{i}]", "must be an object with a string role")
-        out.append(
-            {"role": message["role"], "content": _message_content(i, message.get("content"))}
-        )
-    return out
-
-
 def is_token_ids(value: Any) -> bool:
     return (
         isinstance(value, list)

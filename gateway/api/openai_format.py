@@ -16,9 +16,11 @@ limits and errors):
   not supported (``logit_bias``, ``best_of`` > 1, ``echo``, ``suffix``) are refused with a 400
   naming the field, never ignored. The non-standard object ``speculant`` carries draft options
   (``{"k": 8, "strategy": "greedy", ...}``, the DraftOptions fields, read with their proto3
-  JSON mapping).
+  JSON mapping). What the output must match (``response_format``, vLLM's ``structured_outputs``
+  and ``guided_*``; chat's ``tools`` and ``tool_choice``) is read by
+  gateway.api.openai_structured, chat messages by gateway.api.openai_messages.
 
-The answers' shapes are built by gateway.openai_answers.
+The answers' shapes are built by gateway.api.http_answers.
 """
 
 from __future__ import annotations
@@ -26,18 +28,24 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from google.protobuf import json_format
 
 from gateway.api.openai_fields import (
-    chat_messages,
     check_range,
     check_type,
     is_token_ids,
     stop_strings,
     token_ids,
+)
+from gateway.api.openai_messages import chat_messages
+from gateway.api.openai_structured import (
+    STRUCTURED_FIELDS,
+    TOOL_FIELDS,
+    StructuredOutput,
+    structured_output,
 )
 from gateway.generation import PromptRequest
 from speculant.errors import InvalidArgumentError
@@ -82,6 +90,7 @@ _COMMON_FIELDS = {
     "logit_bias",
     "logprobs",
     *SAMPLING_FIELDS,
+    *STRUCTURED_FIELDS,
 }
 _ONLY_DEFAULT: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
@@ -90,7 +99,12 @@ _ONLY_DEFAULT: dict[str, tuple[Any, ...]] = {
     "suffix": ("",),
 }
 _COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "best_of", "echo", "suffix"}
-_CHAT_FIELDS = _COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs"}
+_CHAT_FIELDS = _COMMON_FIELDS | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    *TOOL_FIELDS,
+}
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,7 @@ class ApiRequest:
     include_usage: bool  # stream_options.include_usage: a last chunk with usage
     n: int = 1  # choices per prompt (choice i answers prompt i // n)
     max_tokens_field: str = "max_tokens"  # or max_completion_tokens, as the client sent it
+    structured: StructuredOutput = field(default_factory=StructuredOutput)  # constraint, tools
 
     @property
     def logprobs(self) -> bool:
@@ -117,6 +132,8 @@ class ApiRequest:
             return "logprobs"
         if field.startswith("prompt"):  # prompt, prompt_token_ids, prompt_token_ids[3]
             return "messages" if self.chat else "prompt"
+        if field.split(".")[0] == "constraint" and self.structured.field:
+            return self.structured.field  # response_format, guided_regex, tools, ...
         return api_field(field)
 
 
@@ -285,17 +302,13 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise InvalidArgumentError("stream_options.include_usage", "must be true or false")
-    max_tokens = check_type(body, "max_tokens", (int,), "an integer")
-    max_tokens_field = "max_tokens"
-    if chat:
-        prompts = [PromptRequest(messages=tuple(chat_messages(body)))]
-        newer = check_type(body, "max_completion_tokens", (int,), "an integer")
-        if newer is not None:
-            max_tokens, max_tokens_field = newer, "max_completion_tokens"
-    else:
-        prompts = _prompts(body)
+    prompts, max_tokens, max_tokens_field = _prompts_and_limit(body, chat)
     n = _choices_per_prompt(body, len(prompts))
-    request = ApiRequest((), chat, stream, include_usage and stream, n, max_tokens_field)
+    structured = structured_output(body, chat=chat)
+    request = ApiRequest(
+        (), chat, stream, include_usage and stream, n, max_tokens_field, structured
+    )
+    calling = structured.tool_calling
     try:
         shared = replace(
             prompts[0],
@@ -305,6 +318,9 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
             draft=_draft_fields(check_type(body, "speculant", (dict,), "an object")),
             sampling=SamplingControls(**_sampling(body)),
             top_logprobs=_top_logprobs(body, chat=chat),
+            constraint=structured.constraint,
+            tools=structured.tools,
+            tools_must_show=calling is not None and calling.mode == "auto",
         )
     except InvalidArgumentError as exc:
         raise renamed(exc, request.client_field(exc.field)) from exc
@@ -320,6 +336,21 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
         for j in range(n)
     ]
     return replace(request, generates=tuple(generates))
+
+
+def _prompts_and_limit(
+    body: dict[str, Any], chat: bool
+) -> tuple[list[PromptRequest], int | None, str]:
+    """The request's prompts (a chat's messages: one), its token limit and the field that
+    gave it (chat: ``max_completion_tokens`` over ``max_tokens``)."""
+    max_tokens = check_type(body, "max_tokens", (int,), "an integer")
+    if not chat:
+        return _prompts(body), max_tokens, "max_tokens"
+    prompts = [PromptRequest(messages=tuple(chat_messages(body)))]
+    newer = check_type(body, "max_completion_tokens", (int,), "an integer")
+    if newer is not None:
+        return prompts, newer, "max_completion_tokens"
+    return prompts, max_tokens, "max_tokens"
 
 
 def _choice_seed_of(seed: int | None, index: int) -> int | None:

@@ -150,6 +150,7 @@ def start_gateway(
     metrics: Metrics | None = None,
     learn: bool = True,
     verify_cost: str = "measured",
+    chat_template: str | None = None,
 ) -> tuple[ServiceServer, GenerationEngine]:
     """Start a gateway server and its engine; with check_backends, fail fast on a tokenizer
     mismatch. draft_defaults: for requests that leave a drafting field unset.
@@ -158,7 +159,8 @@ def start_gateway(
     verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's).
     learn: report every finished generation to the draft tier (gateway.backends.draft_client);
-    verify_cost: the cost profile that sizes drafts (GenerationEngine's)."""
+    verify_cost: the cost profile that sizes drafts (GenerationEngine's); chat_template: the
+    chat template every chat request is rendered with (None: the tokenizer's)."""
     drafter = GrpcDraftClient(
         draft_addresses, timeout_s=draft_timeout_s, tls=backend_tls, refresh_s=draft_refresh_s
     )
@@ -172,6 +174,7 @@ def start_gateway(
         metrics=None if metrics is None else GatewayMetrics(metrics.registry),
         learner=LearnReporter(drafter) if learn else None,
         verify_cost=verify_cost,
+        chat_template=chat_template,
     )
     if check_backends:
         _check_at_start(engine)
@@ -185,11 +188,17 @@ def start_gateway(
         tls=tls,
         metrics=metrics,
     )
-    servicer = GatewayServicer(engine)
-    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(servicer, server.grpc_server)
+    _serve(engine, server)
+    return server, engine
+
+
+def _serve(engine: GenerationEngine, server: ServiceServer) -> None:
+    """Serve the engine's Generate and GenerateStream on the server, and report its health."""
+    gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+        GatewayServicer(engine), server.grpc_server
+    )
     server.start()
     watch_backends(engine, server)
-    return server, engine
 
 
 def _check_at_start(engine: GenerationEngine) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.launch.cli_options import SAMPLING_FLAGS
+from gateway.launch.cli_options import SAMPLING_FLAGS, add_chat_template_argument
 from gateway.launch.commands import run_generate, run_serve_gateway
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
@@ -165,7 +165,7 @@ DEFAULT_UP_HTTP_PORT = 8000  # `speculant up` serves the OpenAI-compatible API h
 
 def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None = None) -> None:
     """The HTTP API flags of serve-gateway (default off) and up (default DEFAULT_UP_HTTP_PORT,
-    which it passes on)."""
+    which it passes on), and --chat-template (every chat request's, gRPC ones too)."""
     default = "off" if default_port is None else f"{default_port}"
     parser.add_argument(
         "--http-port",
@@ -180,6 +180,7 @@ def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None
         default=None,
         help="the model name the HTTP API reports (default: the verifier's model name)",
     )
+    add_chat_template_argument(parser)
 
 
 def _port(text: str) -> int:

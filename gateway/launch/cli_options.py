@@ -1,5 +1,6 @@
-"""Reading the gateway's command-line flags: the sampling flags given, and the --verify-cost
-check (shared by generate, serve-gateway, up and bench generate)."""
+"""Reading the gateway's command-line flags: the sampling flags given, the --verify-cost
+check (shared by generate, serve-gateway, up and bench generate) and --chat-template (serve-gateway
+and up)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,27 @@ def sampling_options(args: argparse.Namespace) -> dict[str, object]:
     """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
     names = [name for name, _, _ in SAMPLING_FLAGS] + ["top_logprobs"]
     return {name: value for name in names if (value := getattr(args, name, None)) is not None}
+
+
+def add_chat_template_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--chat-template FILE of serve-gateway and up."""
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="render every chat request (HTTP chat completions, gRPC messages) with this Jinja "
+        "chat template instead of the tokenizer's, e.g. deploy/chat-templates/chatml-tools.jinja, "
+        "which shows the model its tools (needed for tool_choice 'auto') and renders tool calls "
+        "and tool results (default: the tokenizer's template)",
+    )
+
+
+def chat_template_from_args(args: argparse.Namespace) -> str | None:
+    """The --chat-template file's text (None when not given); InvalidArgumentError naming the
+    flag when it cannot be read or is not a Jinja template."""
+    path = getattr(args, "chat_template", None)
+    if path is None:
+        return None
+    from speculant.prompting import load_chat_template
+
+    return load_chat_template(path)

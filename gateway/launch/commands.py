@@ -9,7 +9,11 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from gateway.launch.cli_options import check_verify_cost, sampling_options
+from gateway.launch.cli_options import (
+    chat_template_from_args,
+    check_verify_cost,
+    sampling_options,
+)
 from speculant import termination
 from speculant.draft_flags import draft_defaults_from_args, given_draft_defaults
 
@@ -95,6 +99,7 @@ def _start_gateway(
 
     draft_defaults = draft_defaults_from_args(args)
     check_verify_cost(args.verify_cost)
+    chat_template = chat_template_from_args(args)
     return start_gateway(
         [a.strip() for a in args.draft.split(",") if a.strip()],
         args.verifier,
@@ -113,6 +118,7 @@ def _start_gateway(
         metrics=metrics,
         learn=not args.no_learn,
         verify_cost=args.verify_cost,
+        chat_template=chat_template,
     )
 
 

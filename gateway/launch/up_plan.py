@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from speculant.affinity import CoreSplit, default_torch_threads, split_cores
 from speculant.children import port_is_free
@@ -177,10 +178,13 @@ def _gateway_argv(args: argparse.Namespace, draft: str, verifier: str) -> list[s
 
 
 def _http_flags(args: argparse.Namespace) -> list[str]:
-    """The gateway's HTTP API flags, passed on as given (--http-port 0: off)."""
+    """The gateway's HTTP API flags, passed on as given (--http-port 0: off), and its chat
+    template (as an absolute path: the child may run elsewhere)."""
+    template = None if args.chat_template is None else Path(args.chat_template).resolve()
     return [
         *_optional("--http-port", args.http_port),
         *_optional("--http-model-name", args.http_model_name),
+        *_optional("--chat-template", template),
     ]
 
 
@@ -234,7 +238,7 @@ def _check_settings(args: argparse.Namespace, parsed: dict[str, argparse.Namespa
     """The settings each service validates at its start: the verifier's, the drafting and
     learning defaults, the token file, the TLS files and the verify cost."""
     from draft_service.cli import learning_from_args
-    from gateway.launch.cli_options import check_verify_cost
+    from gateway.launch.cli_options import chat_template_from_args, check_verify_cost
     from speculant.auth import load_token
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import InvalidArgumentError
@@ -248,6 +252,7 @@ def _check_settings(args: argparse.Namespace, parsed: dict[str, argparse.Namespa
         load_token(args.auth_token_file)
         server_tls_from_args(parsed["gateway"])
         check_verify_cost(args.verify_cost)
+        chat_template_from_args(args)
     except (InvalidArgumentError, ValueError) as exc:
         raise CommandError(exc, EXIT_USAGE) from None
 
