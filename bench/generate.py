@@ -23,13 +23,18 @@ tokens, as ``encode_prompt`` makes them):
   channel with the unary ``Generate``. All variants share the one draft service and so its
   step cache (its effect, a few us per drafted token, is small against the Propose round trip).
 
+A prompt with ``response_format`` or ``tools`` is generated under its constraint by every
+system (hf with the grammar's logits processor, plain masking only; hf-lookup cannot, and is
+refused): see :mod:`bench.constrained`.
+
 Figures per system variant (``median`` = median over prompts of the per-prompt value, where a
 per-prompt value is the median over repetitions; ``total`` = sums over prompts, then the ratio):
 
 - tokens/s = generated tokens / wall seconds of the call as the bench sees it (for ``services``
   that is the client-observed time, network included);
 - speedup = tokens/s of the variant / tokens/s of ``hf`` on the same prompt (median of the
-  per-prompt ratios; ``total_speedup`` is the ratio of the totals);
+  per-prompt ratios; ``total_speedup`` is the ratio of the totals); ``speedup_over_plain_total``
+  the same ratio of totals against ``plain``;
 - tau = generated tokens / verifier forward passes (``stats.rounds``, the prefill included),
   i.e. tokens per target forward; for ``hf`` and ``hf-lookup`` the forwards are counted with a
   forward hook on the model (``hf`` gives 1.0);
@@ -40,7 +45,9 @@ per-prompt value is the median over repetitions; ``total`` = sums over prompts, 
   (the client's RPC, serialization and tokenization in the gateway);
 - peak RSS of this process (``ru_maxrss``) and of each service process (VmHWM, and RSS at the
   end from psutil);
-- exactness at temperature 0: prompts whose output token ids differ from ``hf``.
+- exactness at temperature 0: prompts whose output token ids differ from ``hf``;
+- constrained prompts: answers finished (EOS) and valid, and the forced share
+  (bench.constrained).
 
 With ``--cost`` the run ends with the cost section of :mod:`bench.cost` (cost_M(n), the
 median verifier forward over n new tokens on a 128-token cache, for the run's model and
@@ -60,6 +67,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.constrained import check_systems
 from bench.in_process import InProcessSystems
 from bench.machine import load_average, machine_info, self_peak_rss_bytes
 from bench.service_stack import ServiceStack, service_stack
@@ -78,13 +86,21 @@ from speculant.prompt_records import PromptRecord, kinds_of
 
 
 def _runner(in_process: InProcessSystems, services: ServiceStack | None) -> Runner:
+    """Run one variant on one prompt, under the prompt's constraint; a constrained prompt's
+    answer is checked (RunRecord.valid)."""
+
     def run(variant: Variant, prompt: PromptRecord, prompt_ids: list[int], seed: int) -> RunRecord:
+        constraint = prompt.constraint()
         if variant.system in ("hf", "hf-lookup"):
-            return in_process.run_hf(variant, prompt_ids, seed)
-        if variant.system in ("embedded", "plain"):
-            return in_process.run_embedded(variant, prompt_ids, seed)
-        assert services is not None
-        return services.run(variant, prompt, seed)
+            record = in_process.run_hf(variant, prompt_ids, seed, constraint)
+        elif variant.system in ("embedded", "plain"):
+            record = in_process.run_embedded(variant, prompt_ids, seed, constraint)
+        else:
+            assert services is not None
+            record = services.run(variant, prompt, seed, prompt_ids)
+        if constraint is not None:
+            record.valid = prompt.answer_is_valid(in_process.tokenizer.decode(record.token_ids))
+        return record
 
     return run
 
@@ -132,6 +148,7 @@ def run_benchmark(
     load_start = load_average()
     started = time.time()
     prompts = load_prompts(settings.prompts, settings.limit)
+    check_systems(settings.systems, prompts)
     variants = variants_for(settings)
     check_services_as(settings, variants)
     progress(f"loading {settings.model} and {settings.graph}")

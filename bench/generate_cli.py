@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cost, cost_projection
+from bench.constrained import UNCONSTRAINED_ONLY, check_systems
 from bench.cost_cli import add_cost_options, cost_settings_from_args, register_cost
 from bench.generate import run_benchmark
 from bench.options import options_from_args
@@ -33,7 +34,7 @@ from gateway.launch.cli_options import check_verify_cost, sampling_options
 from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
 from speculant.draft_params import DRAFT_SIZES
 from speculant.errors import SpeculantError
-from speculant.prompt_records import PromptsError
+from speculant.prompt_records import PromptRecord, PromptsError
 
 
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
@@ -74,7 +75,9 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "--prompts",
         default=str(default_prompts_path()),
         help="JSON lines: prompt (text) or messages (chat, rendered with the model's chat "
-        "template), and an optional kind (figures are reported per kind too)",
+        "template), an optional kind (figures are reported per kind too), and optionally "
+        "response_format or tools + tool_choice (generated under that constraint by every "
+        "system; see docs/benchmarks.md)",
     )
     p.add_argument("--graph", required=True, help="graph directory")
     p.add_argument("--model", required=True, help="model name or folder")
@@ -100,7 +103,11 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "--strategy", choices=["greedy", "sampling"], default="greedy", help="draft strategy"
     )
     p.add_argument(
-        "--systems", type=_csv(_system), default=SYSTEMS, help="subset of " + ",".join(SYSTEMS)
+        "--systems",
+        type=_csv(_system),
+        default=SYSTEMS,
+        help="subset of " + ",".join(SYSTEMS) + " (default: all; constrained prompts: all but "
+        "hf-lookup)",
     )
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
     p.add_argument("--repetitions", type=int, default=1, help="runs per prompt and variant")
@@ -243,6 +250,13 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     )
 
 
+def default_systems(prompts: list[PromptRecord]) -> tuple[str, ...]:
+    """Every system, less those that cannot follow a constraint when some prompt has one."""
+    if not any(p.constrained for p in prompts):
+        return SYSTEMS
+    return tuple(s for s in SYSTEMS if s not in UNCONSTRAINED_ONLY)
+
+
 def _raise_on_sigterm(_signum: int, _frame: object) -> None:
     raise SystemExit(143)  # unwinds through the finally blocks that stop the services
 
@@ -281,10 +295,13 @@ def run_bench_generate(args: argparse.Namespace) -> int:
     if not settings.draft_sizes or not settings.verify_costs:
         return usage_error("--draft-size and --verify-cost need at least one value")
     try:
-        load_prompts(settings.prompts, settings.limit)  # a bad file fails now, not after loading
+        prompts = load_prompts(settings.prompts, settings.limit)  # a bad file fails now
         for spec in settings.verify_costs:
             check_verify_cost(spec)
-    except (PromptsError, SpeculantError) as exc:
+        if args.systems is SYSTEMS:  # the default: every system that can run these prompts
+            settings.systems = default_systems(prompts)
+        check_systems(settings.systems, prompts)
+    except (PromptsError, SpeculantError, ValueError) as exc:
         return usage_error(exc)
     if args.plot:
         try:

@@ -1,5 +1,6 @@
 """The systems a benchmark runs in its own process: Hugging Face `generate` (plain and prompt
-lookup), and the embedded coordinator with and without drafts, each counting verifier forwards."""
+lookup), and the embedded coordinator with and without drafts, each counting verifier forwards.
+A constrained prompt's constraint reaches each of them (see bench.constrained)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.constrained import hf_generate_constrained
 from bench.settings import BenchSettings, RunRecord, Variant
 from speculant.config import DraftConfig
+from speculant.constraint import Constraint
 from speculant.prompt_records import PromptRecord
 from speculant.sampling_controls import SamplingControls
 
@@ -97,14 +100,18 @@ class InProcessSystems:
                 else Drafter(self.graph(variant.graph), live=live)
             )
             self._coordinators[variant] = self.new_coordinator(
-                drafter, self.cost_profile(variant.verify_cost)
+                drafter,
+                self.cost_profile(variant.verify_cost),
+                constrained_drafts=variant.system != "plain",  # plain: the mask alone
             )
         return self._coordinators[variant]
 
-    def new_coordinator(self, drafter: Any, verify_cost: Any = None) -> Any:
+    def new_coordinator(
+        self, drafter: Any, verify_cost: Any = None, *, constrained_drafts: bool = True
+    ) -> Any:
         """A coordinator drafting with `drafter` that shares the decoder's verifier, tokenizer
         and draft context window; verify_cost: its cost profile (None: the coordinator's
-        default)."""
+        default); constrained_drafts False: a constraint only masks (no forced drafts)."""
         from gateway.rounds.coordinator import Coordinator
 
         shared = self.decoder.coordinator
@@ -114,6 +121,7 @@ class InProcessSystems:
             shared.tokenizer,
             draft_context_window=shared.draft_context_window,
             verify_cost=verify_cost,
+            constrained_drafts=constrained_drafts,
         )
 
     def request(self, prompt_ids: list[int], seed: int, **fields: Any) -> Any:
@@ -137,7 +145,8 @@ class InProcessSystems:
         result = coordinator.generate(request)
         wall = time.perf_counter() - started
         stats = result.stats.as_dict()
-        return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats)
+        finished = result.finish_reason.value == "eos"
+        return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats, finished)
 
     def cost_profile(self, spec: str) -> Any:
         """The cost profile of a variant: the verifier's own (refreshed as it verifies) for
@@ -172,22 +181,60 @@ class InProcessSystems:
             return encode_prompt(self.tokenizer, prompt)
         return prompt.token_ids(self.tokenizer)
 
-    def run_hf(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
+    @property
+    def grammars(self) -> Any:
+        """The verifier's compiled constraints (speculant.grammar.Grammars): hf's masks are
+        compiled once with the verifier's."""
+        from speculant.grammar import grammars_for
+
+        loaded = self.decoder.verifier.model
+        return grammars_for(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
+
+    def run_hf(
+        self,
+        variant: Variant,
+        prompt_ids: list[int],
+        seed: int,
+        constraint: Constraint | None = None,
+    ) -> RunRecord:
+        """hf (under the constraint, when given) or hf-lookup (never constrained)."""
         lookup = variant.k if variant.system == "hf-lookup" else None
+        controls = SamplingControls(**self.settings.sampling)
         before = self.forwards.count
         started = time.perf_counter()
-        result = self.plain.generate(
-            prompt_ids,
-            self.settings.max_tokens,
-            temperature=self.settings.temperature,
-            seed=seed,
-            prompt_lookup_num_tokens=lookup,
-            controls=SamplingControls(**self.settings.sampling),
-        )
+        if constraint is not None:
+            assert lookup is None, "bench.constrained.check_systems refuses hf-lookup"
+            tokens = hf_generate_constrained(
+                self.plain,
+                self.grammars,
+                constraint,
+                prompt_ids,
+                self.settings.max_tokens,
+                temperature=self.settings.temperature,
+                seed=seed,
+                controls=controls,
+            )
+        else:
+            tokens = self.plain.generate(
+                prompt_ids,
+                self.settings.max_tokens,
+                temperature=self.settings.temperature,
+                seed=seed,
+                prompt_lookup_num_tokens=lookup,
+                controls=controls,
+            ).token_ids
         wall = time.perf_counter() - started
-        return RunRecord(result.token_ids, wall, self.forwards.count - before)
+        finished = len(tokens) < self.settings.max_tokens  # generate stopped at an EOS
+        return RunRecord(tokens, wall, self.forwards.count - before, finished=finished)
 
-    def run_embedded(self, variant: Variant, prompt_ids: list[int], seed: int) -> RunRecord:
+    def run_embedded(
+        self,
+        variant: Variant,
+        prompt_ids: list[int],
+        seed: int,
+        constraint: Constraint | None = None,
+    ) -> RunRecord:
+        """embedded, or plain (its drafter never drafts), under the constraint when given."""
         from speculant.draft_params import DraftParams
 
         draft = DraftConfig(
@@ -199,7 +246,9 @@ class InProcessSystems:
             overlay_weight=variant.overlay_weight,
             draft_size=variant.draft_size,
         )
-        request = self.request(prompt_ids, seed, draft=DraftParams.from_config(draft))
+        request = self.request(
+            prompt_ids, seed, draft=DraftParams.from_config(draft), constraint=constraint
+        )
         return self.generate(self.coordinator(variant), request)
 
     def close(self) -> None:

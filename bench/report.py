@@ -16,6 +16,7 @@ TABLE_COLUMNS = (
     ("tok/s", 7, "tokens_per_second_median", ".0f"),
     ("total", 7, "tokens_per_second_total", ".1f"),
     ("speedup", 7, "speedup_median", ".2f"),
+    ("vs plain", 8, "speedup_over_plain_total", ".2f"),
     ("tau", 5, "tau_median", ".2f"),
     ("accept", 6, "acceptance_rate_total", ".1%"),
     ("draft ms", 8, "draft_seconds_median", ".1f"),
@@ -24,6 +25,13 @@ TABLE_COLUMNS = (
     ("rpc ms", 6, "client_overhead_seconds_median", ".1f"),
     ("wasted", 6, "wasted_draft_tokens", "d"),
     ("mismatch", 8, "exact_mismatches", "d"),
+)
+# Added where prompts are constrained (see bench.constrained): the forced share, and how many
+# answers finished and are valid.
+CONSTRAINED_COLUMNS = (
+    ("forced", 6, "forced_share_total", ".1%"),
+    ("finished", 8, "answers_finished", "d"),
+    ("valid", 5, "answers_valid", "d"),
 )
 
 
@@ -39,14 +47,20 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _table(title: str, summary: dict[str, Any]) -> str:
+    columns = TABLE_COLUMNS
+    constrained = max((f.get("constrained_prompts", 0) for f in summary.values()), default=0)
+    if constrained:
+        columns += CONSTRAINED_COLUMNS
+        title += f"; {constrained} constrained prompts (forced = accepted_from_grammar / tokens)"
+    first = max([columns[0][1], *(len(name) for name in summary)])  # the variants' names
     header = "  ".join(
-        name.rjust(width) if i else name.ljust(width)
-        for i, (name, width, _, _) in enumerate(TABLE_COLUMNS)
+        name.rjust(width) if i else name.ljust(first)
+        for i, (name, width, _, _) in enumerate(columns)
     )
     lines = [title, header, "-" * len(header)]
     for name, figures in summary.items():
-        cells = [name.ljust(TABLE_COLUMNS[0][1])]
-        for _, width, key, spec in TABLE_COLUMNS[1:]:
+        cells = [name.ljust(first)]
+        for _, width, key, spec in columns[1:]:
             scale = 1e3 if key and key.endswith("seconds_median") else 1.0
             cells.append(_fmt(figures.get(key), spec, scale).rjust(width))
         lines.append("  ".join(cells))

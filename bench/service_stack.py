@@ -267,19 +267,27 @@ class ServiceStack:
         self.channels.append(channel)
         return channel
 
-    def run(self, variant: Variant, prompt: PromptRecord, seed: int) -> RunRecord:
+    def run(
+        self, variant: Variant, prompt: PromptRecord, seed: int, prompt_ids: list[int]
+    ) -> RunRecord:
+        """One Generate of the prompt (its text or messages; a prompt with tools as its token
+        ids, rendered with them, since GenerateRequest carries no tools) under its constraint."""
         from google.protobuf import json_format
 
         from speculant.strategies import STRATEGY_TO_PROTO
         from speculant.v1 import common_pb2, gateway_pb2
+        from speculant.wire import constraint_to_pb
 
         strategy = STRATEGY_TO_PROTO[self.settings.strategy]
+        tokenized = bool(prompt.tools)
         request = gateway_pb2.GenerateRequest(
-            prompt=prompt.text,
+            prompt="" if tokenized else prompt.text,
             messages=[
                 gateway_pb2.ChatMessage(role=role, content=content)
-                for role, content in prompt.messages
+                for role, content in ([] if tokenized else prompt.messages)
             ],
+            prompt_token_ids=prompt_ids if tokenized else [],
+            constraint=constraint_to_pb(prompt.constraint()),
             max_tokens=self.settings.max_tokens,
             temperature=self.settings.temperature,
             seed=seed,
@@ -303,7 +311,8 @@ class ServiceStack:
             preserving_proto_field_name=True,
             always_print_fields_with_no_presence=True,
         )
-        return RunRecord(list(response.token_ids), wall, response.stats.rounds, stats)
+        finished = response.finish_reason == gateway_pb2.FINISH_REASON_EOS
+        return RunRecord(list(response.token_ids), wall, response.stats.rounds, stats, finished)
 
     def process_info(self) -> dict[str, Any]:
         """Per service: pid, address, RSS now, peak RSS, and its OMP_NUM_THREADS."""

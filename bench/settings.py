@@ -144,6 +144,8 @@ class RunRecord:
     wall_seconds: float
     rounds: int
     stats: dict[str, Any] | None = None  # the coordinator's GenerationStats (speculative only)
+    finished: bool | None = None  # the answer ended with EOS (not cut by max_tokens)
+    valid: bool | None = None  # a constrained prompt's answer reads back (None: unconstrained)
 
 
 def variants_for(settings: BenchSettings) -> list[Variant]:

@@ -6,6 +6,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bench.constrained import answer_values
 from bench.settings import RunRecord, Variant
 from speculant.prompt_records import PromptRecord
 
@@ -43,6 +44,8 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             r.token_ids != records[0].token_ids for r in records
         ),
     }
+    if records[0].valid is not None:  # a constrained prompt
+        row.update(constrained=True, finished=records[0].finished, valid=records[0].valid)
     if reference is not None:
         ref_wall = statistics.median(r.wall_seconds for r in reference)
         ref_tps = _ratio(len(reference[0].token_ids), ref_wall)
@@ -76,6 +79,7 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             "accepted_from_both",
             "prepared_drafts_used",
             "wasted_draft_tokens",
+            "accepted_from_grammar",
         ):
             if key in stats[0]:
                 row[key] = int(stats[0][key])
@@ -99,6 +103,7 @@ def summarize_variant(rows: list[dict], temperature: float) -> dict[str, Any]:
         "rounds_total": total_rounds,
         "speedup_median": _median([r.get("speedup") for r in rows]),
     }
+    out.update(answer_values(rows))
     if "identical_to_hf" in rows[0]:
         out["exact_mismatches"] = (
             sum(not r["identical_to_hf"] for r in rows) if temperature == 0 else None
@@ -130,11 +135,16 @@ def summarize_variant(rows: list[dict], temperature: float) -> dict[str, Any]:
 
 
 def add_total_speedups(summary: dict[str, dict]) -> None:
-    """total_speedup = the variant's total tokens/s over hf's."""
+    """speedup_total = the variant's total tokens/s over hf's; speedup_over_plain_total: over
+    plain's (None without that system)."""
     base = summary.get("hf", {}).get("tokens_per_second_total")
+    plain = summary.get("plain", {}).get("tokens_per_second_total")
     for figures in summary.values():
         tps = figures["tokens_per_second_total"]
         figures["speedup_total"] = _ratio(tps, base) if base and tps is not None else None
+        figures["speedup_over_plain_total"] = (
+            _ratio(tps, plain) if plain and tps is not None else None
+        )
 
 
 # --- the run -------------------------------------------------------------------------------
