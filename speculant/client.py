@@ -10,7 +10,14 @@
             print(chunk.text_delta, end="", flush=True)
 
 Errors are :class:`speculant.errors.RemoteError` carrying the gateway's status code. TLS
-(:class:`speculant.tls.ClientTls`) and a bearer token are optional.
+(:class:`speculant.tls.ClientTls`) and a bearer token are optional. ``constraint=`` (a
+:class:`speculant.constraint.Constraint`) makes the output keep to a JSON schema, any JSON
+object, a regex, a choice or a grammar:
+
+    from speculant.constraint import Constraint, json_schema_constraint
+
+    client.generate("Answer:", constraint=Constraint("choice", choices=("yes", "no")))
+    client.generate("A user as JSON:", constraint=json_schema_constraint({"type": "object"}))
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from typing import Any
 import grpc
 
 from speculant.auth import bearer_metadata
+from speculant.constraint import Constraint
 from speculant.errors import RemoteError
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.tls import ClientTls, open_channel
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from speculant.wire import constraint_to_pb
 
 GATEWAY_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 
@@ -38,12 +47,14 @@ def generate_request(
     seed: int | None = None,
     stop: list[str] | None = None,
     sampling: dict[str, Any] | None = None,
+    constraint: Constraint | None = None,
     **draft: Any,
 ) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest; unset parameters take the gateway's defaults. draft: DraftOptions
     fields (k, strategy "greedy"/"sampling", attentive_mix, mixing, tree_nodes, ...).
     sampling: SamplingControls fields (top_k, top_p, min_p, repetition_penalty,
-    presence_penalty, frequency_penalty) and top_logprobs."""
+    presence_penalty, frequency_penalty) and top_logprobs. constraint: what the output must
+    match (GenerateRequest.constraint; None: free text)."""
     if "strategy" in draft:
         draft["strategy"] = STRATEGY_TO_PROTO[draft["strategy"]]
     controls = dict(sampling or {})
@@ -58,6 +69,7 @@ def generate_request(
         seed=seed,
         stop=stop or (),
         draft=common_pb2.DraftOptions(**draft),
+        constraint=constraint_to_pb(constraint),
     )
 
 

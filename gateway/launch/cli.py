@@ -8,6 +8,7 @@ import argparse
 
 from gateway.launch.cli_options import SAMPLING_FLAGS, add_chat_template_argument
 from gateway.launch.commands import run_generate, run_serve_gateway
+from gateway.launch.constraint_flags import add_constraint_arguments
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
     DEFAULT_NEXT_ROUND_DRAFTS,
@@ -157,6 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_client_tls_arguments(generate, "--tls", "the gateway")
     add_generation_arguments(generate)
     add_verify_cost_argument(generate)
+    add_constraint_arguments(generate)
     generate.set_defaults(handler=run_generate)
 
 

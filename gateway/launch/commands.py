@@ -14,6 +14,7 @@ from gateway.launch.cli_options import (
     check_verify_cost,
     sampling_options,
 )
+from gateway.launch.constraint_flags import constraint_from_args, flag_error
 from speculant import termination
 from speculant.draft_flags import draft_defaults_from_args, given_draft_defaults
 
@@ -167,6 +168,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
             temperature=args.temperature,
             seed=args.seed,
             stop=args.stop,
+            constraint=constraint_from_args(args),  # InvalidArgumentError names the flag
             **sampling_options(args),
         )
     except ValidationError as exc:
@@ -183,7 +185,10 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     )
     from gateway.api.http_answers import generate_response
 
-    result = decoder.generate(prompt=args.prompt, generation_config=generation)
+    try:
+        result = decoder.generate(prompt=args.prompt, generation_config=generation)
+    except InvalidArgumentError as exc:  # a constraint that does not compile: name its flag
+        raise flag_error(exc) from None
     return generate_response(result)  # with the logprobs when asked, as the gateway's
 
 
@@ -204,6 +209,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             seed=args.seed,
             stop=args.stop,
             sampling=sampling_options(args),
+            constraint=constraint_from_args(args),
             **given_draft_defaults(args),
         )
     result = json_format.MessageToDict(
