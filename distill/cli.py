@@ -4,7 +4,8 @@
   [--doc-separator S] [--text-field F] [--corpus-prompts auto|prefixes|passages]
   [--passage-words MIN-MAX] [--passage-templates NAME,...] [--save-prompts FILE.jsonl]
   [--generations N] [--max-tokens T] [--temperature T] [--batch-size B] [--weight W]
-  [--device cpu|cuda|auto] [--seed S] [--chat] [--progress-every S] [--quiet]``
+  [--device cpu|cuda|auto] [--seed S] [--chat] [--constraints on|off] [--progress-every S]
+  [--quiet]``
 
 Errors print one line to stderr (``speculant distill: error: ...``, see speculant.cli_errors)
 and exit with status 1, or 2 for flags that do not go together (argparse's own errors, and
@@ -167,6 +168,14 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send each prompt as a chat user message (the model's chat template)",
     )
+    on_off = "on" if defaults.CONSTRAINTS else "off"
+    p.add_argument(
+        "--constraints",
+        choices=["on", "off"],
+        default=on_off,
+        help="--prompts records with response_format or tools: generate their continuations "
+        f"under that constraint (on) or as free text (off; default {on_off})",
+    )
     p.add_argument("--hf-token", default=None, help="for gated or private hub models (or HF_TOKEN)")
     p.add_argument(
         "--download-mode", choices=["auto", "offline", "force"], default="auto", help="default auto"
@@ -246,6 +255,7 @@ def options_from_args(args: argparse.Namespace, generations: int | None):
         torch_threads=args.torch_threads,
         progress=False if getattr(args, "quiet", False) else None,
         progress_seconds=getattr(args, "progress_every", defaults.PROGRESS_SECONDS),
+        constraints=args.constraints == "on",
     )
 
 

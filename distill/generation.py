@@ -6,6 +6,10 @@ up to ``max_tokens`` or its first EOS (the EOS itself is not kept: graphs never 
 above 0 each token is sampled from softmax(logits / temperature) with no top-k or top-p, the
 distribution a server samples at that temperature.
 
+A prompt may carry a constraint (a record's ``response_format`` or ``tools``): its continuation
+is then generated under it (:mod:`distill.constrained`), rows with and without one in the same
+batches.
+
 Prompts are grouped by token length (the longest first), so each batch pads little, and
 left-padded, as ``generate`` needs for decoder-only models. Reproducible for a seed on one device
 (batched and padded forwards may differ from one-at-a-time decoding in the last bits, which can
@@ -21,14 +25,17 @@ from dataclasses import dataclass
 
 import torch
 from transformers import (
+    LogitsProcessorList,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
     StoppingCriteriaList,
 )
 
+from distill.constrained import BatchConstraints
 from distill.defaults import KV_CACHE_BUDGET_BYTES
 from distill.prompts import Prompt
+from speculant.constraint import Constraint
 from speculant.prompting import encode_prompt
 
 
@@ -44,11 +51,11 @@ class Generation:
 def prompt_token_ids(
     tokenizer: PreTrainedTokenizerBase, prompt: Prompt, *, chat: bool, max_length: int
 ) -> list[int]:
-    """The ids the model sees for a prompt (as a server tokenizes it); with chat, a text prompt
-    is sent as one user message. Cut to its last max_length tokens."""
+    """The ids the model sees for a prompt (as a server tokenizes it: messages rendered with
+    the record's tools); with chat, a text prompt is sent as one user message. Cut to its last
+    max_length tokens."""
     if prompt.messages:
-        messages = [{"role": role, "content": content} for role, content in prompt.messages]
-        ids = encode_prompt(tokenizer, messages=messages)
+        ids = prompt.token_ids(tokenizer)
     elif chat:
         ids = encode_prompt(tokenizer, messages=[{"role": "user", "content": prompt.text}])
     else:
@@ -69,6 +76,8 @@ def generate_continuations(
     on_batch: Callable[[int, int], None] | None = None,
     on_step: Callable[[int, Callable[[], int]], None] | None = None,
     kv_cache_bytes: int = KV_CACHE_BUDGET_BYTES,
+    constraints: Sequence[Constraint | None] = (),
+    grammars: object = None,
 ) -> Iterator[Generation]:
     """Continue every prompt (token ids), batch_size at a time at most; yields in batch order
     (longest prompts first; Generation.index gives each one's place in prompts).
@@ -83,6 +92,9 @@ def generate_continuations(
     on_step(step, tokens) after each decoding step of a batch, with the tokens generated per
     row so far and a function that counts the batch's tokens kept so far (up to each row's
     EOS), for progress within a long batch. Neither changes what is generated.
+
+    constraints: one per prompt (None: free), or () for none; grammars: the
+    speculant.grammar.Grammars of the model's tokenizer that compiles them.
     """
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     eos = set(int(t) for t in eos_token_ids)
@@ -97,7 +109,10 @@ def generate_continuations(
         rows = [prompts[i] for i in indexes]
         torch.manual_seed(batch_seed)
         batch_seed += 1
-        new = _generate_batch(model, rows, max_tokens, temperature, eos, pad_token_id, on_step)
+        masks = BatchConstraints.of(grammars, [constraints[i] for i in indexes if constraints], eos)
+        new = _generate_batch(
+            model, rows, max_tokens, temperature, eos, pad_token_id, on_step, masks
+        )
         tokens = 0
         for index, ids, continuation in zip(indexes, rows, new, strict=True):
             kept = _until_eos(continuation, eos)
@@ -115,9 +130,10 @@ def _generate_batch(
     eos: set[int],
     pad_token_id: int,
     on_step: Callable[[int, Callable[[], int]], None] | None,
+    masks: BatchConstraints | None = None,
 ) -> list[list[int]]:
     """One batch through ``generate`` (see generate_continuations): each row's max_tokens new
-    tokens, EOS and what follows it included."""
+    tokens, EOS and what follows it included; masks: the rows' constraints (None: none)."""
     device = next(model.parameters()).device
     input_ids, attention = _left_padded(rows, pad_token_id)  # [B, L]
     width = input_ids.shape[1]
@@ -125,6 +141,8 @@ def _generate_batch(
     steps = {}
     if on_step is not None:
         steps["stopping_criteria"] = StoppingCriteriaList([_Steps(width, eos, on_step)])
+    if masks is not None:
+        steps["logits_processor"] = LogitsProcessorList([masks])
     with torch.inference_mode():
         output = model.generate(
             input_ids=input_ids.to(device),

@@ -54,6 +54,9 @@ class DistillOptions:
     torch_threads: int | None = None  # None: defaults.CPU_THREADS on a CPU, torch's on a GPU
     progress: bool | None = None  # None: a bar on a terminal, else log lines; False: neither
     progress_seconds: float = defaults.PROGRESS_SECONDS  # between two progress log lines
+    # a prompt record's response_format / tools: its continuation is generated under that
+    # constraint (distill.constrained); off: every continuation is free text
+    constraints: bool = defaults.CONSTRAINTS
 
     def validate(self) -> DistillOptions:
         """OptionsError naming the first bad option."""

@@ -205,8 +205,9 @@ def file_prompts(path: str | Path, count: int | None = None) -> list[Prompt]:
 
 
 def write_prompts(path: str | Path, prompts: Sequence[Prompt]) -> None:
-    """Write prompts as a prompts file (JSON lines: prompt or messages, and kind), which
-    file_prompts reads back as they were; BuildError when it cannot be written."""
+    """Write prompts as a prompts file (JSON lines: prompt or messages, kind, and the
+    structured-output fields), which file_prompts reads back as they were; BuildError when it
+    cannot be written."""
     lines = []
     for prompt in prompts:
         record: dict[str, Any] = (
@@ -214,6 +215,7 @@ def write_prompts(path: str | Path, prompts: Sequence[Prompt]) -> None:
         )
         if prompt.kind:
             record["kind"] = prompt.kind
+        record.update(prompt.structured_fields)
         lines.append(json.dumps(record, ensure_ascii=False) + "\n")
     try:
         Path(path).write_text("".join(lines), encoding="utf-8")

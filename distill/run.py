@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from builder import GraphBuilder
 from builder.append import read_base_meta
 from builder.errors import BuildError
 from distill import defaults
+from distill.constrained import check_constraints
 from distill.generation import (
     Generation,
     generate_continuations,
@@ -33,6 +34,7 @@ from distill.progress import Progress
 from distill.prompt_source import draw_prompts, prompt_kind
 from distill.prompts import Prompt, file_prompts, write_prompts
 from speculant import termination
+from speculant.constraint import Constraint
 from speculant.graph_format import GraphMeta
 
 log = logging.getLogger("distill")
@@ -59,6 +61,9 @@ class Prepared:
     loaded: Any  # verifier_service.model.LoadedModel
     prompt_source: dict[str, Any]
     prompt_ids: list[list[int]]
+    # per prompt: what its continuation is generated under (None: free; all None with
+    # options.constraints off)
+    constraints: list[Constraint | None] = field(default_factory=list)
 
 
 def distill_graph(options: DistillOptions) -> DistillResult:
@@ -101,7 +106,17 @@ def prepare(options: DistillOptions) -> Prepared:
     prompt_ids = [
         prompt_token_ids(loaded.tokenizer, p, chat=options.chat, max_length=room) for p in prompts
     ]
-    return Prepared(options, graph, meta, loaded, prompt_source, prompt_ids)
+    constraints = [p.constraint() if options.constraints else None for p in prompts]
+    if any(c is not None for c in constraints):
+        check_constraints(_grammars(loaded), constraints)
+    return Prepared(options, graph, meta, loaded, prompt_source, prompt_ids, constraints)
+
+
+def _grammars(loaded: Any) -> Any:
+    """The compiled constraints of the model's tokenizer (speculant.grammar.Grammars)."""
+    from speculant.grammar import grammars_for
+
+    return grammars_for(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
 
 
 def _check_tokenizer(options: DistillOptions, graph: Path, meta: GraphMeta) -> bool:
@@ -199,6 +214,7 @@ def append_generations(
                 "max_tokens": options.max_tokens,
                 "temperature": options.temperature,
                 "prompt_source": job.prompt_source,
+                "constrained_prompts": sum(c is not None for c in job.constraints),
                 "chat": options.chat,
                 "seed": options.seed,
                 "device": str(loaded.device),
@@ -275,6 +291,8 @@ def continuations(job: Prepared) -> Iterator[Generation]:
             seed=options.seed,
             on_batch=progress.batch_done,
             on_step=progress.step if mode == "log" else None,
+            constraints=job.constraints,
+            grammars=_grammars(loaded) if any(job.constraints) else None,
         )
     finally:
         progress.close()
