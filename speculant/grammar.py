@@ -27,12 +27,13 @@ fast instead of stalling), and an error names the field and gives the engine's r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import llguidance
 import llguidance.hf
@@ -117,14 +118,32 @@ class ConstraintMatcher:
     def forced_after(self, token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
         """forced() after token_ids (empty when the grammar does not allow them all), leaving
         the state as it was."""
-        tokens = list(token_ids)
-        if not tokens:
-            return self.forced()
-        consumed = self._matcher.try_consume_tokens(tokens)
+        with self._after(token_ids) as allowed:
+            return self.forced() if allowed else ([], [])
+
+    def few_allowed_after(self, token_ids: Sequence[int], at_most: int) -> list[int]:
+        """The tokens the mask allows after token_ids, when there are at most `at_most` of
+        them (an enum's next letters, say), else none; the state is left as it was."""
+        with self._after(token_ids) as allowed:
+            if not allowed or self._matcher.is_stopped():
+                return []
+            scratch = torch.zeros_like(self._bitmask)
+            self._matcher.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
+            bits = np.unpackbits(scratch.numpy().view(np.uint8), bitorder="little")
+            tokens = np.flatnonzero(bits[: self.vocab_size])
+            return tokens.tolist() if 0 < len(tokens) <= at_most else []
+
+    @contextlib.contextmanager
+    def _after(self, token_ids: Sequence[int]) -> Iterator[bool]:
+        """The state after token_ids for the block (True: the grammar allows them all), then
+        rolled back."""
+        tokens = [int(t) for t in token_ids]
+        consumed = self._matcher.try_consume_tokens(tokens) if tokens else 0
         try:
-            return self.forced() if consumed == len(tokens) else ([], [])
+            yield consumed == len(tokens)
         finally:
-            self._matcher.rollback(consumed)
+            if consumed:
+                self._matcher.rollback(consumed)
 
     def allows(self, token_id: int) -> bool:
         """Whether the mask allows token_id next (exactly: forced text only in its canonical

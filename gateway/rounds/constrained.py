@@ -41,41 +41,55 @@ class ConstrainedDrafts:
         """The tokens the verifier emitted (the constraint allowed each)."""
         self.matcher.consume(token_ids)
 
-    def forced(self, limit: int) -> DraftProposal:
-        """What the grammar forces next, a chain of at most `limit` tokens (see the module)."""
-        return _forced_chain(*self.matcher.forced(), limit) if limit > 0 else DraftProposal()
+    def forced(self, limit: int) -> tuple[list[int], list[int]]:
+        """What the grammar forces next, (certain, likely), `limit` tokens at most."""
+        certain, likely = self.matcher.forced() if limit > 0 else ([], [])
+        return certain[:limit], likely[: max(0, limit - len(certain))]
 
     def assemble(
         self,
-        forced: DraftProposal,
+        forced: tuple[list[int], list[int]],
         drafted: DraftProposal,
-        limit: int,
-        sampled: bool,
-        max_nodes: int,
+        limits: tuple[int, int],
+        sampled: bool = False,
         extend: Extend | None = None,
     ) -> DraftProposal:
-        """The round's draft: the forced tokens, then what the drafter proposed after them
-        (pruned to what the grammar allows, unless sampled), then the tokens forced after its
-        likeliest path, and, with `extend` (the drafter's draft after given tokens), what it
-        drafts after those, and so on, up to MAX_PARTS drafter parts; `limit` positions deep
-        and `max_nodes` tokens at most (the likeliest kept)."""
+        """The round's draft (see the module): the certain forced tokens, then what the drafter
+        proposed after them (pruned to what the grammar allows; else the likely forced tokens,
+        or the few tokens the grammar allows there), then what the grammar forces after the
+        likeliest path, and what `extend` (the drafter after given tokens) drafts after that,
+        up to MAX_PARTS parts; limits = (positions deep, tokens) at most, the likeliest kept.
+        Sampled drafts: the certain tokens, then the drafter's draft as drawn."""
+        certain, likely = forced
+        depth, max_nodes = limits
+        draft = _chain(certain, 1.0)
         if sampled:  # no pruning, no forced tail: the drafter's q must stay as drawn
-            return _likeliest(_attach(forced, len(forced.token_ids) - 1, drafted, True), max_nodes)
-        draft, anchor, part = forced, len(forced.token_ids) - 1, drafted
+            return _likeliest(_attach(draft, len(certain) - 1, drafted, True), max_nodes)
+        anchor = len(certain) - 1
+        part = self._part(drafted, certain, likely)
         for parts in range(1, MAX_PARTS + 1):
-            draft = _attach(draft, anchor, self._pruned(part, _tokens_to(draft, anchor)))
+            draft = _attach(draft, anchor, part)
             path = _likeliest_path(draft)
             tokens = [draft.token_ids[i] for i in path]
-            room = min(limit - len(path), max_nodes - len(draft.token_ids))
-            tail = _forced_chain(*self.matcher.forced_after(tokens), room) if room > 0 else None
-            if tail is None or not tail.token_ids:
+            room = min(depth - len(path), max_nodes - len(draft.token_ids))
+            certain, likely = self.matcher.forced_after(tokens) if room > 0 else ([], [])
+            if not certain and not likely:
+                break  # free text next: the drafter's part has drafted what it knows
+            anchor, certain = path[-1] if path else -1, certain[:room]
+            if certain:
+                draft = _attach(draft, anchor, _chain(certain, 1.0))
+                anchor, tokens = len(draft.token_ids) - 1, [*tokens, *certain]
+            ask = extend is not None and bool(certain) and parts < MAX_PARTS
+            part = self._part(extend(tokens) if ask else DraftProposal(), tokens, likely)
+            if not part.token_ids:
                 break
-            draft = _attach(draft, path[-1] if path else -1, tail)
-            if extend is None or parts == MAX_PARTS:
-                break
-            anchor = len(draft.token_ids) - 1
-            part = extend([*tokens, *tail.token_ids])
         return _likeliest(draft, max_nodes)
+
+    def _part(self, drafted: DraftProposal, prefix: list[int], likely: list[int]) -> DraftProposal:
+        """What to draft after prefix: the drafter's draft, pruned, when some of it is left,
+        else the fallback."""
+        pruned = self._pruned(drafted, prefix)
+        return pruned if pruned.token_ids else self._fallback(prefix, likely)
 
     def _pruned(self, part: DraftProposal, prefix: list[int]) -> DraftProposal:
         """The nodes of the drafter's part whose path the grammar allows after prefix."""
@@ -85,20 +99,38 @@ class ConstrainedDrafts:
         kept = self.matcher.valid_nodes(part.token_ids, parents, prefix=prefix)
         return part if len(kept) == len(part.token_ids) else part.select(kept)
 
+    def _fallback(self, prefix: list[int], likely: list[int]) -> DraftProposal:
+        """What to draft after prefix where the drafter has nothing the grammar allows: the
+        likely forced tokens, else each of the few tokens the grammar allows (at most
+        FEW_CHOICES), with the tokens it forces after each."""
+        if likely:
+            return _chain(likely, LIKELY)
+        choices = self.matcher.few_allowed_after(prefix, FEW_CHOICES)
+        tokens: list[int] = []
+        parents: list[int] = []
+        probs: list[float] = []
+        for choice in choices:
+            tail = self.matcher.forced_after([*prefix, choice])[0][:MAX_CHOICE_TAIL]
+            parents.extend([-1, *range(len(tokens), len(tokens) + len(tail))])
+            tokens.extend([choice, *tail])
+            probs.extend([1.0 / len(choices)] * (1 + len(tail)))
+        if len(choices) == 1:
+            parents = []  # a chain
+        return DraftProposal(
+            tokens, sources=[GRAMMAR] * len(tokens), parents=parents, path_probs=probs
+        )
+
 
 Extend = Callable[[list[int]], DraftProposal]  # tokens after the context -> the draft after them
 MAX_PARTS = 3  # drafter parts a round's draft joins at most (the first and two after tails)
+FEW_CHOICES = 8  # where the grammar allows this few tokens, each is drafted (an enum's next)
+MAX_CHOICE_TAIL = 16  # forced tokens drafted after each of them
 
 
-def _forced_chain(certain: list[int], likely: list[int], limit: int) -> DraftProposal:
-    """A chain of forced tokens, certain then likely, `limit` at most, with their confidences
-    as path probabilities."""
-    tokens = [*certain, *likely][:limit]
-    probs, prob = [], 1.0
-    for i in range(len(tokens)):
-        prob *= 1.0 if i < len(certain) else LIKELY
-        probs.append(prob)
-    return DraftProposal(tokens, sources=[GRAMMAR] * len(tokens), path_probs=probs)
+def _chain(tokens: list[int], confidence: float) -> DraftProposal:
+    """A chain of forced tokens, each of this confidence given the ones before."""
+    probs = [confidence ** (i + 1) for i in range(len(tokens))]
+    return DraftProposal(list(tokens), sources=[GRAMMAR] * len(tokens), path_probs=probs)
 
 
 def _attach(

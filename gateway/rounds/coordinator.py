@@ -207,15 +207,15 @@ class Coordinator:
         request, stats, sizer = run.request, run.stats, run.sizer
         round_started = time.perf_counter()
         depth = run.output.remaining - 1  # draft positions that can still be emitted
-        forced = run.constrained.forced(depth) if run.constrained is not None else None
-        forced_ids = forced.token_ids if forced is not None else []
-        k = min(run.draft_length, depth - len(forced_ids))
+        forced = run.constrained.forced(depth) if run.constrained is not None else ([], [])
+        certain = forced[0]  # tokens the target emits for certain: the drafter goes on after them
+        k = min(run.draft_length, depth - len(certain))
         params = request.draft
         if sizer is not None:  # this round's budget (None: no draft)
             planned = sizer.plan(params, k)
             params, k = (params, 0) if planned is None else (planned, planned.k)
         ready = run.prepared.get(run.outcome) if k > 0 else None  # prepared last round?
-        context = run.context + forced_ids if forced_ids else run.context
+        context = run.context + certain if certain else run.context
         prepare = run.constrained is None  # a constraint shapes each draft: none prepared
         call = self._start_draft(context, params, k, request.seed, stats, ready, prepare)
         if ready is not None:
@@ -223,17 +223,18 @@ class Coordinator:
             stats.prepared_drafts_used += 1
         else:
             drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
-        if run.constrained is not None and forced is not None:
+        if run.constrained is not None:
 
-            def extend(
-                tokens: list[int],
-            ) -> DraftProposal:  # the drafter after the context + tokens
+            def extend(tokens: list[int]) -> DraftProposal:  # the drafter after context + tokens
                 window = run.context + tokens
                 more = self._start_draft(window, params, k, request.seed, stats, None, False)
                 return self._await_draft(more, stats)
 
-            limits = depth, params.strategy == "sampling", max(params.tree_nodes, params.k)
-            drafted = run.constrained.assemble(forced, drafted, *limits, extend if k else None)
+            limits = depth, max(request.draft.tree_nodes, request.draft.k)  # the request's
+            sampled = params.strategy == "sampling"
+            drafted = run.constrained.assemble(
+                forced, drafted, limits, sampled, extend if k else None
+            )
         draft_s = time.perf_counter() - round_started
         proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
         stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
