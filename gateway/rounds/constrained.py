@@ -64,7 +64,8 @@ class ConstrainedDrafts:
         depth, max_nodes = limits
         draft = _chain(certain, 1.0)
         if sampled:  # no pruning, no forced tail: the drafter's q must stay as drawn
-            return _likeliest(_attach(draft, len(certain) - 1, drafted, True), max_nodes)
+            draft = _attach(draft, len(certain) - 1, drafted, True)
+            return _likeliest(draft.truncated(depth), max_nodes)
         anchor = len(certain) - 1
         part = self._part(drafted, certain, likely)
         for parts in range(1, MAX_PARTS + 1):
@@ -83,7 +84,7 @@ class ConstrainedDrafts:
             part = self._part(extend(tokens) if ask else DraftProposal(), tokens, likely)
             if not part.token_ids:
                 break
-        return _likeliest(draft, max_nodes)
+        return _likeliest(draft.truncated(depth), max_nodes)
 
     def _part(self, drafted: DraftProposal, prefix: list[int], likely: list[int]) -> DraftProposal:
         """What to draft after prefix: the drafter's draft, pruned, when some of it is left,
