@@ -11,12 +11,9 @@ Measured on the tinystories dev prompts (stories260K, default drafts, 128 tokens
   that spin while another process holds a core make small-model steps 10-30x slower).
 
 - constraints: a prompts file's records with response_format / tools are answered under their
-  constraint (on by default). SmolLM2-135M-Instruct, the graph of docs.rst.txt, the first 24
-  rows of distill_json_prompts.jsonl distilled (2,016 tokens, weight 4, 384 tokens, greedy),
-  the first 12 dev_json_prompts (4 per kind), embedded, default drafts, --verify-cost flat, in
-  one run: tau over all tokens 4.27 with the corpus graph, 5.14 with the distilled copy
-  (extract 5.57 -> 6.21, card 3.17 -> 4.23, tool 2.50 -> 3.78, medians; higher on 10 of the 12
-  prompts). Free-text answers (off) were not measured against it.
+  constraint (on by default): distilled constrained answers raise tau on constrained prompts
+  (docs/benchmarks.md, "Constrained decoding"); free-text answers (off) were not measured
+  against them.
 
 Not measured (chosen, to be measured on a chat model):
 - passage prompts (for chat models: a corpus passage with an instruction, as a user message):
