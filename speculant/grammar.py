@@ -49,6 +49,11 @@ _JSON_OPTIONS = {"whitespace_flexible": False}  # compact JSON: "," and ":" with
 _LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=500_000)
 
 
+def parser_limits() -> llguidance.LLParserLimits:
+    """The bounds on the engine's work every compile and mask runs under (see the module)."""
+    return llguidance.LLParserLimits(**_LIMITS)
+
+
 def llguidance_grammar(constraint: Constraint) -> str:
     """The constraint as an llguidance grammar (not yet checked)."""
     if constraint.kind == "json_schema":
@@ -270,7 +275,7 @@ class Grammars:
             grammar = llguidance_grammar(constraint)
         except ValueError as exc:
             return str(exc)
-        limits = llguidance.LLParserLimits(**_LIMITS)
+        limits = parser_limits()
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self._tokenizer, limits=limits
         )

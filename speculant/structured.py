@@ -205,13 +205,15 @@ def schema_problem(schema: Mapping[str, Any]) -> str | None:
     keys: ["uniqueItems"]``), or None; checked without a tokenizer (well under a millisecond)."""
     import llguidance
 
-    from speculant.grammar import llguidance_grammar
+    from speculant.grammar import llguidance_grammar, parser_limits
 
     try:
         grammar = llguidance_grammar(json_schema_constraint(schema))
     except ValueError as exc:
         return str(exc)
-    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+        grammar, None, limits=parser_limits()
+    )
     if not is_error:
         return None
     return " ".join((messages[0] if messages else "the schema does not compile").split())
