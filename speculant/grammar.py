@@ -126,6 +126,19 @@ class ConstraintMatcher:
         with self._after(token_ids) as allowed:
             return self.forced() if allowed else ([], [])
 
+    def closing_after(self, token_ids: Sequence[int]) -> list[int]:
+        """Where a JSON string is open after token_ids: the canonical tokens of its closing
+        quote and the text the grammar forces after it (``","key":"``, say), as far as the
+        grammar allows them; else none. The state is left as it was."""
+        quote = self._tokenizer.tokenize_bytes(b'"')
+        with self._after(token_ids) as allowed:
+            if not allowed or len(quote) != 1 or self.valid_prefix(quote) != 1:
+                return []
+            with self._after(quote):
+                text = b'"' + self._matcher.compute_ff_bytes()
+            tokens = self._tokenizer.tokenize_bytes(text)
+            return tokens[: self.valid_prefix(tokens)]
+
     def few_allowed_after(self, token_ids: Sequence[int], at_most: int) -> list[int]:
         """The tokens the mask allows after token_ids, when there are at most `at_most` of
         them (an enum's next letters, say), else none; the state is left as it was."""
@@ -149,6 +162,14 @@ class ConstraintMatcher:
         finally:
             if consumed:
                 self._matcher.rollback(consumed)
+
+    def tokenize(self, text: str) -> list[int]:
+        """The text's canonical tokens (as the engine splits a forced text)."""
+        return self._tokenizer.tokenize_str(text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of tokens (invalid UTF-8 replaced)."""
+        return self._tokenizer.decode_bytes(list(token_ids)).decode("utf-8", "replace")
 
     def allows(self, token_id: int) -> bool:
         """Whether the mask allows token_id next (exactly: forced text only in its canonical

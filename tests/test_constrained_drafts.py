@@ -56,9 +56,10 @@ def test_forced_tokens_come_first_and_the_drafter_goes_on_after_them(tokenizer, 
     assert tokenizer.decode(certain + likely) == '{"name":"'
     name = DraftProposal(text("Tom"), path_probs=[0.9, 0.8, 0.7][: len(text("Tom"))])
     draft = drafts.assemble((certain, likely), name, (64, 64))
-    assert not draft.parents  # a chain: forced, the drafter's name, then what is forced
     assert draft.sources[: len(certain)] == [GRAMMAR] * len(certain)
-    assert tokenizer.decode(draft.token_ids).startswith('{"name":"Tom')
+    path = likeliest_path(draft)  # forced, the drafter's name, then a branch that closes it
+    assert decoded(tokenizer, draft, path).startswith('{"name":"Tom","kind":"')
+    assert not any(p == len(certain) - 1 for p in draft.parents[len(certain) + 3 :])
     assert draft.path_probs[: len(certain)] == [1.0] * len(certain)
 
 
@@ -69,7 +70,8 @@ def test_a_forbidden_draft_is_pruned_and_the_likely_tokens_stand_in(tokenizer, t
     assert not certain and not likely  # inside a free string
     junk = DraftProposal(text("\n\n"), path_probs=[0.9, 0.8])  # no raw newline in a string
     draft = drafts.assemble((certain, likely), junk, (64, 64))
-    assert not draft.token_ids  # nothing the grammar allows: nothing to verify
+    assert junk.token_ids[0] not in draft.token_ids  # pruned: never verified
+    assert decoded(tokenizer, draft, range(len(draft.token_ids))).startswith('","kind":"')
     closing = DraftProposal(text('"'), path_probs=[0.9])
     draft = drafts.assemble(([], []), closing, (64, 64))
     assert tokenizer.decode(draft.token_ids).startswith('","kind":"')  # the key is forced after
@@ -84,6 +86,13 @@ def test_where_few_tokens_are_allowed_each_is_drafted(tokenizer, text):
     branches = {decoded(tokenizer, draft, [i, *children(draft, i)]) for i in roots}
     assert {"cat", "dog", "cow"} & {b.rstrip('"}') for b in branches}
     assert all(s == GRAMMAR for s in draft.sources)
+
+
+def likeliest_path(draft: DraftProposal) -> list[int]:
+    """The nodes to the draft's likeliest leaf."""
+    from gateway.rounds.constrained import _likeliest_path
+
+    return _likeliest_path(draft)
 
 
 def children(draft: DraftProposal, node: int) -> list[int]:

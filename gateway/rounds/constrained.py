@@ -21,25 +21,31 @@ against. Forced tokens are point masses there too, accepted with certainty.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from speculant.grammar import ConstraintMatcher
 from speculant.types import DraftProposal, SparseDistribution
 
 GRAMMAR = "grammar"  # the source of forced drafts (DraftProposal.sources)
+CLOSE = 0.3  # the confidence that an open string ends here (the first token of its closing)
 LIKELY = 0.7  # the confidence of a likely forced token (its share in the dev outputs: 68%)
 
 
 class ConstrainedDrafts:
     """One request's drafting under its constraint (see the module docstring)."""
 
-    def __init__(self, matcher: ConstraintMatcher) -> None:
+    def __init__(self, matcher: ConstraintMatcher, prompt_ids: Sequence[int] = ()) -> None:
+        """prompt_ids: the request's prompt, whose text strings may copy (see _copy)."""
         self.matcher = matcher
+        self.prompt = matcher.decode(prompt_ids)
+        self.text = ""  # the output so far
 
     def advance(self, token_ids: list[int]) -> None:
         """The tokens the verifier emitted (the constraint allowed each)."""
         self.matcher.consume(token_ids)
+        self.text += self.matcher.decode(token_ids)
 
     def forced(self, limit: int) -> tuple[list[int], list[int]]:
         """What the grammar forces next, (certain, likely), `limit` tokens at most."""
@@ -66,31 +72,75 @@ class ConstrainedDrafts:
         if sampled:  # no pruning, no forced tail: the drafter's q must stay as drawn
             draft = _attach(draft, len(certain) - 1, drafted, True)
             return _likeliest(draft.truncated(depth), max_nodes)
-        anchor = len(certain) - 1
+        root = anchor = len(certain) - 1
+        closed_at = {root} if certain or likely else set()  # where a closing branch hangs
         part = self._part(drafted, certain, likely)
         for parts in range(1, MAX_PARTS + 1):
             draft = _attach(draft, anchor, part)
             path = _likeliest_path(draft)
             tokens = [draft.token_ids[i] for i in path]
             room = min(depth - len(path), max_nodes - len(draft.token_ids))
-            certain, likely = self.matcher.forced_after(tokens) if room > 0 else ([], [])
-            if not certain and not likely:
-                break  # free text next: the drafter's part has drafted what it knows
-            anchor, certain = path[-1] if path else -1, certain[:room]
+            if room <= 0:
+                break
+            anchor = path[-1] if path else -1
+            certain, likely = self.matcher.forced_after(tokens)
+            certain = certain[:room]
             if certain:
                 draft = _attach(draft, anchor, _chain(certain, 1.0))
                 anchor, tokens = len(draft.token_ids) - 1, [*tokens, *certain]
-            ask = extend is not None and bool(certain) and parts < MAX_PARTS
+            elif not likely:  # free text next: where the drafter stopped, the string may end
+                closed = self._close(draft, anchor, tokens, room)
+                if closed is draft or draft.sources[anchor : anchor + 1] == [GRAMMAR]:
+                    break  # no string open, or one the grammar has just opened
+                closed_at.add(anchor)
+                draft, anchor = closed, len(closed.token_ids) - 1
+                tokens = _tokens_to(draft, anchor)
+            ask = extend is not None and parts < MAX_PARTS and (bool(certain) or not likely)
             part = self._part(extend(tokens) if ask else DraftProposal(), tokens, likely)
-            if not part.token_ids:
-                break
+        if root not in closed_at:  # inside a string, maybe: that it ends at once is a branch
+            draft = self._close(draft, root, [], depth)
         return _likeliest(draft.truncated(depth), max_nodes)
 
+    def _close(self, draft: DraftProposal, at: int, prefix: list[int], room: int) -> DraftProposal:
+        """The draft with, after node `at` (prefix: the tokens to it), a branch that closes the
+        JSON string open there and goes on with the text the grammar forces after it (its
+        first token of confidence CLOSE); the draft itself when no string is open."""
+        tokens = self.matcher.closing_after(prefix)[: max(0, room)] if room > 0 else []
+        if not tokens:
+            return draft
+        probs = [CLOSE * LIKELY**i for i in range(len(tokens))]
+        closing = DraftProposal(tokens, sources=[GRAMMAR] * len(tokens), path_probs=probs)
+        return _attach(draft, at, closing)
+
     def _part(self, drafted: DraftProposal, prefix: list[int], likely: list[int]) -> DraftProposal:
-        """What to draft after prefix: the drafter's draft, pruned, when some of it is left,
-        else the fallback."""
+        """What to draft after prefix: the drafter's draft, pruned, beside a copy of the
+        prompt's text where a string being written is found in it; else the fallback."""
         pruned = self._pruned(drafted, prefix)
-        return pruned if pruned.token_ids else self._fallback(prefix, likely)
+        copied = self._copy(prefix) if not likely else DraftProposal()
+        if pruned.token_ids or copied.token_ids:
+            return _attach(pruned, -1, copied) if pruned.token_ids else copied
+        return self._fallback(prefix, likely)
+
+    def _copy(self, prefix: list[int]) -> DraftProposal:
+        """Where the string being written (the text after the last quote, prefix included)
+        ends with text of the prompt (COPY_KEY characters at least): the prompt's text after
+        it, up to a quote, bracket or line end (COPY_CHARS at most), as far as the grammar
+        allows it; a chain of confidence COPY a token."""
+        written = (self.text + self.matcher.decode(prefix)).rpartition('"')
+        if not written[1] or len(written[2]) < COPY_KEY:
+            return DraftProposal()
+        value = written[2]
+        for size in range(min(len(value), 4 * COPY_KEY), COPY_KEY - 1, -1):
+            found = self.prompt.find(value[-size:])
+            if found >= 0:
+                break
+        else:
+            return DraftProposal()
+        rest = _COPY_END.split(self.prompt[found + size : found + size + COPY_CHARS], 1)[0]
+        tokens = self.matcher.tokenize(rest) if rest else []
+        tokens = tokens[: max(0, self.matcher.valid_prefix([*prefix, *tokens]) - len(prefix))]
+        probs = [COPY ** (i + 1) for i in range(len(tokens))]
+        return DraftProposal(tokens, sources=["overlay"] * len(tokens), path_probs=probs)
 
     def _pruned(self, part: DraftProposal, prefix: list[int]) -> DraftProposal:
         """The nodes of the drafter's part whose path the grammar allows after prefix."""
@@ -123,6 +173,8 @@ class ConstrainedDrafts:
 
 
 Extend = Callable[[list[int]], DraftProposal]  # tokens after the context -> the draft after them
+COPY, COPY_KEY, COPY_CHARS = 0.8, 3, 48  # a copy of the prompt: its confidence, key, length
+_COPY_END = re.compile(r'["\n()`]')
 MAX_PARTS = 3  # drafter parts a round's draft joins at most (the first and two after tails)
 FEW_CHOICES = 8  # where the grammar allows this few tokens, each is drafted (an enum's next)
 MAX_CHOICE_TAIL = 16  # forced tokens drafted after each of them

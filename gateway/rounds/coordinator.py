@@ -321,7 +321,7 @@ class Coordinator:
         if request.constraint is None or not self.constrained_drafts:
             return None
         grammars = grammars_for(self.tokenizer, self.vocab_size, self.eos_token_ids)
-        return ConstrainedDrafts(grammars.matcher(request.constraint))
+        return ConstrainedDrafts(grammars.matcher(request.constraint), request.prompt_ids)
 
     def _sizer(self, params: DraftParams) -> RequestSizer | None:
         """The request's cost-aware sizing: None with draft_size "fixed", and for sampled drafts
