@@ -149,3 +149,15 @@ def test_the_sizer_ranks_certain_forced_tokens_first(tokenizer):
     assert len(draft.token_ids) >= 3 and draft.path_probs == [1.0] * len(draft.token_ids)
     survival = sizer.acceptance.survival(NodeFeatures.of(draft))
     assert survival[0] > 0.99 and survival[-1] > 0.95  # each forced token all but certain
+
+
+def test_a_string_found_in_the_prompt_is_copied_on(tokenizer, text):
+    """Writing a string whose end is text of the prompt: the prompt's text after it is drafted
+    (tokenized as the string needs it, without the prompt's word-leading spaces)."""
+    grammars = grammars_for(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    prompt = tokenizer("The dog was called Rexford the Brave. He ran.").input_ids
+    drafts = ConstrainedDrafts(grammars.matcher(json_schema_constraint(CARD)), prompt)
+    drafts.advance(text('{"name":"Rexf'))
+    draft = drafts.assemble(([], []), DraftProposal(), (64, 64))
+    copied = [t for t, s in zip(draft.token_ids, draft.sources, strict=True) if s == "overlay"]
+    assert drafts.matcher.decode(copied) == "ord the"  # as far as maxLength 12 allows
