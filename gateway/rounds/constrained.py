@@ -12,7 +12,13 @@ after the tokens emitted so far, to draft what the grammar allows and nothing el
   the grammar allows are kept (a forbidden node would be rejected for certain);
 - forced tokens after the draft: what the grammar forces after the likeliest path of what is
   kept (the key after a closing quote, say) is drafted after it, the same way, and the drafter
-  drafts on after that (the value after the key), up to MAX_PARTS drafter parts a round.
+  drafts on after that (the value after the key), up to MAX_PARTS drafter parts a round;
+- where a JSON string is open, a branch that closes it (its closing quote and what the grammar
+  forces after it, confidence CLOSE), since the drafter rarely predicts where a string ends;
+- where the string being written is found in the prompt, a copy of the prompt's text after it
+  (confidence COPY a token), as far as the grammar allows: extraction copies names and values;
+- where the drafter has nothing the grammar allows and the grammar allows few tokens
+  (FEW_CHOICES), those tokens as branches, each with what it forces after it.
 
 Sampled drafts are not pruned: rejection sampling corrects against the q each draft was drawn
 from, and dropping the drafts that q drew into forbidden tokens would change what it corrects
