@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from builder import GraphBuilder
+from builder.info import graph_info
 from builder.lmdb_writer import GraphWriter
 from builder.meta_update import update_meta
 from speculant.graph_format import (
@@ -145,6 +146,7 @@ def test_a_format_2_graph_is_read_with_the_same_answers(graph, tmp_path):
     with NGramGraph.open(old) as opened:
         assert opened.meta.format_version == NPY_FORMAT and opened.indexed
     assert answers(old) == answers(graph)
+    assert graph_info(old)["format_version"] == NPY_FORMAT  # graph-info reads it too
 
 
 def test_appending_to_a_format_2_graph_writes_format_3(graph, corpora, tmp_path):
