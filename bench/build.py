@@ -34,7 +34,11 @@ def corpus_bytes(builder) -> int:
 
 
 def bench_build(args: argparse.Namespace) -> dict[str, Any]:
-    """Build a graph from the arguments of ``bench build`` and return the figures."""
+    """Build a graph from the arguments of ``bench build`` and return the figures (as
+    ``speculant build`` runs: transformers without torch, speculant.torchless)."""
+    from speculant.torchless import import_transformers_without_torch
+
+    import_transformers_without_torch()
     from builder import GraphBuilder
     from builder.cli import builder_kwargs, read_inputs
 

@@ -114,6 +114,15 @@ def register(
     tier.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
     tier.set_defaults(handler=bench_draft_tier)
 
+    start = bench_subparsers.add_parser(
+        "startup", help="seconds from launching serve-draft to its health check SERVING"
+    )
+    start.add_argument("--graph", required=True, help="graph directory")
+    start.add_argument("--runs", type=int, default=5, help="launches measured")
+    _add_workers(start)
+    start.add_argument("--json", default=None, metavar="OUT", help="write the figures as JSON")
+    start.set_defaults(handler=_bench_startup)
+
     bench = bench_subparsers.add_parser(
         "build", help="time a graph build (wall, peak RSS, throughput, size)"
     )
@@ -226,6 +235,14 @@ def _add_draft_shape(p: argparse.ArgumentParser) -> None:
 
 def _add_workers(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=8, help="server worker threads")
+
+
+def _bench_startup(args: argparse.Namespace) -> int:
+    from bench.startup import bench_startup
+
+    if args.runs < 1:
+        return usage_error(f"--runs must be >= 1, got {args.runs}")
+    return bench_startup(args)
 
 
 def bench_draft(args: argparse.Namespace) -> int:

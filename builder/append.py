@@ -11,8 +11,10 @@ together. It is published like any build (an atomic swap of the directory): a re
 the old graph open keeps reading it (its files are unlinked, not changed).
 
 Terms: the *base* is the graph appended to; its *version* goes up by one with each append, and
-its *sources* list every build that added corpus to it. A graph of format 1 (per-order LMDB
-tables, no stream of its corpus) cannot be appended to: it is rebuilt from its corpus.
+its *sources* list every build that added corpus to it. The base's index is read zero-copy from
+its LMDB environment (format 3) or its ``.npy`` files (format 2; the result is format 3). A
+graph of format 1 (per-order LMDB tables, no stream of its corpus) cannot be appended to: it is
+rebuilt from its corpus.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from typing import Any
 
 from builder.errors import BuildError
 from builder.index_writer import Part
-from speculant.graph_format import FORMAT_VERSION, GraphMeta, open_graph_env, read_meta
+from speculant.graph_format import (
+    FORMAT_VERSION,
+    INDEXED_FORMATS,
+    GraphMeta,
+    open_graph_env,
+    read_meta,
+)
+from speculant.graph_index import index_arrays
 from speculant.graph_manifest import DATA_FILE, manifest_sizes
 from speculant.suffix_index import ENTRIES_FILE, STREAM_FILE, WEIGHTS_FILE
 
@@ -85,9 +94,9 @@ def check_compatible(
 
 
 def check_format(meta: GraphMeta, out: Path) -> None:
-    """BuildError unless the graph at out is of the format the builder writes (one of format 1
+    """BuildError unless the graph at out has a suffix index (formats 2 and 3; one of format 1
     has no stream of its corpus to merge with)."""
-    if meta.format_version != FORMAT_VERSION:
+    if meta.format_version not in INDEXED_FORMATS:
         raise BuildError(
             f"cannot append to {out}: it is a graph of format {meta.format_version} (per-order "
             f"tables, built before the suffix index), which keeps no stream of its corpus: "
@@ -111,18 +120,24 @@ def append_lock(out: Path) -> Iterator[None]:
 
 def open_base(out: Path, check: dict[str, Any] | None = None) -> BaseGraph:
     """The graph at out as the first part of an append: its manifest checked (sizes and
-    checksums), its format (2) and, with ``check``, :func:`check_compatible`."""
+    checksums), its format (2 or 3) and, with ``check``, :func:`check_compatible`. A format 3
+    graph's part is its arrays, mapped (they keep the map open while referenced)."""
     env = _open_base(out, checksum=True)
     try:
         meta = read_meta(env, out)
+        check_format(meta, out)
+        if check is not None:
+            check_compatible(meta, out, **check)
+        manifest_sizes(out, checksum=False)  # every file it lists is there, at its size
+        if meta.format_version == FORMAT_VERSION:
+            arrays = index_arrays(out, env, meta, [])
+            part = Part(arrays[STREAM_FILE], arrays[ENTRIES_FILE], arrays.get(WEIGHTS_FILE))
+        else:
+            weights = out / WEIGHTS_FILE if meta.index.get("weighted") else None
+            part = Part(out / STREAM_FILE, out / ENTRIES_FILE, weights)
     finally:
         env.close()
-    check_format(meta, out)
-    if check is not None:
-        check_compatible(meta, out, **check)
-    manifest_sizes(out, checksum=False)  # every file it lists is there, at its size
-    weights = out / WEIGHTS_FILE if meta.index.get("weighted") else None
-    return BaseGraph(out, meta, Part(out / STREAM_FILE, out / ENTRIES_FILE, weights))
+    return BaseGraph(out, meta, part)
 
 
 def source_record(

@@ -48,8 +48,12 @@ def tokenizer_threads_env(workers: int) -> dict[str, str]:
 
 
 def _init_worker(env: dict[str, str]) -> None:
-    """Local pool worker start-up: set the environment before any tokenizer runs."""
+    """Local pool worker start-up: set the environment before any tokenizer runs, and load
+    transformers without torch (a worker only tokenizes)."""
+    from speculant.torchless import import_transformers_without_torch
+
     os.environ.update(env)
+    import_transformers_without_torch()
 
 
 class Engine(Protocol):

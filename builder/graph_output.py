@@ -1,21 +1,30 @@
-"""Writing a graph: merging the parts into its index, writing its meta and publishing it.
+"""Writing a graph: merging the parts into its index, putting the index and its meta into the
+graph's LMDB environment and publishing it.
 
-The graph is written into a temporary directory beside its final path and published there
-atomically (:func:`builder.publish.publishing`); a failed write removes the temporary directory
-and leaves what was published before untouched.
+The index arrays are written as files in the build's scratch directory (the merge and the scans
+run over their memory maps), then copied into the LMDB environment of a temporary directory
+beside the graph's final path, which is published there atomically
+(:func:`builder.publish.publishing`); a failed write removes the temporary directory and leaves
+what was published before untouched.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from builder.index_writer import Part, write_index
-from builder.lmdb_writer import GraphWriter
+from builder.lmdb_writer import GraphWriter, map_room
 from builder.publish import publishing, remove_stale_temp_dirs
 from speculant.graph_format import GraphMeta, OrderStats
+from speculant.graph_store import array_layout
+from speculant.suffix_index import INDEX_FILES, WEIGHTS_FILE
 
 log = logging.getLogger("builder")
 
@@ -36,11 +45,20 @@ def write_graph(
     remove_stale_temp_dirs(out)
     with publishing(out) as tmp:
         log.info("merging %d part(s) and writing graph to %s (in %s)", len(parts), out, tmp.name)
-        orders, index = write_index(parts, tmp, scratch, vocab_size, max_order)
-        meta = make_meta(orders, index)
-        writer = GraphWriter(tmp)
+        arrays_dir = Path(tempfile.mkdtemp(prefix="index-", dir=scratch))
         try:
-            writer.write_meta(meta)
+            orders, index = write_index(parts, arrays_dir, scratch, vocab_size, max_order)
+            names = [*INDEX_FILES, WEIGHTS_FILE] if index["weighted"] else list(INDEX_FILES)
+            arrays = {n: np.load(arrays_dir / n, mmap_mode="r", allow_pickle=False) for n in names}
+            index["arrays"] = array_layout(arrays)
+            meta = make_meta(orders, index)
+            writer = GraphWriter(tmp, map_room([a.nbytes for a in arrays.values()]))
+            try:
+                writer.write_arrays(arrays)
+                writer.write_meta(meta)
+            finally:
+                writer.close()
+            del arrays
         finally:
-            writer.close()
+            shutil.rmtree(arrays_dir, ignore_errors=True)
     return meta

@@ -53,16 +53,18 @@ MAX_STREAM = 0xFFFFFFFF  # stream positions are uint32
 
 @dataclass(frozen=True)
 class Part:
-    """A part's files: its stream, its sorted entries (positions in that stream) and, when its
-    positions carry weights, their weights."""
+    """A part's arrays, as ``.npy`` files or arrays (a graph's, mapped): its stream, its sorted
+    entries (positions in that stream) and, when its positions carry weights, their weights."""
 
-    stream: Path
-    entries: Path
-    weights: Path | None = None
+    stream: Path | np.ndarray
+    entries: Path | np.ndarray
+    weights: Path | np.ndarray | None = None
 
 
-def _load(path: Path) -> np.ndarray:
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+def _load(source: Path | np.ndarray) -> np.ndarray:
+    if isinstance(source, np.ndarray):
+        return source
+    return np.load(source, mmap_mode="r", allow_pickle=False)
 
 
 def write_index(
@@ -73,8 +75,8 @@ def write_index(
     max_order: int,
     frequent_min: int = FREQUENT_MIN,
 ) -> tuple[list[OrderStats], dict[str, Any]]:
-    """Write the index files of the parts into the directory out; (the statistics of orders
-    1..max_order, the meta's ``index`` record). scratch: a directory for the merge's
+    """Write the index arrays of the parts as files into the directory out; (the statistics of
+    orders 1..max_order, the meta's ``index`` record). scratch: a directory for the merge's
     intermediate arrays."""
     dtype = stream_dtype(vocab_size)
     sep = separator(dtype)

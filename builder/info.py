@@ -9,7 +9,7 @@ from typing import Any
 import lmdb
 
 from speculant.graph_format import (
-    FORMAT_VERSION,
+    TABLES_FORMAT,
     GraphFormatError,
     open_graph_env,
     order_db_name,
@@ -32,7 +32,7 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     env = open_graph_env(path)
     try:
         meta = read_meta(env, path)
-        for stats in meta.orders if meta.format_version != FORMAT_VERSION else ():
+        for stats in meta.orders if meta.format_version == TABLES_FORMAT else ():
             try:
                 db = env.open_db(order_db_name(stats.order), create=False)
                 entries = _entries(env, db)

@@ -192,6 +192,9 @@ def _serve(
     metrics: Metrics | None,
     learning: LearningConfig | None,
 ) -> int:
+    from speculant.numba_start import import_numba_without_blas
+
+    import_numba_without_blas()  # before the graph's kernels load: 0.2 s less to SERVING
     from draft_service.server import DraftServer
     from speculant.graph_format import GraphFormatError
 

@@ -1,27 +1,30 @@
-"""The on-disk format of an n-gram graph: a directory with an LMDB environment and index files.
+"""The on-disk format of an n-gram graph: a directory holding one LMDB environment.
 
 Terms: an *order-o context* is a sequence of o token ids; its *successors* are the tokens that
 followed it in the corpus, with their *counts*. A graph answers, for any context of up to its
 max order, its successors and their counts.
 
-Layout (format version 2), in the graph directory:
+Layout (format version 3), in the graph directory:
 
 - ``data.mdb``, an LMDB environment: named database ``meta``, key ``b"meta"`` -> UTF-8 JSON
-  object (see :class:`GraphMeta`). The meta record is written last, in the builder's final
-  transaction: a graph without it is unfinished and is never served.
-- the suffix index (:mod:`speculant.suffix_index`): the corpus as one token stream, its
-  positions sorted by the text before them, and a table of the successor counts of frequent
-  contexts; plain ``.npy`` arrays, 6 to 8 bytes a corpus token whatever the order, so a graph
-  answers contexts of any length up to ``suffix_index.MAX_CONTEXT`` tokens.
+  object (see :class:`GraphMeta`), and named database ``index``, one key per array of the
+  suffix index (:mod:`speculant.suffix_index`, :mod:`speculant.graph_store`): the corpus as one
+  token stream, its positions sorted by the text before them, and a table of the successor
+  counts of frequent contexts, 6 to 9 bytes a corpus token whatever the order, so a graph
+  answers contexts of any length up to ``suffix_index.MAX_CONTEXT`` tokens. Readers map the
+  arrays zero-copy. The meta record is written last, in the builder's final transaction: a
+  graph without it is unfinished and is never served.
 - ``manifest.json``: the size and SHA-256 of every other file, written at publish.
 
-Format version 1 (graphs built before 2026-12-03) kept one LMDB database per order, ``order:<o>``:
-key = the o context ids as big-endian uint32, value = n successor ids as little-endian uint32,
-then their n counts, sorted by count descending, then id ascending. Such graphs are still read
-(drafting works as before); appending to one or distilling into it asks for a rebuild.
+Format version 2 (built 2026-12-03 to 2026-12-04) had the same arrays as ``.npy`` files beside
+``data.mdb``; format version 1 (before 2026-12-03) kept one LMDB database per order,
+``order:<o>``: key = the o context ids as big-endian uint32, value = n successor ids as
+little-endian uint32, then their n counts, sorted by count descending, then id ascending. Both
+are still read and served; appending to a format 2 graph writes format 3; appending to a format
+1 graph or distilling into it asks for a rebuild.
 
-No pickle: keys and values are fixed-width integers, arrays are ``.npy`` files loaded with
-``allow_pickle=False``, the meta record is JSON.
+No pickle: keys and values are fixed-width integers or raw little-endian arrays (format 2: ``.npy``
+files loaded with ``allow_pickle=False``), the meta record is JSON.
 """
 
 from __future__ import annotations
@@ -43,9 +46,11 @@ from speculant.graph_errors import GraphFormatError
 from speculant.graph_manifest import DATA_FILE, verify_manifest
 from speculant.map_guard import MappedFile
 
-FORMAT_VERSION = 2  # what the builder writes
+FORMAT_VERSION = 3  # what the builder writes: the suffix index in the LMDB environment
+NPY_FORMAT = 2  # the suffix index in .npy files beside data.mdb (read, and appended to)
 TABLES_FORMAT = 1  # the per-order LMDB tables of graphs built before the suffix index (read only)
-READ_FORMATS = (TABLES_FORMAT, FORMAT_VERSION)
+INDEXED_FORMATS = (NPY_FORMAT, FORMAT_VERSION)  # the formats with a suffix index
+READ_FORMATS = (TABLES_FORMAT, NPY_FORMAT, FORMAT_VERSION)
 MAX_SUPPORTED_ORDER = 10  # of format 1 graphs (suffix_index.MAX_CONTEXT for format 2)
 META_DB = b"meta"
 META_KEY = b"meta"
@@ -126,9 +131,10 @@ class GraphMeta:
     # were measured}. The drafter uses tuned["params"] for every mixing parameter a request
     # leaves unset (see speculant.draft_params.TUNABLE_FIELDS). Empty: the built-in defaults.
     tuned: dict[str, Any] = field(default_factory=dict)
-    # Format 2: the suffix index (speculant.suffix_index): stream_tokens (its length, SEPs
-    # included), entries, frequent_min (the smallest range tabled), table_ranges, weighted
-    # (whether positions carry weights), max_context.
+    # Formats 2 and 3: the suffix index (speculant.suffix_index): stream_tokens (its length,
+    # SEPs included), entries, frequent_min (the smallest range tabled), table_ranges, weighted
+    # (whether positions carry weights), max_context; format 3 also arrays: {name: [dtype,
+    # shape]} of the arrays in the database ``index`` (speculant.graph_store).
     index: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
@@ -217,6 +223,16 @@ class SharedGraphEnv:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
+    def share(self) -> SharedGraphEnv:
+        """Another handle on this same environment (the same file, whatever is published at
+        its path now); close each handle."""
+        with self._lock:
+            if self._closed:
+                raise GraphFormatError("the graph's environment is closed")
+            env, mapped, users = self._open[self._key]
+            self._open[self._key] = (env, mapped, users + 1)
+        return SharedGraphEnv(env, self._key, mapped)
+
     @property
     def file_id(self) -> tuple[int, int]:
         """(device, inode) of the data file this environment maps."""
@@ -270,7 +286,7 @@ def _open_lmdb(path: Path) -> lmdb.Environment:
             readonly=True,
             lock=False,
             readahead=False,
-            max_dbs=MAX_SUPPORTED_ORDER + 2,
+            max_dbs=MAX_SUPPORTED_ORDER + 3,
             subdir=True,
             create=False,
         )
@@ -323,7 +339,7 @@ def read_meta(env: lmdb.Environment | SharedGraphEnv, path: str | Path = "") -> 
     except (ValueError, TypeError) as exc:
         raise GraphFormatError(f"corrupt graph {path}: unreadable meta record ({exc})") from exc
     if meta.format_version not in READ_FORMATS:
-        readable = " and ".join(str(v) for v in READ_FORMATS)
+        readable = ", ".join(str(v) for v in READ_FORMATS)
         raise GraphFormatError(
             f"graph {path} has format version {meta.format_version}; this version of "
             f"speculant reads versions {readable}: rebuild the graph with `speculant build`"

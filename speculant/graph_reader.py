@@ -4,20 +4,22 @@ Terms: an *order-o context* is the last o token ids; its *successors* are the to
 it in the corpus, with their *counts*. A context *matches* at order o when the corpus has it,
 followed by a successor.
 
-*Long context* (opt-in, :meth:`NGramGraph.use_long_context`): a format 2 graph is matched over
-the last ``window`` tokens of a context (LONG_CONTEXT, 16, suggested). Drafting mixes the orders
-1..max_order (the build's ``--order``) as ever, and the *longest match* as one more order when it
-is longer, and at least LONGEST_FROM tokens: a context seen verbatim that far back says more than
-its last few tokens (dev prompts, greedy replay, the default tree: distilled tinystories 6.73 ->
-7.23 tokens per forward, distilled SmolLM2 chat 3.779 -> 3.786; Propose about 1.2x slower;
-docs/benchmarks.md).
+*Long context* (opt-in, :meth:`NGramGraph.use_long_context`): a graph with a suffix index
+(formats 2 and 3) is matched over the last ``window`` tokens of a context (LONG_CONTEXT, 16,
+suggested). Drafting mixes the orders 1..max_order (the build's ``--order``) as ever, and the
+*longest match* as one more order when it is longer, and at least LONGEST_FROM tokens: a context
+seen verbatim that far back says more than its last few tokens (dev prompts, greedy replay, the
+default tree: distilled tinystories 6.73 -> 7.23 tokens per forward, distilled SmolLM2 chat
+3.779 -> 3.786; Propose about 1.2x slower; docs/benchmarks.md).
 
-Every file is memory-mapped read-only: pages are read from the file on demand and belong to the
-page cache, so the process RSS does not grow with the graph's size. :meth:`NGramGraph.match` is
-the drafters' lookup: the successor counts of every matching order of a context, from the suffix
-index (format 2, :mod:`speculant.suffix_index`) or from the per-order LMDB databases of a format
-1 graph (one B-tree ``get`` per order in a long-lived per-thread read transaction; the values
-zero-copy views into the map that stay valid while the graph is open).
+The graph is memory-mapped read-only (format 3: its one LMDB environment, the index's arrays
+zero-copy views of it): pages are read from the file on demand and belong to the page cache,
+shared by every process on the host, so the process RSS does not grow with the graph's size.
+:meth:`NGramGraph.match` is the drafters' lookup: the successor counts of every matching order
+of a context, from the suffix index (formats 2 and 3, :mod:`speculant.suffix_index`,
+:mod:`speculant.graph_index`) or from the per-order LMDB databases of a format 1 graph (one
+B-tree ``get`` per order in a long-lived per-thread read transaction; the values zero-copy views
+into the map that stay valid while the graph is open).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import contextlib
 import ctypes
 import heapq
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +40,7 @@ import numpy as np
 from speculant.draft_params import TUNABLE_FIELDS, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import (
-    FORMAT_VERSION,
+    INDEXED_FORMATS,
     KEY_DTYPE,
     MAX_SUPPORTED_ORDER,
     GraphFormatError,
@@ -50,10 +51,10 @@ from speculant.graph_format import (
     order_db_name,
     read_meta,
 )
+from speculant.graph_index import open_index
 from speculant.graph_lmdb import decode_values, match_orders
-from speculant.graph_manifest import manifest_sizes
 from speculant.map_guard import MappedFile
-from speculant.suffix_index import INDEX_FILES, MAX_CONTEXT, WEIGHTS_FILE, SuffixIndex
+from speculant.suffix_index import MAX_CONTEXT, SuffixIndex
 
 _MADV_DONTNEED = 4
 
@@ -75,7 +76,7 @@ def _load_madvise() -> Callable[..., int] | None:
 _MADVISE = _load_madvise()
 
 
-# Long context (format 2, opt-in): the shortest longest match that counts beside the orders
+# Long context (suffix index, opt-in): the shortest longest match that counts beside the orders
 # 1..max_order (measured: docs/benchmarks.md).
 LONGEST_FROM = 8
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ class NGramGraph:
         index: SuffixIndex | None = None,
         guards: Sequence[MappedFile] = (),
     ) -> None:
-        """index: the suffix index of a format 2 graph (None: a format 1 graph's per-order
+        """index: the suffix index of a format 2 or 3 graph (None: a format 1 graph's per-order
         databases); guards: its files' damage checks (closed with the graph)."""
         self.path = path
         self.meta = meta
@@ -155,14 +156,14 @@ class NGramGraph:
         guards: list[MappedFile] = []
         try:
             meta = read_meta(env, path)
-            indexed = meta.format_version == FORMAT_VERSION
+            indexed = meta.format_version in INDEXED_FORMATS
             top = MAX_CONTEXT if indexed else MAX_SUPPORTED_ORDER
             if not 1 <= meta.max_order <= top or meta.vocab_size < 1:
                 raise GraphFormatError(
                     f"corrupt graph {path}: max_order={meta.max_order}, "
                     f"vocab_size={meta.vocab_size}"
                 )
-            index = _open_index(path, meta, guards) if indexed else None
+            index = open_index(path, env, meta, guards) if indexed else None
             return cls(path, env, meta, index, guards)
         except BaseException:
             for guard in guards:
@@ -193,7 +194,7 @@ class NGramGraph:
 
     @property
     def indexed(self) -> bool:
-        """Whether the graph has a suffix index (format 2): contexts up to MAX_CONTEXT match."""
+        """Whether the graph has a suffix index (formats 2, 3): contexts up to MAX_CONTEXT match."""
         return self._index is not None
 
     def damage(self) -> str | None:
@@ -238,7 +239,7 @@ class NGramGraph:
         return txn
 
     def _register_reader(self) -> None:
-        """Count this thread as a reader of a format 2 graph (format 1: its transaction)."""
+        """Count this thread as a reader of an indexed graph (format 1: its transaction)."""
         self._local.reader = True
         with self._txns_lock:
             self._index_readers += 1
@@ -286,7 +287,7 @@ class NGramGraph:
     def contexts(self, order: int) -> Iterator[tuple[tuple[int, ...], np.ndarray, np.ndarray]]:
         """Every context of the order with its successors: (ids, successor ids [n], counts
         [n]), successors by count descending, then id ascending (a scan: for tests and tools).
-        Format 1: in key order; format 2: in the index's order."""
+        Format 1: in key order; formats 2, 3: in the index's order."""
         if self._index is not None:
             yield from self._index.contexts(order)
             return
@@ -354,7 +355,7 @@ class NGramGraph:
                 with contextlib.suppress(lmdb.Error):
                     txn.abort()
             self._txns.clear()
-        self._index = None  # the memmaps unmap once the last array view is gone
+        self._index = None  # the maps close once the last array view is gone (graph_store)
         for guard in self._guards:
             guard.close()
         self._env.close()
@@ -364,33 +365,3 @@ class NGramGraph:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def _open_index(path: Path, meta: GraphMeta, guards: list[MappedFile]) -> SuffixIndex:
-    """Map a format 2 graph's index files (each checked against the manifest first), guarding
-    each map (speculant.map_guard); their guards are appended to ``guards``."""
-    sizes = manifest_sizes(path, checksum=False)  # open_graph_env checksummed them
-    names = [*INDEX_FILES, WEIGHTS_FILE] if meta.index.get("weighted") else list(INDEX_FILES)
-    arrays: dict[str, np.ndarray] = {}
-    for name in names:
-        if name not in sizes:
-            raise GraphFormatError(f"corrupt graph {path}: {name} is missing from its manifest")
-        file = path / name
-        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
-        guard = MappedFile(file, sizes[name], fd)
-        guards.append(guard)
-        try:
-            array = np.load(file, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise GraphFormatError(f"corrupt graph {path}: unreadable {name} ({exc})") from exc
-        stat = os.stat(file)
-        if (stat.st_dev, stat.st_ino) != guard.file_id:
-            raise GraphFormatError(f"graph {path}: {name} was replaced while it was opened")
-        guard.find_regions()
-        arrays[name] = array
-    try:
-        index = SuffixIndex(arrays)
-        index.warm_up()
-    except (KeyError, IndexError, ValueError) as exc:
-        raise GraphFormatError(f"corrupt graph {path}: inconsistent index files ({exc})") from exc
-    return index

@@ -18,10 +18,9 @@ import grpc
 import pytest
 
 from builder import GraphBuilder
-from speculant.graph_manifest import MANIFEST_FILE
+from speculant.graph_manifest import DATA_FILE, MANIFEST_FILE
 from speculant.health import health_status, wait_until_serving
 from speculant.ports import free_ports
-from speculant.suffix_index import ENTRIES_FILE, STREAM_FILE
 from speculant.v1 import draft_pb2, draft_pb2_grpc
 from tests.assets import ROOT, STORIES_MODEL, STORY_SEPARATOR, TINYSTORIES_CORPUS
 
@@ -42,11 +41,11 @@ def good_graph(tmp_path_factory) -> Path:
 
 
 def damaged_copy(good_graph: Path, where: Path, *, manifest: bool, keep: float = 0.5) -> Path:
-    """A copy of the graph whose largest file (its sorted entries) keeps only `keep` of its
-    bytes."""
+    """A copy of the graph whose LMDB file (its index and meta record) keeps only `keep` of
+    its bytes."""
     copy = where / "graph"
     shutil.copytree(good_graph, copy)
-    data = copy / ENTRIES_FILE
+    data = copy / DATA_FILE
     os.truncate(data, int(data.stat().st_size * keep) // 4096 * 4096)
     if not manifest:
         (copy / MANIFEST_FILE).unlink()
@@ -168,7 +167,7 @@ def test_a_graph_file_truncated_under_the_service_never_kills_it(good_graph, tmp
         with grpc.insecure_channel(address) as channel:
             stub = draft_pb2_grpc.DraftServiceStub(channel)
             expected = propose(stub).draft_token_ids
-            os.truncate(graph / STREAM_FILE, 8192)  # under the running service
+            os.truncate(graph / DATA_FILE, 8192)  # under the running service
             codes = set()
             for i in range(50):  # other contexts each time: lookups in the map, not caches
                 try:
@@ -193,13 +192,14 @@ def test_a_read_past_a_truncated_end_reads_zeros_instead_of_killing(good_graph, 
     graph = tmp_path / "graph"
     shutil.copytree(good_graph, graph)
     # Read every context of the highest order straight from the maps, after truncating the
-    # token stream under them: without the guard, the first page past the new end raises SIGBUS.
+    # graph's LMDB file (its index arrays) under them: without the guard, the first page past
+    # the new end raises SIGBUS.
     script = textwrap.dedent(
         f"""
         import os
         from speculant.graph_reader import NGramGraph
         graph = NGramGraph.open({str(graph)!r})
-        os.truncate({str(graph / STREAM_FILE)!r}, 8192)
+        os.truncate({str(graph / DATA_FILE)!r}, 8192)
         try:
             for context in graph.contexts(graph.max_order):
                 pass
