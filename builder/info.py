@@ -15,6 +15,7 @@ from speculant.graph_format import (
     order_db_name,
     read_meta,
 )
+from speculant.map_guard import resident_bytes
 
 
 def disk_usage(path: Path) -> int:
@@ -48,6 +49,7 @@ def graph_info(path: str | Path) -> dict[str, Any]:
         damage = env.mapped.damage()  # the file shrank or changed while it was read
         if damage is not None:
             raise GraphFormatError(f"graph {path} changed while it was read: {damage}")
+        resident = resident_bytes(env.mapped.regions)
     finally:
         env.close()
     info = asdict(meta)
@@ -55,6 +57,8 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     info["size_on_disk_bytes"] = disk_usage(path)
     info["size_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     info["bytes_per_token"] = round(info["size_on_disk_bytes"] / max(1, meta.corpus_tokens), 2)
+    # of its data file, in the host's page cache now: what every process mapping it shares
+    info["resident_bytes"] = resident
     return info
 
 
@@ -103,6 +107,8 @@ def format_info(info: dict[str, Any]) -> str:
         f"{params.get('text_field')!r}",
         f"size on disk:   {info['size_on_disk_bytes'] / 2**20:,.1f} MiB "
         f"({info['size_bytes']:,} bytes, {info['bytes_per_token']:.1f} bytes a corpus token)",
+        f"resident:       {info.get('resident_bytes', 0) / 2**20:,.1f} MiB in the page cache "
+        "(shared by every process that maps the graph)",
     ]
     index = info.get("index") or {}
     if index:  # format 2: the suffix index

@@ -1,10 +1,11 @@
 """Command-line subcommands of the draft_service package.
 
-- ``speculant serve-draft --graph GRAPH_DIR [--host 127.0.0.1] [--port 50051] [--workers N]
-  [--reload-interval S] [--metrics-port P] [--log-format text|json]``: the gRPC draft service
-  (health NOT_SERVING until the graph is open; SIGINT/SIGTERM stop it; a graph newly published
-  at GRAPH_DIR is loaded without a restart, checked every S seconds and on SIGHUP, see
-  :mod:`draft_service.reload`).
+- ``speculant serve-draft --graph [NAME=]GRAPH_DIR ... [--default-graph NAME] [--catalog FILE]
+  [--admin-token-file F] [--host 127.0.0.1] [--port 50051] [--workers N] [--reload-interval S]
+  [--metrics-port P] [--log-format text|json]``: the gRPC draft service (health NOT_SERVING until
+  the graphs are open; SIGINT/SIGTERM stop it; a graph newly published at a GRAPH_DIR, or a
+  change recorded in the catalog file, is loaded without a restart, checked every S seconds and
+  on SIGHUP, see :mod:`draft_service.reload`).
 
 ``speculant tune`` and the draft benchmarks (``bench draft``, ``bench draft-tier``) drive the
 service from above: :mod:`bench.cli`.
@@ -46,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser(
         "serve-draft", help="serve draft proposals from an n-gram graph over gRPC"
     )
-    serve.add_argument("--graph", required=True, help="graph directory (from `speculant build`)")
+    add_catalog_arguments(serve)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)"
     )
@@ -91,6 +92,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=serve_draft)
 
 
+def add_catalog_arguments(p: argparse.ArgumentParser, admin: bool = True) -> None:
+    """--graph (repeatable), --default-graph, --catalog and (admin) --admin-token-file
+    (serve-draft; up without the last, which it gives its gateway's)."""
+    p.add_argument(
+        "--graph",
+        action="append",
+        required=True,
+        metavar="[NAME=]DIR",
+        help="a graph folder (from `speculant build`) to serve under NAME (default: the folder's "
+        "name); repeat it to serve several: each request names its graph (see docs/graph.md)",
+    )
+    p.add_argument(
+        "--default-graph",
+        default=None,
+        metavar="NAME",
+        help="the graph of requests that name none (default: the first --graph)",
+    )
+    p.add_argument(
+        "--catalog",
+        default="",
+        metavar="FILE",
+        help="where graphs added or removed while serving are recorded, shared by the draft "
+        "replicas (each applies it at start and when it changes) (default: "
+        "DEFAULT_GRAPH_DIR.catalog.json beside the default graph; 'none': not recorded)",
+    )
+    if not admin:
+        return
+    p.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="the token AdminService calls (adding, replacing, removing graphs) must send "
+        "(default: $SPECULANT_ADMIN_TOKEN if set, else admin calls are refused)",
+    )
+
+
+def catalog_from_args(args: argparse.Namespace):
+    """(graph specs, default graph name, catalog file path or None) of the flags;
+    InvalidArgumentError naming the flag when one is bad."""
+    from speculant.graph_catalog import default_catalog_path, parse_graph_specs
+
+    specs, default = parse_graph_specs(args.graph, args.default_graph)
+    if args.catalog.lower() == "none":
+        return specs, default, None
+    chosen = next(spec.path for spec in specs if spec.name == default)
+    return specs, default, args.catalog or default_catalog_path(chosen)
+
+
 def _fail(message: str) -> int:
     """The command could not do its job: one error line, exit status 1."""
     from speculant.cli_errors import fail
@@ -117,7 +166,8 @@ def add_learning_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_LEARN_MEMORY_MB,
         metavar="MB",
-        help="memory cap of the live layer; the oldest generations go first (default "
+        help="memory cap of each (graph, tenant) learned layer; the oldest generations go first "
+        "(default "
         f"{DEFAULT_LEARN_MEMORY_MB:g} MiB)",
     )
     p.add_argument(
@@ -132,8 +182,9 @@ def add_learning_arguments(p: argparse.ArgumentParser) -> None:
         "--learn-log",
         default="",
         metavar="PATH",
-        help="where learned generations persist across restarts, shared by the replicas "
-        "(default: GRAPH_DIR.learned.jsonl beside the graph; 'none': in memory only)",
+        help="where the default graph's default tenant's learned generations persist across "
+        "restarts, shared by the replicas; the other graphs' and tenants' logs go beside it "
+        "(default: GRAPH_DIR.learned[.TENANT].jsonl beside each graph; 'none': in memory only)",
     )
 
 
@@ -158,6 +209,7 @@ def learning_from_args(args: argparse.Namespace):
 
 def serve_draft(args: argparse.Namespace) -> int:
     """Run the draft service; one error line for a bad graph or port (exit status 1) or flag (2)."""
+    from speculant.auth import load_admin_token
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.draft_params import DraftParams
     from speculant.metrics import metrics_from_args
@@ -173,6 +225,8 @@ def serve_draft(args: argparse.Namespace) -> int:
         return _usage(f"bad drafting default: {exc}")
     try:
         learning = learning_from_args(args)
+        catalog = catalog_from_args(args)
+        admin_token = load_admin_token(args.admin_token_file)
     except ValueError as exc:
         return _usage(str(exc))
     try:
@@ -180,7 +234,7 @@ def serve_draft(args: argparse.Namespace) -> int:
     except OSError as exc:
         return _fail(str(exc))
     try:
-        return _serve(args, defaults, metrics, learning)
+        return _serve(args, defaults, metrics, learning, catalog, admin_token)
     finally:
         if metrics is not None:
             metrics.close()
@@ -191,12 +245,14 @@ def _serve(
     defaults: DraftParams,
     metrics: Metrics | None,
     learning: LearningConfig | None,
+    catalog: tuple,
+    admin_token: str | None,
 ) -> int:
     from speculant.numba_start import import_numba_without_blas
 
     import_numba_without_blas()  # before the graph's kernels load: 0.2 s less to SERVING
     from draft_service.server import DraftServer
-    from speculant.graph_format import GraphFormatError
+    from speculant.errors import SpeculantError
 
     try:
         tls = server_tls_from_args(args)
@@ -211,6 +267,8 @@ def _serve(
             max_context_tokens=args.max_context,
             long_context=args.long_context,
             learning=learning,
+            catalog_file=catalog[2],
+            admin_token=admin_token,
         )
     except InvalidArgumentError as exc:
         return _usage(str(exc))
@@ -218,8 +276,8 @@ def _serve(
         return _fail(str(exc))
     server.start()
     try:
-        server.load_graph(args.graph)
-    except GraphFormatError as exc:
+        server.load_graphs(catalog[0], catalog[1])
+    except SpeculantError as exc:  # a graph that does not open, or of another tokenizer
         server.stop(0)
         return _fail(str(exc))
     log.info("%s", server.serving_summary())

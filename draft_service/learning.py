@@ -1,13 +1,19 @@
-"""A draft service's online learning: its live layer and learn log, kept across graph reloads.
+"""A draft service's online learning: a live layer and a learn log per (graph, tenant), kept
+across graph reloads.
 
-The gateway reports every finished generation (``DraftService/Learn``); this module keeps what the
-service learned (:mod:`draft_service.live_layer`) and persists the generations it is asked to
-persist (:mod:`draft_service.learn_log`), which a service replays when it starts. Learning never
+The gateway reports every finished generation (``DraftService/Learn``) with the graph it drafted
+from and the tenant it served; this module keeps what the service learned from it in that
+(graph, tenant)'s *learned layer* (:mod:`draft_service.live_layer`) and persists the generations
+it is asked to persist into that layer's learn log (:mod:`draft_service.learn_log`), which a
+service replays when it opens the graph. So one tenant's generations shape only its own drafts
+of that graph: another tenant's drafts, and another graph's, stay byte-identical. Learning never
 fails a request: a log that cannot be written is logged (once) and learning goes on in memory.
 
-The live layer belongs to the tokenizer and max order of the graph it was learned under: a graph
-reloaded with the same tokenizer keeps it (its documents are counted again if the max order
-changed); one with another tokenizer starts an empty layer (and does not write the old log).
+Learn logs: with no ``--learn-log``, beside each graph folder, ``GRAPH_DIR.learned.jsonl`` for
+the default tenant and ``GRAPH_DIR.learned.TENANT.jsonl`` for the others; with ``--learn-log
+PATH``, PATH is the default graph's default tenant's and the others sit beside it as
+``STEM.GRAPH.jsonl`` / ``STEM.GRAPH.TENANT.jsonl`` (names hold no dots, so each file name says
+whose it is). A layer learned under one max order is counted again when a reload changes it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 from draft_service.learn_log import LearnLog, LearnLogError
 from draft_service.live_layer import DEFAULT_MAX_BYTES, DEFAULT_WEIGHT, LiveLayer
 from speculant.errors import InvalidArgumentError
+from speculant.graph_catalog import NAME_PATTERN
 from speculant.graph_reader import NGramGraph
 from speculant.types import LiveStats
 
@@ -33,8 +40,9 @@ LOG_SUFFIX = ".learned.jsonl"  # the default learn log: GRAPH_DIR + this, beside
 
 @dataclass(frozen=True)
 class LearningConfig:
-    """How a draft service learns. log_path: "" = GRAPH_DIR.learned.jsonl beside the graph,
-    None = no log (learning in memory only, lost at a restart)."""
+    """How a draft service learns. max_bytes: the memory cap of each (graph, tenant) layer.
+    log_path: "" = beside each graph (see the module docstring), None = no log (learning in
+    memory only, lost at a restart), else the default graph's default tenant's log."""
 
     enabled: bool = True
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -42,9 +50,11 @@ class LearningConfig:
     log_path: str | None = ""
 
 
-def default_log_path(graph_path: str | Path) -> Path:
+def default_log_path(graph_path: str | Path, tenant: str = "") -> Path:
+    """The learn log beside a graph folder: GRAPH_DIR.learned[.TENANT].jsonl."""
     path = Path(graph_path).expanduser().absolute()
-    return path.with_name(path.name + LOG_SUFFIX)
+    middle = f".{tenant}" if tenant else ""
+    return path.with_name(path.name + LOG_SUFFIX.replace(".jsonl", f"{middle}.jsonl"))
 
 
 @dataclass(frozen=True)
@@ -54,83 +64,137 @@ class LearnOutcome:
     stats: LiveStats
 
 
+@dataclass(eq=False)
+class _Learned:
+    """One (graph, tenant)'s layer and log."""
+
+    layer: LiveLayer
+    log: LearnLog | None
+    log_failed: bool = False
+
+
 class Learning:
-    """The live layer and learn log of one draft service (see the module docstring)."""
+    """The learned layers and learn logs of one draft service (see the module docstring)."""
 
-    def __init__(self, config: LearningConfig | None = None) -> None:
+    def __init__(self, config: LearningConfig | None = None, default_graph: str = "") -> None:
+        """default_graph: the name whose default tenant's log is config.log_path when given."""
         self.config = config or LearningConfig()
+        self.default_graph = default_graph
         self._lock = threading.Lock()
-        self.layer: LiveLayer | None = None
-        self._fingerprint: str | None = None
-        self._log: LearnLog | None = None
-        self._log_failed = False
+        self._learned: dict[tuple[str, str], _Learned] = {}
 
-    def attach(self, graph: NGramGraph) -> LiveLayer:
-        """The live layer for a graph being installed (see the module docstring); the first
-        graph's attach replays the learn log."""
-        meta = graph.meta
+    def layer(self, name: str, tenant: str, graph: NGramGraph) -> LiveLayer:
+        """(graph name, tenant)'s layer for `graph`, made (and its log replayed) on first use;
+        counted again when the graph's max order changed since it was learned."""
+        key = (name, tenant)
         with self._lock:
-            layer = self.layer
-            if layer is not None and self._fingerprint == meta.tokenizer_fingerprint:
-                if layer.max_order != meta.max_order:  # count the documents again
-                    documents = layer.documents()
-                    layer = self._new_layer(meta.max_order)
-                    for packed in documents:
-                        layer.learn(_unpack(packed))
-                    self.layer = layer
-                return layer
-            if layer is not None:
-                log.warning("the graph's tokenizer changed: the live layer starts empty")
-            self.layer = layer = self._new_layer(meta.max_order)
-            self._fingerprint = meta.tokenizer_fingerprint
-            self._log = self._open_log(graph.path, meta.tokenizer_fingerprint, meta.max_order)
-            if self._log is not None:
-                try:
-                    generations, tokens = self._log.replay(layer)
-                except (LearnLogError, OSError) as exc:
-                    log.warning("learn log not replayed: %s", exc)
-                    self._log = None
-                else:
-                    log.info(
-                        "replayed %d learned generations (%d tokens) from %s; live layer %.1f MiB",
-                        generations,
-                        tokens,
-                        self._log.path,
-                        layer.estimated_bytes() / 2**20,
-                    )
-            return layer
+            learned = self._learned.get(key)
+            if learned is None:
+                learned = self._open(name, tenant, graph)
+                self._learned[key] = learned
+            elif learned.layer.max_order != graph.max_order:  # count the documents again
+                documents = learned.layer.documents()
+                learned.layer = self._new_layer(graph.max_order)
+                for packed in documents:
+                    learned.layer.learn(_unpack(packed))
+            return learned.layer
 
-    def log_path(self) -> Path | None:
-        """The learn log in use (None: none, or not yet attached)."""
-        return self._log.path if self._log is not None else None
+    def tenants_on_disk(self, name: str, graph: NGramGraph) -> list[str]:
+        """The tenants whose learn log of this graph exists (the default tenant as "")."""
+        default = self.log_path(name, "", graph)
+        if default is None:
+            return []
+        found = [""] if default.exists() else []
+        pattern = self.log_path(name, "*", graph)  # "*": no name holds it
+        assert pattern is not None
+        prefix, suffix = pattern.name.split("*")
+        for path in sorted(pattern.parent.glob(pattern.name)):
+            tenant = path.name[len(prefix) : len(path.name) - len(suffix)]
+            if NAME_PATTERN.fullmatch(tenant):
+                found.append(tenant)
+        return found
+
+    def log_path(self, name: str, tenant: str, graph: NGramGraph) -> Path | None:
+        """Where (graph name, tenant)'s learn log lives (None: learning in memory only)."""
+        given = self.config.log_path
+        if given is None:
+            return None
+        if given == "":
+            return default_log_path(graph.path, tenant)
+        path = Path(given)
+        if name == self.default_graph and not tenant:
+            return path
+        parts = [path.stem, name, *([tenant] if tenant else [])]
+        return path.with_name(".".join(parts) + path.suffix)
+
+    def forget(self, name: str) -> None:
+        """Drop the layers of a graph no longer served (their logs stay on disk)."""
+        with self._lock:
+            for key in [key for key in self._learned if key[0] == name]:
+                del self._learned[key]
+
+    def layers(self) -> list[tuple[str, str, LiveLayer, Path | None]]:
+        """(graph name, tenant, layer, its log) of every layer held."""
+        with self._lock:
+            return [
+                (name, tenant, learned.layer, learned.log.path if learned.log else None)
+                for (name, tenant), learned in self._learned.items()
+            ]
 
     def _new_layer(self, max_order: int) -> LiveLayer:
         return LiveLayer(max_order, max_bytes=self.config.max_bytes, weight=self.config.weight)
 
-    def _open_log(self, graph_path: Path, fingerprint: str, max_order: int) -> LearnLog | None:
-        if self.config.log_path is None:
-            return None
-        path = self.config.log_path or default_log_path(graph_path)
-        return LearnLog(path, tokenizer_fingerprint=fingerprint, max_order=max_order)
+    def _open(self, name: str, tenant: str, graph: NGramGraph) -> _Learned:
+        """A new layer for (name, tenant), its log replayed into it."""
+        meta = graph.meta
+        layer = self._new_layer(meta.max_order)
+        path = self.log_path(name, tenant, graph)
+        if path is None:
+            return _Learned(layer, None)
+        learn_log = LearnLog(
+            path, tokenizer_fingerprint=meta.tokenizer_fingerprint, max_order=meta.max_order
+        )
+        try:
+            generations, tokens = learn_log.replay(layer)
+        except (LearnLogError, OSError) as exc:
+            log.warning("learn log not replayed: %s", exc)
+            return _Learned(layer, None)
+        if generations:
+            log.info(
+                "replayed %d learned generations (%d tokens) of graph %s%s from %s; layer %.1f MiB",
+                generations,
+                tokens,
+                name,
+                f", tenant {tenant}" if tenant else "",
+                learn_log.path,
+                layer.estimated_bytes() / 2**20,
+            )
+        return _Learned(layer, learn_log)
 
     def learn(
-        self, token_ids: Sequence[int], generation_id: str, persist: bool, vocab_size: int
+        self,
+        name: str,
+        tenant: str,
+        graph: NGramGraph,
+        token_ids: Sequence[int],
+        generation_id: str,
+        persist: bool,
     ) -> LearnOutcome:
-        """Validate a report (InvalidArgumentError naming the field), learn it, persist it."""
-        check_report(token_ids, generation_id, vocab_size)
-        layer = self.layer
-        if layer is None:
-            raise InvalidArgumentError("token_ids", "no graph is loaded yet")
+        """Validate a report (InvalidArgumentError naming the field), learn it into (name,
+        tenant)'s layer, persist it into that layer's log."""
+        check_report(token_ids, generation_id, graph.vocab_size)
+        layer = self.layer(name, tenant, graph)
+        learned = self._learned[(name, tenant)]
         kept = layer.learn(token_ids)
         persisted = False
-        learn_log = self._log
+        learn_log = learned.log
         if persist and learn_log is not None and kept:
             try:
                 learn_log.append(generation_id, token_ids)
                 persisted = True
             except OSError as exc:
-                if not self._log_failed:
-                    self._log_failed = True
+                if not learned.log_failed:
+                    learned.log_failed = True
                     log.warning(
                         "learn log %s not written (learning goes on): %s", learn_log.path, exc
                     )

@@ -7,13 +7,15 @@ that keeps versioned directories may flip a symlink (``ln -sfn graph.v2 graph.ne
 graph.new graph``). Either way the path's file id changes, which is what the watcher looks for.
 
 The watcher is a thread: every ``interval_s`` seconds (0: only when :meth:`GraphWatcher.trigger`
-is called, e.g. on SIGHUP) it stats the path. When the file id differs from the served graph's,
-it opens the new graph (which checks its manifest), refuses it unless its tokenizer fingerprint
-equals the served graph's (the gateway checked that one against the verifier's tokenizer), and
-installs it in the :class:`~draft_service.graph_slot.GraphSlot`: calls that start afterwards use
-it, calls in flight finish on the old one, which closes when the last of them ends. A refused or
-unreadable graph is logged once and the old graph keeps serving; the watcher tries again when
-another graph is published there, or on the next trigger().
+is called, e.g. on SIGHUP) it applies the catalog file's changes
+(:meth:`~draft_service.catalog.GraphCatalog.sync_file`) and stats each graph's path. When the
+file id differs from the served graph's, it opens the new graph (which checks its manifest),
+refuses it unless its tokenizer fingerprint equals the served graph's (the gateway checked that
+one against the verifier's tokenizer), and installs it under the graph's name
+(:class:`~draft_service.catalog.GraphCatalog`): calls that start afterwards use it, requests in
+flight finish on the old one, which closes once they are done. A refused or unreadable graph is
+logged once and the old graph keeps serving; the watcher tries again when another graph is
+published there, or on the next trigger().
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import threading
 from pathlib import Path
 
-from draft_service.graph_slot import GraphSlot
+from draft_service.catalog import GraphCatalog
 from speculant.config import DEFAULT_RELOAD_INTERVAL_S
 from speculant.errors import SpeculantError
 from speculant.graph_format import GraphMeta
@@ -73,21 +75,20 @@ def describe_change(old: GraphMeta, new: GraphMeta) -> str:
 
 
 class GraphWatcher:
-    """Reloads the slot's graph when a new one is published at path (see the module docstring)."""
+    """Reloads a catalog's graphs when a new one is published at a graph's folder, and applies
+    the catalog file's changes (see the module docstring)."""
 
     def __init__(
         self,
-        path: str | Path,
-        slot: GraphSlot,
+        catalog: GraphCatalog,
         interval_s: float = DEFAULT_RELOAD_INTERVAL_S,
     ) -> None:
         if interval_s < 0:
             raise ValueError(f"the reload interval must be >= 0, got {interval_s}")
-        self.path = Path(path)
-        self.slot = slot
+        self.catalog = catalog
         self.interval_s = interval_s
         self.reloads = 0  # graphs installed by this watcher
-        self._refused: Signature | None = None  # a graph already refused (logged once)
+        self._refused: dict[str, Signature] = {}  # a graph already refused (logged once)
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._check_lock = threading.Lock()
@@ -100,7 +101,7 @@ class GraphWatcher:
     def trigger(self) -> None:
         """Check now (from a signal handler too: it only sets an event), retrying a graph that
         was refused before."""
-        self._refused = None
+        self._refused.clear()
         self._wake.set()
 
     def stop(self) -> None:
@@ -117,44 +118,57 @@ class GraphWatcher:
                 return
             try:
                 self.check()
-            except Exception:  # never let the watcher die: the old graph keeps serving
-                log.exception("graph reload of %s failed", self.path)
+            except Exception:  # never let the watcher die: the old graphs keep serving
+                log.exception("graph reload failed")
 
     def check(self, retry: bool = False) -> bool:
-        """Install the graph published at path if it is a new one; True when one was installed.
-
-        retry: try again a graph that was refused before."""
+        """Apply the catalog file's changes, then install each graph newly published at its
+        folder; True when a graph was installed. retry: try again a graph refused before."""
         with self._check_lock:
-            current = self.slot.current
-            found = signature(self.path)
-            if found is None or current is None:
-                return False
-            if found[:2] == current.graph.file_id or (found == self._refused and not retry):
-                return False
-            try:
-                graph = NGramGraph.open(self.path)
-            except (SpeculantError, OSError) as exc:
-                self._refuse(found, f"cannot open it: {exc}")
-                return False
-            old = current.graph.meta
-            if graph.meta.tokenizer_fingerprint != old.tokenizer_fingerprint:
-                graph.close()
-                self._refuse(
-                    found,
-                    f"its tokenizer {graph.meta.tokenizer_name!r} "
-                    f"({graph.meta.tokenizer_fingerprint[:23]}...) is not the served graph's "
-                    f"{old.tokenizer_name!r} ({old.tokenizer_fingerprint[:23]}...); restart the "
-                    "service (and the gateway) to change tokenizers",
-                )
-                return False
-            self.slot.install(graph)
-            self._refused = None
-            self.reloads += 1
-            log.info("reloaded graph %s: %s", self.path, describe_change(old, graph.meta))
+            changed = self.catalog.sync_file()
+            for name in self.catalog.names():
+                changed = self._check_path(name, retry) or changed
+        return changed
+
+    def _check_path(self, name: str, retry: bool) -> bool:
+        """Install the graph published at name's folder if it is a new one."""
+        current = self.catalog.current(name)
+        path = self.catalog.path_of(name)
+        found = signature(path) if path is not None else None
+        if found is None or current is None:
+            return False
+        if found[:2] == current.graph.file_id or (found == self._refused.get(name) and not retry):
+            return False
+        try:
+            graph = NGramGraph.open(path)
+        except (SpeculantError, OSError) as exc:
+            self._refuse(name, path, found, f"cannot open it: {exc}")
+            return False
+        old = current.graph.meta
+        if graph.meta.tokenizer_fingerprint != old.tokenizer_fingerprint:
+            graph.close()
+            self._refuse(
+                name,
+                path,
+                found,
+                f"its tokenizer {graph.meta.tokenizer_name!r} "
+                f"({graph.meta.tokenizer_fingerprint[:23]}...) is not the served graph's "
+                f"{old.tokenizer_name!r} ({old.tokenizer_fingerprint[:23]}...); restart the "
+                "service (and the gateway) to change tokenizers",
+            )
+            return False
+        try:
+            self.catalog.install(name, graph)
+        except KeyError:  # removed meanwhile
+            graph.close()
+            return False
+        self._refused.pop(name, None)
+        self.reloads += 1
+        log.info("reloaded graph %s: %s", path, describe_change(old, graph.meta))
         return True
 
-    def _refuse(self, found: Signature, why: str) -> None:
-        self._refused = found
+    def _refuse(self, name: str, path: Path, found: Signature, why: str) -> None:
+        self._refused[name] = found
         log.error(
-            "not reloading the graph published at %s: %s; still serving the old one", self.path, why
+            "not reloading the graph published at %s: %s; still serving the old one", path, why
         )

@@ -1,11 +1,14 @@
-"""The draft service's servicer: speculant.v1.DraftService (Propose, ProposeStream,
-GetGraphInfo, Learn) answered from the current graph's drafter.
+"""The draft service's servicers: speculant.v1.DraftService (Propose, ProposeStream,
+GetGraphInfo, Learn) answered from the drafter of the graph and tenant each request names, and
+speculant.v1.AdminService (AddGraph, RemoveGraph, ListGraphs) changing the catalog
+(:mod:`draft_service.catalog`).
 
-It only translates between protos and the drafting core (:mod:`draft_service.drafting`): unset
+They only translate between protos and the drafting core (:mod:`draft_service.drafting`): unset
 optional fields take the server's default DraftParams, DRAFT_STRATEGY_UNSPECIFIED means the
-default strategy (greedy), bad requests become INVALID_ARGUMENT naming the field, and the graph's
-meta record becomes a GetGraphInfoResponse (:func:`graph_info_to_pb`). The server
-around it (bind, graph loading, reload, health, stop) is :mod:`draft_service.server`.
+default strategy (greedy), bad requests become INVALID_ARGUMENT naming the field, an unknown
+graph NOT_FOUND naming it, and a graph's meta record becomes a GetGraphInfoResponse
+(:func:`graph_info_to_pb`). The server around them (bind, graph loading, reload, health, stop) is
+:mod:`draft_service.server`.
 """
 
 from __future__ import annotations
@@ -13,24 +16,27 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 
+from draft_service.catalog import GraphCatalog
 from draft_service.drafting import Drafter
-from draft_service.graph_slot import STILL_OPENING, GraphSlot
+from draft_service.graph_slot import STILL_OPENING
 from draft_service.learning import Learning
 from draft_service.metrics import DraftMetrics
 from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.graph_reader import NGramGraph
+from speculant.graph_catalog import NO_GRAPH, CatalogFile, GraphSpec, graph_name_of
+from speculant.graph_reader import NGramGraph, folder_bytes
 from speculant.grpc_server import CallLimit, map_errors, map_stream_errors
 from speculant.request_context import clean_request_id, request_id_scope
 from speculant.types import DraftProposal, NextRoundDraft
-from speculant.v1 import draft_pb2, draft_pb2_grpc
+from speculant.v1 import admin_pb2, admin_pb2_grpc, draft_pb2, draft_pb2_grpc
 from speculant.wire import (
     draft_params_from_pb,
+    graph_status_to_pb,
     live_stats_to_pb,
     next_round_to_pb,
     proposal_to_pb,
@@ -53,10 +59,14 @@ def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
         )
 
 
-def graph_info_to_pb(graph: NGramGraph) -> draft_pb2.GetGraphInfoResponse:
-    """The GetGraphInfoResponse describing a graph (its meta record, path and version)."""
+def graph_info_to_pb(graph: NGramGraph, name: str = "") -> draft_pb2.GetGraphInfoResponse:
+    """The GetGraphInfoResponse describing a graph (its meta record, path, version, files)."""
     meta = graph.meta
     return draft_pb2.GetGraphInfoResponse(
+        name=name,
+        graph_id=graph.graph_id,
+        graph_bytes=folder_bytes(graph.path),
+        resident_bytes=graph.resident_bytes(),
         format_version=meta.format_version,
         max_order=meta.max_order,
         context_window=graph.window,
@@ -89,14 +99,14 @@ def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | No
 
 
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
-    """Answers Propose and GetGraphInfo from a graph; UNAVAILABLE until load() has run.
+    """Answers Propose and GetGraphInfo from the catalog's graphs; UNAVAILABLE until they are
+    open.
 
-    The graph lives in a :class:`~draft_service.graph_slot.GraphSlot` and may be replaced while
-    serving (hot reload): each Propose call, each request on a ProposeStream (its draft and its
-    next-round drafts) and each GetGraphInfo call is answered wholly from the graph that was
-    current when it arrived; a stream opened before a reload uses the new graph from its next
-    request on. Each proposal is logged (DEBUG) under the request id it names
-    (ProposeRequest.request_id, else the call's).
+    A graph may be replaced while serving (hot reload, AddGraph): each Propose call, each
+    request on a ProposeStream (its draft and its next-round drafts) and each GetGraphInfo call
+    is answered wholly from one graph: the build its request pins (graph_id) while that
+    lingers, else the one its name serves when it arrives. Each proposal is logged (DEBUG)
+    under the request id it names (ProposeRequest.request_id, else the call's).
 
     At most `max_streams` ProposeStreams are served at once (each holds a worker thread while
     open); more are refused with RESOURCE_EXHAUSTED at once, and their clients use Propose.
@@ -111,68 +121,88 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         max_streams: int = 8,
         max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
         long_context: int = 0,
+        catalog_file: CatalogFile | None = None,
     ) -> None:
         """learning: learn from reported generations (Learn); None: Learn answers
-        learning = false and drafts come from the graph alone. long_context: see
-        NGramGraph.use_long_context (0: off)."""
+        learning = false and drafts come from the graphs alone. long_context: see
+        NGramGraph.use_long_context (0: off). catalog_file: see GraphCatalog."""
         self.defaults = (defaults or DraftParams()).validate()
         self.metrics = metrics
         self.learning = learning
         self.max_context_tokens = max_context_tokens
-        self.slot = GraphSlot(
-            learning.attach if learning is not None else None, long_context=long_context
-        )
+        self.catalog = GraphCatalog(learning, long_context=long_context, catalog_file=catalog_file)
         self.streams = CallLimit(max_streams, "ProposeStream streams", "use Propose or retry")
 
-    def load(self, graph: NGramGraph) -> None:
-        """Serve graph (replacing the current one, which closes once no call uses it)."""
-        self.slot.install(graph)
+    def open(self, specs: Sequence[GraphSpec], default: str) -> None:
+        """Serve the graphs of the flags (and of the catalog file)."""
+        if self.learning is not None:
+            self.learning.default_graph = default
+        self.catalog.open(specs, default)
+
+    def load(self, graph: NGramGraph, name: str = "") -> None:
+        """Serve an opened graph under name (default: the default graph's name, else its
+        folder's, which becomes the default)."""
+        name = name or self.catalog.default_name or graph_name_of(graph.path)
+        if not self.catalog.default_name:
+            self.catalog.default_name = name
+            if self.learning is not None:
+                self.learning.default_graph = name
+        self.catalog.add_opened(name, graph)
 
     @property
     def graph(self) -> NGramGraph | None:
-        """The current graph (None before load)."""
-        loaded = self.slot.current
+        """The default graph (None before it is open)."""
+        loaded = self.catalog.current(self.catalog.default_name)
         return loaded.graph if loaded is not None else None
 
     @property
     def drafter(self) -> Drafter | None:
-        """The current graph's drafter (None before load)."""
-        loaded = self.slot.current
+        """The default graph's default tenant's drafter (None before it is open)."""
+        loaded = self.catalog.current(self.catalog.default_name)
         return loaded.drafter if loaded is not None else None
 
     @drafter.setter
     def drafter(self, drafter: Drafter) -> None:
-        self.slot.replace_drafter(drafter)
+        loaded = self.catalog.current(self.catalog.default_name)
+        if loaded is None:
+            raise UnavailableError(STILL_OPENING)
+        loaded.drafter = drafter
 
     def _served(
         self, request: draft_pb2.ProposeRequest, proposal: DraftProposal, next_round: int
     ) -> None:
         """Log and count one proposal (DEBUG: one line per round)."""
         log.debug(
-            "proposed %d draft tokens for %d context tokens (k=%s, %d next-round drafts)",
+            "proposed %d draft tokens for %d context tokens (graph %s, k=%s, %d next-round drafts)",
             len(proposal.token_ids),
             len(request.context_token_ids),
+            request.graph or "default",
             request.k if request.HasField("k") else "default",
             next_round,
         )
         if self.metrics is not None:
             self.metrics.observe(len(proposal.token_ids), next_round)
 
+    def _use(self, request: draft_pb2.ProposeRequest):
+        """The (loaded graph, drafter) the request drafts with (see GraphCatalog.use)."""
+        return self.catalog.use(request.graph, request.tenant, request.graph_id)
+
     @map_errors
     def Propose(
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
-        with request_id_scope(clean_request_id(request.request_id)), self.slot.use() as loaded:
+        with request_id_scope(clean_request_id(request.request_id)), self._use(request) as used:
+            loaded, drafter = used
             check_context_length(request, self.max_context_tokens)
             params, seed = draft_params_from_pb(request, self.defaults)
             count, next_seed = next_round_request(request)
-            drafter = loaded.drafter
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
             response = (
                 draft_pb2.ProposeResponse()
                 if count and request.next_round_only
                 else proposal_to_pb(proposal)
             )
+            response.graph_id = loaded.graph_id
             drafts: list[NextRoundDraft] = []
             if count:
                 drafts = drafter.next_round_drafts(
@@ -191,7 +221,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         A request with next_round_drafts gets its draft first, then a second response with the
         prepared drafts, computed while the client is busy verifying the first.
         """
-        if self.slot.current is None:
+        if self.catalog.current(self.catalog.default_name) is None:
             raise UnavailableError(STILL_OPENING)
         with self.streams.hold():
             yield from self._propose_stream(requests)
@@ -204,15 +234,18 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 check_context_length(request, self.max_context_tokens)
                 params, seed = draft_params_from_pb(request, self.defaults)
                 count, next_seed = next_round_request(request)
-                with self.slot.use() as loaded:
-                    drafter = loaded.drafter
+                with self._use(request) as (loaded, drafter):
                     proposal = drafter.propose(request.context_token_ids, params, seed=seed)
                     if not count:
                         self._served(request, proposal, 0)
-                        yield proposal_to_pb(proposal)
+                        response = proposal_to_pb(proposal)
+                        response.graph_id = loaded.graph_id
+                        yield response
                         continue
                     if not request.next_round_only:
-                        yield proposal_to_pb(proposal)
+                        response = proposal_to_pb(proposal)
+                        response.graph_id = loaded.graph_id
+                        yield response
                     # Prepared after the draft went out, while the client verifies it.
                     drafts = drafter.next_round_drafts(
                         request.context_token_ids, proposal.token_ids, params, next_seed, count
@@ -224,9 +257,13 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def GetGraphInfo(
         self, request: draft_pb2.GetGraphInfoRequest, context: grpc.ServicerContext
     ) -> draft_pb2.GetGraphInfoResponse:
-        with self.slot.use() as loaded:
-            response = graph_info_to_pb(loaded.graph)
-            layer = loaded.drafter.live
+        name = request.graph or self.catalog.default_name
+        if name == NO_GRAPH:
+            raise InvalidArgumentError("graph", f'"{NO_GRAPH}" asks for no graph: it has no info')
+        with self.catalog.use(name) as (loaded, drafter):
+            response = graph_info_to_pb(loaded.graph, name)
+            response.graph_names.extend(self.catalog.names())
+            layer = drafter.live
             if layer is not None:
                 response.live.CopyFrom(live_stats_to_pb(layer.stats(), layer.weight))
             return response
@@ -235,20 +272,56 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     def Learn(
         self, request: draft_pb2.LearnRequest, context: grpc.ServicerContext
     ) -> draft_pb2.LearnResponse:
-        """Learn a finished generation (see draft.proto); learning = false when off."""
-        if self.learning is None:
+        """Learn a finished generation into its (graph, tenant)'s layer (see draft.proto);
+        learning = false when off."""
+        outcome = self.catalog.learn(
+            request.graph,
+            request.tenant,
+            request.token_ids,
+            request.generation_id or uuid.uuid4().hex,
+            request.persist,
+        )
+        if outcome is None:
             return draft_pb2.LearnResponse(learning=False)
-        generation_id = request.generation_id or uuid.uuid4().hex
-        with self.slot.use() as loaded:
-            outcome = self.learning.learn(
-                request.token_ids, generation_id, request.persist, loaded.graph.vocab_size
-            )
-            weight = self.learning.config.weight
+        assert self.learning is not None
         if self.metrics is not None:
             self.metrics.observe_learned(outcome.learned_tokens, outcome.stats.estimated_bytes)
         return draft_pb2.LearnResponse(
             learning=True,
             learned_tokens=outcome.learned_tokens,
             persisted=outcome.persisted,
-            live=live_stats_to_pb(outcome.stats, weight),
+            live=live_stats_to_pb(outcome.stats, self.learning.config.weight),
+        )
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    """speculant.v1.AdminService on a draft service: the catalog changed while serving (the
+    caller's admin token is checked before a call gets here: speculant.auth)."""
+
+    def __init__(self, catalog: GraphCatalog) -> None:
+        self.catalog = catalog
+
+    @map_errors
+    def AddGraph(
+        self, request: admin_pb2.AddGraphRequest, context: grpc.ServicerContext
+    ) -> admin_pb2.AddGraphResponse:
+        if not request.path:
+            raise InvalidArgumentError("path", "give the graph's folder")
+        _, replaced = self.catalog.add(request.name, request.path)
+        status = graph_status_to_pb(self.catalog.status(request.name))
+        return admin_pb2.AddGraphResponse(graph=status, replaced=replaced)
+
+    @map_errors
+    def RemoveGraph(
+        self, request: admin_pb2.RemoveGraphRequest, context: grpc.ServicerContext
+    ) -> admin_pb2.RemoveGraphResponse:
+        self.catalog.remove(request.name)
+        return admin_pb2.RemoveGraphResponse()
+
+    @map_errors
+    def ListGraphs(
+        self, request: admin_pb2.ListGraphsRequest, context: grpc.ServicerContext
+    ) -> admin_pb2.ListGraphsResponse:
+        return admin_pb2.ListGraphsResponse(
+            graphs=[graph_status_to_pb(status) for status in self.catalog.statuses()]
         )

@@ -17,28 +17,32 @@ print(result.text, result.acceptance_rate, result.stats.tokens_per_round)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+import contextlib
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from draft_service.drafting import Drafter
-from draft_service.live_layer import LiveLayer
+from draft_service.catalog import GraphCatalog
+from draft_service.learning import Learning, LearningConfig
 from gateway.alignment import check_tokenizer_alignment
 from gateway.engine import GenerationEngine
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 from gateway.rounds.coordinator import Coordinator
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
 from speculant.draft_params import DraftParams
-from speculant.graph_reader import NGramGraph
+from speculant.graph_catalog import parse_graph_specs
 from speculant.sampling_controls import SamplingControls
-from speculant.types import ModelInfo
+from speculant.types import DraftProposal, DraftTarget, ModelInfo
 from verifier_service.verifier import LocalVerifier
 
 
 @dataclass(frozen=True)
 class LocalGraph:
-    """The graph's description, as a draft tier answers GetGraphInfo."""
+    """A graph's description, as a draft tier answers GetGraphInfo."""
 
+    name: str
+    graph_names: tuple[str, ...]
     graph_path: str
     graph_version: int
     max_order: int
@@ -48,25 +52,56 @@ class LocalGraph:
 
 
 class LocalDraftTier:
-    """The drafter in this process as the engine drives a draft tier: always there."""
+    """The graph catalog in this process as the engine drives a draft tier: always there. It is
+    also the engine's learner (what a generation teaches goes into its graph's and tenant's
+    learned layer)."""
 
-    def __init__(self, drafter: Drafter, graph: NGramGraph, path: str | Path) -> None:
-        meta = graph.meta
-        self.propose = drafter.propose
-        self.graph = LocalGraph(
-            str(path),
-            0,
-            meta.max_order,
-            graph.window,
-            meta.tokenizer_name,
-            meta.tokenizer_fingerprint,
-        )
+    def __init__(self, catalog: GraphCatalog) -> None:
+        self.catalog = catalog
 
-    def graph_info(self, timeout_s: float = 5.0) -> LocalGraph:
-        return self.graph
+    def graph_info(self, timeout_s: float = 5.0, graph: str = "") -> LocalGraph:
+        with self.catalog.use(graph) as (loaded, _):
+            meta = loaded.graph.meta
+            return LocalGraph(
+                graph or self.catalog.default_name,
+                tuple(self.catalog.names()),
+                str(loaded.graph.path),
+                meta.version,
+                meta.max_order,
+                loaded.graph.window,
+                meta.tokenizer_name,
+                meta.tokenizer_fingerprint,
+            )
+
+    def propose(
+        self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
+    ) -> DraftProposal:
+        """A draft from the default graph for the default tenant."""
+        with self.catalog.use() as (_, drafter):
+            return drafter.propose(context_ids, params, seed)
+
+    def bind(self, target: DraftTarget) -> LocalRequestDrafter:
+        return LocalRequestDrafter(self.catalog, target)
+
+    def learn(self, token_ids: Sequence[int], target: DraftTarget | None = None) -> None:
+        target = target or DraftTarget()
+        self.catalog.learn(target.graph, target.tenant, token_ids, uuid.uuid4().hex, False)
 
     def close(self) -> None:
         pass
+
+
+class LocalRequestDrafter:
+    """One request's drafter in this process: its graph, held open until the request ends (so it
+    finishes on the graph it began with), and its tenant's drafter of it."""
+
+    def __init__(self, catalog: GraphCatalog, target: DraftTarget) -> None:
+        self._held = contextlib.ExitStack()
+        _, drafter = self._held.enter_context(catalog.use(target.graph, target.tenant))
+        self.propose = drafter.propose
+
+    def close(self) -> None:
+        self._held.close()
 
 
 class LocalBackendVerifier:
@@ -96,17 +131,22 @@ class SpeculativeDecoder:
 
     def __init__(
         self,
-        graph_path: str | Path,
+        graph_path: str | Path | Mapping[str, str | Path],
         verifier_config: VerifierConfig | None = None,
         draft_config: DraftConfig | None = None,
         *,
         learn: bool = True,
         verify_cost: str = "measured",
         long_context: int = 0,
+        default_graph: str | None = None,
     ) -> None:
-        """learn: the drafter learns from every finished generation (a live layer in this
-        process, draft_service.live_layer: drafts improve as similar text is generated; the
-        output never changes). False: drafts from the graph alone.
+        """graph_path: a graph folder, or {name: folder} of several graphs (a catalog: each
+        generation names its graph, ``generate(graph=NAME)``; default_graph: the one of those
+        that name none, by default the first).
+
+        learn: the drafter learns from every finished generation (a live layer per graph in
+        this process, draft_service.live_layer: drafts improve as similar text is generated;
+        the output never changes). False: drafts from the graphs alone.
 
         long_context: draft from the longest match of up to this many context tokens too
         (speculant.config.LONG_CONTEXT suggested; see NGramGraph.use_long_context; 0: off).
@@ -118,9 +158,19 @@ class SpeculativeDecoder:
         """
         self.verifier_config = verifier_config or VerifierConfig()
         self.draft_config = draft_config or DraftConfig()
-        self.graph = NGramGraph.open(graph_path)
-        self.graph.use_long_context(long_context)
-        self.live = LiveLayer(self.graph.max_order) if learn else None
+        entries = (
+            [f"{name}={path}" for name, path in graph_path.items()]
+            if isinstance(graph_path, Mapping)
+            else [str(graph_path)]
+        )
+        specs, default = parse_graph_specs(entries, default_graph)
+        learning = Learning(LearningConfig(log_path=None), default) if learn else None
+        self.catalog = GraphCatalog(learning, long_context=long_context, linger_s=0)
+        self.catalog.open(specs, default)
+        loaded = self.catalog.current(default)
+        assert loaded is not None
+        self.graph = loaded.graph  # the default graph
+        self.live = loaded.drafter.live  # its default tenant's learned layer (None: learn off)
         self.verifier = LocalVerifier(self.verifier_config)
         info = self.verifier.info
         meta = self.graph.meta
@@ -131,12 +181,13 @@ class SpeculativeDecoder:
             info.tokenizer_fingerprint,
         )
         self.tokenizer = self.verifier.model.tokenizer
+        tier = LocalDraftTier(self.catalog)
         self.engine = GenerationEngine(
-            LocalDraftTier(Drafter(self.graph, live=self.live), self.graph, graph_path),
+            tier,
             LocalBackendVerifier(self.verifier),
             draft_defaults=self.draft_config,
             next_round_drafts=0,  # nothing drafts while this process verifies
-            learner=self.live,
+            learner=tier if learn else None,
             # "measured": the verifier's own profile, refreshed as it verifies
             verify_cost=self.verifier.cost_profile if verify_cost == "measured" else verify_cost,
             tokenizer=self.tokenizer,
@@ -151,13 +202,16 @@ class SpeculativeDecoder:
         messages: list[dict[str, str]] | None = None,
         generation_config: GenerationConfig | None = None,
         draft_config: DraftConfig | None = None,
+        graph: str = "",
     ) -> GenerationResult:
-        """Generate a completion of a text prompt (or of chat messages)."""
+        """Generate a completion of a text prompt (or of chat messages), drafting from `graph`
+        ("": the default graph; "none": the prompt and output alone)."""
         for item in self.generate_stream(
             prompt,
             messages=messages,
             generation_config=generation_config,
             draft_config=draft_config,
+            graph=graph,
         ):
             if isinstance(item, GenerationResult):
                 return item
@@ -170,10 +224,11 @@ class SpeculativeDecoder:
         messages: list[dict[str, str]] | None = None,
         generation_config: GenerationConfig | None = None,
         draft_config: DraftConfig | None = None,
+        graph: str = "",
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Yield StreamChunks as tokens are accepted, then the GenerationResult."""
         request = prompt_request(prompt, messages, generation_config, draft_config)
-        return self.engine.generate(request)
+        return self.engine.generate(replace(request, graph=graph))
 
 
 def prompt_request(

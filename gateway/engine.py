@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -33,25 +34,32 @@ from gateway.backends.streams import request_deadline
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 from gateway.interfaces import (
     DraftTierGraph,
-    GenerationLearner,
     RemoteDraftTier,
     RemoteVerifier,
+    TierLearner,
 )
 from gateway.metrics import GatewayMetrics
 from gateway.request_defaults import SLACK, PromptLimits, RequestDefaults, max_token_chars
 from gateway.rounds.coordinator import Coordinator
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig, GenerationConfig
+from speculant.config import (
+    DEFAULT_NEXT_ROUND_DRAFTS,
+    MAX_DRAFT_CONTEXT,
+    DraftConfig,
+    GenerationConfig,
+)
 from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.draft_params import DraftParams
 from speculant.errors import (
     FailedPreconditionError,
+    NotFoundError,
     RemoteError,
     ResourceExhaustedError,
     SpeculantError,
     UnavailableError,
 )
+from speculant.graph_catalog import NO_GRAPH, check_graph_name
 from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
-from speculant.types import DraftProposal
+from speculant.types import DraftProposal, DraftTarget
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,20 @@ class NoDrafts:
 
     def propose(self, context_ids: Sequence[int], params: DraftParams, seed=None) -> DraftProposal:
         return DraftProposal()
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _TargetedLearner:
+    """A TierLearner bound to one request's graph and tenant (the coordinator's learner)."""
+
+    learner: TierLearner
+    target: DraftTarget
+
+    def learn(self, token_ids: Sequence[int]) -> object:
+        return self.learner.learn(token_ids, self.target)
 
 
 class GenerationEngine:
@@ -81,7 +103,7 @@ class GenerationEngine:
         max_concurrent: int = 64,
         next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
         metrics: GatewayMetrics | None = None,
-        learner: GenerationLearner | None = None,
+        learner: TierLearner | None = None,
         verify_cost: str | CostProfile = "measured",
         tokenizer: object | None = None,
         log_generations: bool = True,
@@ -92,8 +114,9 @@ class GenerationEngine:
         max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
         next_round_drafts: drafts the draft service prepares for the next round while the
         verifier runs (see Coordinator; 0 = off). metrics: count generations in it.
-        learner: gets every finished generation (gateway.backends.draft_client.LearnReporter;
-        None: the draft tier learns nothing from this gateway). verify_cost: the cost profile
+        learner: gets every finished generation with its graph and tenant
+        (gateway.backends.draft_client.LearnReporter; None: the draft tier learns nothing from
+        this gateway). verify_cost: the cost profile
         that sizes drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
         profile file (see speculant.cost_profile.verify_cost_profile) or the profile itself.
         tokenizer: the verifier's own tokenizer, already loaded (in process; not checked again).
@@ -119,8 +142,10 @@ class GenerationEngine:
         self._slots = threading.BoundedSemaphore(max_concurrent)
         self._coordinator: Coordinator | None = None
         self._lock = threading.Lock()
-        # The draft tier's graph, once a replica has answered (None: serving verifier-only).
+        # The draft tier's default graph, once a replica has answered (None: serving
+        # verifier-only), and the names of every graph it serves (refreshed at each check).
         self._graph: DraftTierGraph | None = None
+        self._graph_names: frozenset[str] = frozenset()
         self._draft_tier_missing_logged = False
         # Why the verifier's last health check failed (None: it answered SERVING).
         self._verifier_down: str | None = None
@@ -157,10 +182,18 @@ class GenerationEngine:
             with request_deadline(time_remaining_s):
                 coordinator = self.coordinator()
                 prepared = self.defaults.prepare(request, coordinator.tokenizer, self._limits())
-                for item in coordinator.stream(prepared, cancelled=cancelled):
-                    if isinstance(item, GenerationResult):
-                        self._finished(item)
-                    yield item
+                target = DraftTarget(self._served_graph(request.graph), request.tenant)
+                drafter = self.drafter.bind(target) if self._graph is not None else NoDrafts()
+                learner = None if self.learner is None else _TargetedLearner(self.learner, target)
+                try:
+                    for item in coordinator.stream(
+                        prepared, cancelled=cancelled, drafter=drafter, learner=learner
+                    ):
+                        if isinstance(item, GenerationResult):
+                            self._finished(item)
+                        yield item
+                finally:
+                    drafter.close()
         except RemoteError as exc:
             if exc.code == grpc.StatusCode.UNAVAILABLE:
                 self._forget_backends()
@@ -169,6 +202,48 @@ class GenerationEngine:
             self._slots.release()
             if self.metrics is not None:
                 self.metrics.in_flight.dec()
+
+    def _served_graph(self, name: str) -> str:
+        """The request's graph name, checked: "" (the default) and NO_GRAPH as they are, another
+        name once the draft tier serves it (NotFoundError naming it and the graphs served;
+        while no draft replica answers, any valid name: the request is served verifier-only)."""
+        if not name or name == NO_GRAPH:
+            return name
+        check_graph_name(name)
+        if name in self._graph_names or self._graph is None:
+            return name
+        try:  # added since the last check, through another gateway?
+            self.drafter.graph_info(HEALTH_TIMEOUT_S, name)
+        except UnavailableError:
+            return name  # drafts are an optimisation: the round goes on without them
+        self.refresh_graphs()
+        return name
+
+    def refresh_graphs(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+        """Ask the draft tier which graphs it serves now (kept when it does not answer)."""
+        if self._graph is None:
+            return
+        try:
+            graph = self.drafter.graph_info(timeout_s)
+        except (UnavailableError, NotFoundError) as exc:
+            log.debug("graph list not refreshed: %s", exc)
+            return
+        names = frozenset(graph.graph_names) or frozenset([graph.name])
+        if names != self._graph_names:
+            log.info("the draft tier serves graphs: %s", ", ".join(graph.graph_names))
+        with self._lock:
+            self._graph_names = names
+            if self._coordinator is not None:
+                self._coordinator.draft_context_window = _context_window(graph, names)
+
+    def graph_names(self) -> list[str]:
+        """The graphs the draft tier serves (as of the last check), default first ([] while no
+        draft replica has answered)."""
+        graph = self._graph
+        if graph is None:
+            return []
+        default = graph.name
+        return sorted(self._graph_names, key=lambda n: (n != default, n))
 
     def _limits(self) -> PromptLimits:
         info = self.verifier.info
@@ -228,15 +303,17 @@ class GenerationEngine:
             else f"graph of order {graph.max_order}",
             info.tokenizer_name,
         )
+        learner = None if self.learner is None else _TargetedLearner(self.learner, DraftTarget())
         return Coordinator(
+            # the default graph's; each request of generate() drafts with its own target's
             self.drafter if graph is not None else NoDrafts(),
             self.verifier,
             tokenizer,
             draft_context_window=(
-                max(graph.context_window, graph.max_order) if graph is not None else 1
+                _context_window(graph, self._graph_names) if graph is not None else 1
             ),
             next_round_drafts=self.next_round_drafts if graph is not None else 0,
-            learner=self.learner,
+            learner=learner,
             verify_cost=(
                 self.verify_cost
                 if isinstance(self.verify_cost, CostProfile)
@@ -282,12 +359,14 @@ class GenerationEngine:
             return False
         with self._lock:
             self._graph = graph
+            self._graph_names = frozenset(graph.graph_names) or frozenset([graph.name])
             self._coordinator = None  # made again on the next request, with drafts
         log.info(
-            "draft tier answers: graph %s (version %d, order %d); drafting",
+            "draft tier answers: default graph %s (version %d, order %d), graphs %s; drafting",
             graph.graph_path,
             graph.graph_version,
             graph.max_order,
+            ", ".join(graph.graph_names) or graph.name or "one",
         )
         return True
 
@@ -309,6 +388,8 @@ class GenerationEngine:
             was_down, self._verifier_down = self._verifier_down is not None, None
         if was_down:
             log.info("the verifier at %s answers again", self.verifier.address)
+        if self._graph is not None:
+            self.refresh_graphs(timeout_s)
         self.find_draft_tier(timeout_s)
         try:
             self.coordinator()
@@ -322,3 +403,11 @@ class GenerationEngine:
         with self._lock:
             self._coordinator = None
             self.verifier.forget_info()
+
+
+def _context_window(graph: DraftTierGraph, names: frozenset[str]) -> int:
+    """The context tokens to send the draft tier: what its default graph reads, or, when it
+    serves several graphs (whose windows differ), the longest any graph can read."""
+    if len(names) > 1:
+        return MAX_DRAFT_CONTEXT
+    return max(graph.context_window, graph.max_order)

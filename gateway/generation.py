@@ -45,7 +45,9 @@ class PromptRequest:
     ``tools``: OpenAI's function tools, passed to the chat template (which may show them to the
     model); ``tools_must_show``: refuse the request (naming ``tool_choice``) unless it does.
     ``draft``: the drafting fields the request sets (:class:`DraftParams` names; ``strategy`` a
-    name, e.g. "greedy"); ``sampling``: the controls it sets (unset fields None).
+    name, e.g. "greedy"); ``sampling``: the controls it sets (unset fields None). ``graph``
+    names the graph of the draft tier's catalog it drafts from, ``tenant`` whose learned layer
+    of it (:mod:`speculant.graph_catalog`).
     """
 
     prompt: str = ""
@@ -61,6 +63,8 @@ class PromptRequest:
     constraint: Constraint | None = None  # what the output must match (speculant.grammar)
     tools: tuple[Mapping[str, Any], ...] = ()
     tools_must_show: bool = False
+    graph: str = ""  # the graph to draft from ("": the default; "none": no graph)
+    tenant: str = ""  # who asks (the name of the client's token; "": the default tenant)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.backends.draft_
 gateway.backends.verifier_client), so the same round logic runs in one process or across services.
 The engine (gateway.engine) drives them as a draft tier and a verifier it can check
 (RemoteDraftTier, RemoteVerifier: the gRPC clients, or the in-process ones wrapped by
-gateway.embedded), and GenerationLearner is what learns from finished generations.
+gateway.embedded); a draft tier binds each request's graph and tenant (RequestDrafter), and
+TierLearner / GenerationLearner are what learn from finished generations.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from speculant.draft_params import DraftParams
 from speculant.sampling_controls import SessionOptions
 from speculant.types import (
     DraftProposal,
+    DraftTarget,
     ModelInfo,
     NextRoundDraft,
     SparseDistribution,
@@ -100,6 +102,8 @@ class TargetVerifier(Protocol):
 class DraftTierGraph(Protocol):
     """What the engine reads of a draft tier's graph (a GetGraphInfoResponse has it all)."""
 
+    name: str  # its name in the tier's catalog ("" from an older draft service)
+    graph_names: Sequence[str]  # every graph the tier serves, default first
     graph_path: str
     graph_version: int
     max_order: int
@@ -108,12 +112,25 @@ class DraftTierGraph(Protocol):
     tokenizer_fingerprint: str
 
 
+class RequestDrafter(DraftSource, Protocol):
+    """A draft tier bound to one request's graph and tenant (DraftTarget) for its rounds;
+    closed when the request ends."""
+
+    def close(self) -> None: ...
+
+
 class RemoteDraftTier(DraftSource, Protocol):
     """A draft tier as the engine drives it: the draft services (gateway.backends.draft_client,
-    which can also prepare next-round drafts) or the drafter in this process (gateway.embedded)."""
+    which can also prepare next-round drafts) or the graph catalog in this process
+    (gateway.embedded). Its own propose drafts from the default graph for the default tenant."""
 
-    def graph_info(self, timeout_s: float = 5.0) -> DraftTierGraph:
-        """The graph meta of the first replica that answers (UnavailableError if none)."""
+    def graph_info(self, timeout_s: float = 5.0, graph: str = "") -> DraftTierGraph:
+        """A graph's meta (empty: the default graph) from the first replica that answers
+        (UnavailableError if none; NotFoundError for a graph it does not serve)."""
+        ...
+
+    def bind(self, target: DraftTarget) -> RequestDrafter:
+        """The drafter of one request: target's graph, for target's tenant."""
         ...
 
     def close(self) -> None: ...
@@ -135,10 +152,22 @@ class RemoteVerifier(TargetVerifier, Protocol):
 
 
 class GenerationLearner(Protocol):
-    """Learns from finished generations: a draft tier's live layer (draft_service.live_layer)
-    in one process, a reporter to the draft services over gRPC (gateway.backends.draft_client). Best
+    """Learns from finished generations (the coordinator's): a live layer
+    (draft_service.live_layer), or the engine's TierLearner bound to a request's target. Best
     effort and quick: it never raises into the request and never waits for the network."""
 
     def learn(self, token_ids: Sequence[int]) -> object:
         """Take one finished generation's tokens: the prompt's, then the output's."""
+        ...
+
+
+class TierLearner(Protocol):
+    """What a draft tier learns from the generations it drafted for (the engine's): into the
+    learned layer of the generation's graph and tenant. The catalog in one process
+    (gateway.embedded), a reporter to the draft services over gRPC
+    (gateway.backends.draft_client.LearnReporter)."""
+
+    def learn(self, token_ids: Sequence[int], target: DraftTarget | None = None) -> object:
+        """Take one finished generation's tokens (the prompt's, then the output's), drafted
+        from target's graph for its tenant (None: the default graph and tenant)."""
         ...

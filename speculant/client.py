@@ -9,7 +9,9 @@
         for chunk in client.stream("Once upon a time", max_tokens=64):
             print(chunk.text_delta, end="", flush=True)
 
-Errors are :class:`speculant.errors.RemoteError` carrying the gateway's status code. TLS
+The deployment's graph catalog (``list_graphs``, ``add_graph``, ``remove_graph``) needs the
+admin token as the client's token. Errors are :class:`speculant.errors.RemoteError` carrying
+the gateway's status code. TLS
 (:class:`speculant.tls.ClientTls`) and a bearer token are optional. ``constraint=`` (a
 :class:`speculant.constraint.Constraint`) makes the output keep to a JSON schema, any JSON
 object, a regex, a choice or a grammar:
@@ -32,7 +34,7 @@ from speculant.constraint import Constraint
 from speculant.errors import RemoteError
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.tls import ClientTls, open_channel
-from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from speculant.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
 from speculant.wire import constraint_to_pb
 
 GATEWAY_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
@@ -48,13 +50,15 @@ def generate_request(
     stop: list[str] | None = None,
     sampling: dict[str, Any] | None = None,
     constraint: Constraint | None = None,
+    graph: str = "",
     **draft: Any,
 ) -> gateway_pb2.GenerateRequest:
     """A GenerateRequest; unset parameters take the gateway's defaults. draft: DraftOptions
     fields (k, strategy "greedy"/"sampling", attentive_mix, mixing, tree_nodes, ...).
     sampling: SamplingControls fields (top_k, top_p, min_p, repetition_penalty,
     presence_penalty, frequency_penalty) and top_logprobs. constraint: what the output must
-    match (GenerateRequest.constraint; None: free text)."""
+    match (GenerateRequest.constraint; None: free text). graph: the graph to draft from, by
+    name ("": the default graph; "none": no graph)."""
     if "strategy" in draft:
         draft["strategy"] = STRATEGY_TO_PROTO[draft["strategy"]]
     controls = dict(sampling or {})
@@ -70,6 +74,7 @@ def generate_request(
         stop=stop or (),
         draft=common_pb2.DraftOptions(**draft),
         constraint=constraint_to_pb(constraint),
+        graph=graph,
     )
 
 
@@ -143,6 +148,28 @@ class SpeculantClient(_GatewayClient):
             yield from self._stub.GenerateStream(
                 generate_request(prompt, **params), timeout=self.timeout_s, metadata=self._metadata
             )
+        except grpc.RpcError as exc:
+            raise self._error(exc) from exc
+
+    # -- the graph catalog (AdminService: the client's token must be the admin token) -------
+
+    def list_graphs(self) -> list[admin_pb2.GraphStatus]:
+        """Every graph the deployment serves, the default first."""
+        return list(self._admin("ListGraphs", admin_pb2.ListGraphsRequest()).graphs)
+
+    def add_graph(self, name: str, path: str) -> admin_pb2.AddGraphResponse:
+        """Serve the graph folder `path` (as the draft services see it) under `name`,
+        replacing the graph of that name if there is one."""
+        return self._admin("AddGraph", admin_pb2.AddGraphRequest(name=name, path=path))
+
+    def remove_graph(self, name: str) -> None:
+        """Stop serving the graph `name` (requests in flight finish on it)."""
+        self._admin("RemoveGraph", admin_pb2.RemoveGraphRequest(name=name))
+
+    def _admin(self, method: str, request: Any) -> Any:
+        stub = admin_pb2_grpc.AdminServiceStub(self._channel)
+        try:
+            return getattr(stub, method)(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from exc
 

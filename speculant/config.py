@@ -56,6 +56,9 @@ DEFAULT_DRAFT_REFRESH_S = 10.0
 # The context window `--long-context` suggests: the longest match of up to this many tokens joins
 # the orders drafts mix (speculant.graph_reader, a format 2 graph; off by default).
 LONG_CONTEXT = 16
+# The longest context a graph lookup matches (the suffix index's sort depth,
+# speculant.suffix_index): the most context tokens any graph's drafting reads.
+MAX_DRAFT_CONTEXT = 64
 # Input bounds of the internal services, checked before any work (INVALID_ARGUMENT naming the
 # field): context tokens a Propose request may carry (the gateway sends the last max_order
 # tokens, or with the context overlay the whole context, clipped to this; the overlay indexes

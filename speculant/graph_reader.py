@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import heapq
 import logging
 import sys
@@ -53,27 +54,44 @@ from speculant.graph_format import (
 )
 from speculant.graph_index import open_index
 from speculant.graph_lmdb import decode_values, match_orders
-from speculant.map_guard import MappedFile
+from speculant.graph_manifest import MANIFEST_FILE
+from speculant.map_guard import MappedFile, resident_bytes
 from speculant.suffix_index import MAX_CONTEXT, SuffixIndex
 
 _MADV_DONTNEED = 4
 
 
-def _load_madvise() -> Callable[..., int] | None:
-    """libc's madvise, or None off Linux."""
+def _load_libc(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """libc's function `name`, or None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        madvise = libc.madvise
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    return madvise
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
 
 
-_MADVISE = _load_madvise()
+_MADVISE = _load_libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+
+
+def graph_id_of(path: Path) -> str:
+    """Names one build of a graph: the first 16 hex digits of its manifest's SHA-256 (the
+    manifest lists every file's checksum); "" without one."""
+    try:
+        return hashlib.sha256((path / MANIFEST_FILE).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files in a graph folder (0 if unreadable)."""
+    try:
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    except OSError:
+        return 0
 
 
 # Long context (suffix index, opt-in): the shortest longest match that counts beside the orders
@@ -121,6 +139,7 @@ class NGramGraph:
         databases); guards: its files' damage checks (closed with the graph)."""
         self.path = path
         self.meta = meta
+        self.graph_id = graph_id_of(path)  # this build (speculant.graph_catalog)
         # the tuned mixing parameters (``speculant tune --write``), defaults for every request
         self.draft_defaults = tuned_draft_defaults(meta, path)
         self.max_order = meta.max_order
@@ -326,6 +345,12 @@ class NGramGraph:
         for guard in self._guards:
             regions.extend(guard.regions)
         return regions
+
+    def resident_bytes(self) -> int:
+        """Bytes of this graph's mapped files in the host's page cache now (Linux ``mincore``;
+        0 elsewhere): one copy, shared by every process that maps the graph, whether or not
+        this process has touched the pages since it last released them."""
+        return 0 if self._closed else resident_bytes(self._map_regions())
 
     def release_pages(self) -> int:
         """Unmap the graph pages this process has touched; return the bytes advised.

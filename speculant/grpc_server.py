@@ -20,7 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from speculant import termination
-from speculant.auth import BearerTokenInterceptor
+from speculant.auth import BearerTokenInterceptor, ClientTokens
 from speculant.errors import InvalidArgumentError, ResourceExhaustedError, SpeculantError
 from speculant.interceptors import HandlerInterceptor, refusing_handler, wrap_behaviour, wrappable
 from speculant.metrics import Metrics
@@ -302,15 +302,17 @@ class ServiceServer:
         service_names: Iterable[str],
         *,
         max_workers: int = 16,
-        auth_token: str | None = None,
+        auth_token: str | ClientTokens | None = None,
         tls: ServerTls | None = None,
         metrics: Metrics | None = None,
+        admin_token: str | None = None,
     ) -> None:
-        """auth_token: require ``authorization: Bearer <auth_token>`` on every call but health
-        checks (UNAUTHENTICATED otherwise); None = no authentication. tls: serve TLS (mutual
-        with a client CA) instead of plaintext. metrics: count and time every call in it
-        (see speculant.metrics). Every call is served under its request id (see
-        speculant.request_context)."""
+        """auth_token: require ``authorization: Bearer <token>`` with this token (or one of
+        these tenants' tokens) on every call but health checks (UNAUTHENTICATED otherwise);
+        None = no authentication. admin_token: the token AdminService calls need (None: they
+        are refused). tls: serve TLS (mutual with a client CA) instead of plaintext. metrics:
+        count and time every call in it (see speculant.metrics). Every call is served under its
+        request id (see speculant.request_context)."""
         self.service_names = list(service_names)
         self.metrics = metrics
         self._stopping = threading.Event()
@@ -320,8 +322,8 @@ class ServiceServer:
         if metrics is not None:
             interceptors.append(metrics.interceptor())
         interceptors.append(RefuseWhileStoppingInterceptor(self.service_names, self._stopping))
-        if auth_token is not None:
-            interceptors.append(BearerTokenInterceptor(auth_token))
+        clients = ClientTokens.single(auth_token) if isinstance(auth_token, str) else auth_token
+        interceptors.append(BearerTokenInterceptor(clients, admin_token))
         interceptors.append(MalformedRequestInterceptor())
         self.grpc_server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),

@@ -100,6 +100,37 @@ def map_regions(file_id: tuple[int, int]) -> list[tuple[int, int]]:
     return regions
 
 
+def _load_mincore():
+    """libc's mincore, or None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mincore = ctypes.CDLL(None, use_errno=True).mincore
+    except (OSError, AttributeError):
+        return None
+    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    mincore.restype = ctypes.c_int
+    return mincore
+
+
+_MINCORE = _load_mincore()
+
+
+def resident_bytes(regions: list[tuple[int, int]]) -> int:
+    """Bytes of these maps' file pages in the host's page cache now (``mincore``; 0 off
+    Linux): for a file map, whether or not this process has touched the pages, so one count,
+    shared by every process that maps the file."""
+    if _MINCORE is None:
+        return 0
+    resident = 0
+    for start, end in regions:
+        pages = (end - start + _PAGE - 1) // _PAGE
+        vector = (ctypes.c_ubyte * pages)()
+        if _MINCORE(ctypes.c_void_p(start), ctypes.c_size_t(end - start), vector) == 0:
+            resident += sum(byte & 1 for byte in bytes(vector)) * _PAGE
+    return resident
+
+
 # The guarded maps: (start, end, file). Replaced whole (never mutated), so the signal handler
 # reads a consistent tuple without a lock.
 _guarded: tuple[tuple[int, int, MappedFile], ...] = ()

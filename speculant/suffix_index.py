@@ -27,7 +27,9 @@ from collections.abc import Iterator
 import numba
 import numpy as np
 
-MAX_CONTEXT = 64  # the longest context a lookup matches (the sort's depth)
+from speculant.config import MAX_DRAFT_CONTEXT
+
+MAX_CONTEXT = MAX_DRAFT_CONTEXT  # the longest context a lookup matches (the sort's depth)
 ENTRY_DTYPE = np.dtype("<u4")  # stream positions in the suffix array (streams < 4 Gi tokens)
 
 

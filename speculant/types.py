@@ -68,6 +68,9 @@ class DraftProposal:
     path_probs: list[float] = field(default_factory=list)
     # Seconds the drafter spent making the draft (its own work, no RPC); 0 when unknown.
     seconds: float = 0.0
+    # The build of the graph it came from (a draft service's ProposeResponse.graph_id; "" when
+    # unknown), which the request's later rounds pin (DraftTarget.graph_id).
+    graph_id: str = ""
 
     def depths(self) -> list[int]:
         """The draft position (0-based) of each token: its depth in the tree."""
@@ -177,3 +180,33 @@ class LiveStats:
     max_bytes: int
     learned_documents: int
     forgotten_documents: int
+
+
+@dataclass(frozen=True)
+class DraftTarget:
+    """What a request drafts from, and for whom (see :mod:`speculant.graph_catalog`): the
+    graph's name ("" = the default graph, "none" = no graph), the tenant ("" = the default one)
+    and the build of the graph it began on (ProposeResponse.graph_id; "" = the one served now)."""
+
+    graph: str = ""
+    tenant: str = ""
+    graph_id: str = ""
+
+
+@dataclass(frozen=True)
+class GraphStatus:
+    """One graph of a draft tier's catalog, as AdminService.ListGraphs reports it: its name and
+    folder, whether requests naming no graph use it, corpus tokens, bytes on disk, bytes of it
+    in the host's page cache now (shared by every process mapping it), version, build id, max
+    order and tokenizer."""
+
+    name: str
+    path: str
+    is_default: bool
+    tokens: int
+    bytes: int
+    resident_bytes: int
+    graph_version: int
+    graph_id: str
+    max_order: int
+    tokenizer_name: str

@@ -27,6 +27,8 @@ from speculant.sampling_controls import SamplingControls, SessionOptions, check_
 from speculant.strategies import STRATEGY_FROM_PROTO, STRATEGY_TO_PROTO
 from speculant.types import (
     DraftProposal,
+    DraftTarget,
+    GraphStatus,
     LiveStats,
     ModelInfo,
     NextRoundDraft,
@@ -35,7 +37,7 @@ from speculant.types import (
     VerifierStats,
     VerifyResult,
 )
-from speculant.v1 import common_pb2, draft_pb2, verifier_pb2
+from speculant.v1 import admin_pb2, common_pb2, draft_pb2, verifier_pb2
 
 
 def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
@@ -79,12 +81,21 @@ def draft_params_from_pb(
 
 
 def propose_request_to_pb(
-    context_ids: Sequence[int], params: DraftParams, seed: int | None, request_id: str = ""
+    context_ids: Sequence[int],
+    params: DraftParams,
+    seed: int | None,
+    request_id: str = "",
+    target: DraftTarget | None = None,
 ) -> draft_pb2.ProposeRequest:
     """The ProposeRequest for a drafting call (every parameter explicit); request_id: the
-    client request it drafts for (see speculant.request_context)."""
+    client request it drafts for (see speculant.request_context); target: the graph, tenant
+    and pinned build it drafts from (None: the default graph, the default tenant)."""
+    target = target or DraftTarget()
     return draft_pb2.ProposeRequest(
         request_id=request_id,
+        graph=target.graph,
+        tenant=target.tenant,
+        graph_id=target.graph_id,
         context_token_ids=context_ids,
         strategy=STRATEGY_TO_PROTO[params.strategy],
         seed=seed,
@@ -144,6 +155,7 @@ def proposal_from_pb(
         parents=list(getattr(message, "draft_parents", ())),
         path_probs=list(message.draft_path_probs),
         seconds=getattr(message, "draft_seconds", 0.0),
+        graph_id=getattr(message, "graph_id", ""),
     )
 
 
@@ -167,6 +179,11 @@ def sparse_from_pb(dist: common_pb2.SparseDistribution) -> SparseDistribution:
 _LIVE_FIELDS = tuple(
     f.name for f in draft_pb2.LiveLayerStats.DESCRIPTOR.fields if f.name != "weight"
 )
+
+
+def graph_status_to_pb(status: GraphStatus) -> admin_pb2.GraphStatus:
+    """One graph of a catalog (draft_service.catalog.GraphStatus) as AdminService reports it."""
+    return admin_pb2.GraphStatus(**asdict(status))
 
 
 def live_stats_to_pb(stats: LiveStats, weight: float) -> draft_pb2.LiveLayerStats:

@@ -11,6 +11,7 @@ from tests.deploy_rules import (
     SERVE_COMMANDS,
     Container,
     addresses_in,
+    default_graph,
     env_problems,
     listen_problems,
     missing_ports,
@@ -128,10 +129,11 @@ def check_compose(compose: dict[str, Any], file: str) -> list[str]:
             f"{gateway.where}: --verifier {gateway.args.verifier}, want "
             f"{roles['serve-verifier']}:{verifier.args.port}"
         )
-    graph_volume = _volume_of(draft.spec, draft.args.graph)
+    graph = default_graph(draft.args)
+    graph_volume = _volume_of(draft.spec, graph)
     build_volume = _volume_of(build.spec, build.args.out)
-    if build.args.out != draft.args.graph or graph_volume is None or build_volume is None:
-        problems.append(f"{file}: build --out {build.args.out} != draft --graph {draft.args.graph}")
+    if build.args.out != graph or graph_volume is None or build_volume is None:
+        problems.append(f"{file}: build --out {build.args.out} != draft --graph {graph}")
     elif graph_volume[0] != build_volume[0] or build_volume[1]:
         problems.append(f"{file}: build and draft do not share the writable volume of the graph")
     elif not graph_volume[1]:

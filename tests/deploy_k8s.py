@@ -13,6 +13,7 @@ from tests.deploy_rules import (
     Bundle,
     Container,
     addresses_in,
+    default_graph,
     env_problems,
     listen_problems,
     missing_ports,
@@ -265,7 +266,7 @@ def _hpa_problems(hpas: list[dict], draft_doc: dict) -> list[str]:
 
 def _graph_volume_problems(draft_doc: dict, draft: Container, builds: list) -> list[str]:
     pod = _pod_spec(draft_doc)
-    graph = draft.args.graph
+    graph = default_graph(draft.args)
     mount = _mount_claim(pod, draft.spec, graph)
     if mount is None:
         return [f"{draft.where}: --graph {graph} is not on a PersistentVolumeClaim mount"]

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from launcher.cli import build_parser
 from speculant.auth import TOKEN_ENV
 from speculant.config import SpeculantSettings
+from speculant.graph_catalog import parse_graph_specs
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -96,6 +97,12 @@ def parse_speculant(argv: list[str]) -> tuple[argparse.Namespace | None, str | N
     except SystemExit:
         lines = err.getvalue().strip().splitlines()
         return None, lines[-1] if lines else "exited while parsing"
+
+
+def default_graph(args: argparse.Namespace) -> str:
+    """The folder of a serve-draft's default graph (its --graph flags and --default-graph)."""
+    specs, default = parse_graph_specs(args.graph, args.default_graph)
+    return str(next(spec.path for spec in specs if spec.name == default))
 
 
 def port_flags(args: argparse.Namespace) -> dict[str, int]:

@@ -36,6 +36,8 @@ ALLOWED = frozenset(
 )
 # An unknown verifier session id (never created, released or expired) is NOT_FOUND.
 ALLOWED_VERIFIER = ALLOWED | {Code.NOT_FOUND, Code.ALREADY_EXISTS}
+# A graph the draft tier does not serve (a request names it) is NOT_FOUND.
+ALLOWED_GRAPHS = ALLOWED | {Code.NOT_FOUND}
 
 
 @dataclass

@@ -242,7 +242,8 @@ def test_generate_and_health_and_models(http):
     assert body["token_ids"] == list(grpc_result.token_ids)
     assert body["finish_reason"] == "max_tokens" and body["stats"]["rounds"] >= 1
     assert fetch_json(f"{http.url}/health") == (200, {"status": "ok", "model": MODEL})
-    assert [m.id for m in http.client.models.list()] == [MODEL]
+    # the model, then one <model>:<graph> entry per graph the draft tier serves
+    assert [m.id for m in http.client.models.list()] == [MODEL, f"{MODEL}:tinystories"]
     assert live_sessions(http) == 0
 
 

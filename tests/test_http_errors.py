@@ -174,6 +174,13 @@ def _error_table_checks(http: Http) -> dict[str, Check]:
     completions = f"{http.url}/v1/completions"
     return {
         **_request_body_checks(completions),
+        "bad-graph-name": lambda: post_json(
+            completions, {"model": f"{MODEL}:no.dots", "prompt": PROMPT}
+        ),
+        "unknown-graph": lambda: post_json(
+            completions, {"model": f"{MODEL}:nope", "prompt": PROMPT}
+        ),
+        "admin-off": lambda: fetch_json(f"{http.url}/admin/graphs"),
         "no-token": lambda: post_json(f"{http.auth_url}/v1/completions", {"prompt": PROMPT}),
         "wrong-token": lambda: post_json(
             f"{http.auth_url}/v1/completions", {"prompt": PROMPT}, {"Authorization": "Bearer x"}
@@ -227,6 +234,7 @@ def test_every_row_of_the_documented_error_table(http):
         (InvalidArgumentError("k", "bad"), 400),
         (OutOfRangeError("prompt: too long"), 400),
         (RemoteError(grpc.StatusCode.UNAUTHENTICATED, "no"), 401),
+        (RemoteError(grpc.StatusCode.PERMISSION_DENIED, "admin calls are off"), 403),
         (NotFoundError("session"), 404),
         (FailedPreconditionError("tokenizer mismatch"), 412),
         (ResourceExhaustedError("busy"), 429),

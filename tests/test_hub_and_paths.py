@@ -143,6 +143,8 @@ def test_a_tokenizer_the_gateway_cannot_load_hints_at_the_flag():
     )
     drafter = SimpleNamespace(
         graph_info=lambda timeout_s=None: SimpleNamespace(
+            name="g",
+            graph_names=["g"],
             tokenizer_name="t",
             tokenizer_fingerprint=fingerprint,
             max_order=3,

@@ -9,11 +9,15 @@ and out; streams are server-sent events ending with ``data: [DONE]``):
   is required.
 - ``GET /metrics``: the gateway's Prometheus metrics (its registry, as ``--metrics-port``
   serves it; open, as vLLM's).
-- ``GET /v1/models``: the one served model.
+- ``GET /v1/models``: the served model, and one ``<model>:<graph>`` entry per graph of the draft
+  tier's catalog (a request naming one drafts from that graph, as vLLM serves LoRA adapters).
 - ``POST /generate``: a GenerateRequest as JSON -> ``{text, token_ids, finish_reason, stats}``.
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's requests and answers
   (see gateway.api.openai_format and gateway.api.http_answers), ``"stream": true`` for server-sent
   events.
+- ``GET /admin/graphs``, ``POST /admin/graphs`` (``{"name", "path"}``) and ``DELETE
+  /admin/graphs/NAME``: the catalog (gateway.api.admin), with the admin token only (403 while
+  the gateway has none).
 
 Every generation runs through GenerationEngine.generate, as the gRPC Generate does (the same
 defaults, validation, concurrency limit, coordinator and error classes), in a worker thread
@@ -37,8 +41,10 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
+from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -48,6 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.api.admin import GraphAdmin
 from gateway.api.http_answers import ResponseWriter, generate_response
 from gateway.api.http_io import EventStream, HttpError, event, http_error, on_disconnect, read_json
 from gateway.api.http_runs import ChoiceRuns
@@ -59,16 +66,15 @@ from gateway.api.openai_format import (
 from gateway.api.server import prompt_request_from_pb
 from gateway.engine import GenerationEngine
 from gateway.generation import GenerationResult
-from speculant.auth import bearer_matches, expected_bearer
-from speculant.errors import (
-    UnavailableError,
-)
+from speculant.auth import ADMIN_OFF, ClientTokens, bearer_matches, expected_bearer
+from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.grpc_server import SHUTTING_DOWN, status_details
 from speculant.request_context import clean_request_id, new_request_id, request_id_scope
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-Id"
+ADMIN = "admin"  # a route that needs the admin token
 Endpoint = Callable[[Request], Awaitable[Response | EventStream]]
 
 
@@ -79,19 +85,30 @@ class HttpApi:
         self,
         engine: GenerationEngine,
         *,
-        auth_token: str | None = None,
+        auth_token: str | ClientTokens | None = None,
         model_name: str | None = None,
         registry: CollectorRegistry | None = None,
         stopping: threading.Event | None = None,
+        admin: GraphAdmin | None = None,
     ) -> None:
-        """auth_token: require ``Authorization: Bearer <auth_token>`` (not on /health and
-        /metrics). model_name: the name /v1/models and the answers give (default: the
-        verifier's). registry: the metrics /metrics serves (None: /metrics is 404).
-        stopping: set when the gateway begins to stop (its ServiceServer.stopping): from then
-        on /health answers 503 and new requests are refused with 503, as its gRPC calls are."""
+        """auth_token: require ``Authorization: Bearer <token>``, this token or one of these
+        tenants' tokens (not on /health and /metrics). model_name: the name /v1/models and the
+        answers give (default: the verifier's). registry: the metrics /metrics serves (None:
+        /metrics is 404). stopping: set when the gateway begins to stop (its
+        ServiceServer.stopping): from then on /health answers 503 and new requests are refused
+        with 503, as its gRPC calls are. admin: the catalog's admin door (its admin token
+        opens the /admin routes; None: they answer 403)."""
         self.engine = engine
         self._stopping = stopping
-        self._expected = None if auth_token is None else expected_bearer(auth_token)
+        self._clients = (
+            ClientTokens.single(auth_token) if isinstance(auth_token, str) else auth_token
+        )
+        self._admin = admin
+        self._admin_bearer = (
+            expected_bearer(admin.admin_token)
+            if admin is not None and admin.admin_token is not None
+            else None
+        )
         self._model_name = model_name
         self._registry = registry
         self.created = int(time.time())
@@ -102,6 +119,9 @@ class HttpApi:
             ("POST", "/generate", self._generate, True),
             ("POST", "/v1/completions", self._completions, True),
             ("POST", "/v1/chat/completions", self._chat, True),
+            ("GET", "/admin/graphs", self._list_graphs, ADMIN),
+            ("POST", "/admin/graphs", self._add_graph, ADMIN),
+            ("DELETE", "/admin/graphs/{name}", self._remove_graph, ADMIN),
         ]
         self.app = Starlette(
             routes=[
@@ -143,14 +163,20 @@ class HttpApi:
     async def _routing_error(self, _request: Request, exc: Exception) -> Response:
         return http_error(exc).response()
 
-    def _answering(self, endpoint: Endpoint, auth: bool) -> Callable[[Request], Awaitable[Any]]:
-        """endpoint, behind the token check (when auth), with its errors answered as JSON."""
+    def _answering(
+        self, endpoint: Endpoint, auth: bool | str
+    ) -> Callable[[Request], Awaitable[Any]]:
+        """endpoint, behind the client token check (auth True) or the admin token's (ADMIN),
+        with its errors answered as JSON."""
 
         async def answer(request: Request) -> Response | EventStream:
             try:
                 if auth:
                     self._refuse_while_stopping()
-                    self._authenticate(request)
+                    if auth == ADMIN:
+                        self._authenticate_admin(request)
+                    else:
+                        request.state.tenant = self._authenticate(request)
                 return await endpoint(request)
             except Exception as exc:
                 return http_error(exc).response()
@@ -161,11 +187,21 @@ class HttpApi:
         if self._stopping is not None and self._stopping.is_set():
             raise UnavailableError(SHUTTING_DOWN)
 
-    def _authenticate(self, request: Request) -> None:
-        if self._expected is None:
-            return
-        if not bearer_matches(request.headers.get("authorization"), self._expected):
+    def _authenticate(self, request: Request) -> str:
+        """The caller's tenant ("" without client tokens); 401 for a missing or bad token."""
+        if self._clients is None:
+            return ""
+        tenant = self._clients.tenant_of(request.headers.get("authorization"))
+        if tenant is None:
             raise HttpError(401, "authentication_error", "missing or bad bearer token")
+        return tenant
+
+    def _authenticate_admin(self, request: Request) -> None:
+        """403 while the gateway has no admin token, 401 for a missing or bad one."""
+        if self._admin_bearer is None:
+            raise HttpError(403, "permission_error", ADMIN_OFF)
+        if not bearer_matches(request.headers.get("authorization"), self._admin_bearer):
+            raise HttpError(401, "authentication_error", "missing or bad admin token")
 
     def model_name(self) -> str:
         """The served model's name (asks the verifier once the backends are up; blocking)."""
@@ -194,16 +230,59 @@ class HttpApi:
         return Response(generate_latest(self._registry), media_type=CONTENT_TYPE_LATEST)
 
     async def _models(self, _request: Request) -> Response:
-        model = {
-            "id": await run_in_threadpool(self.model_name),
+        """The served model, then one ``<model>:<graph>`` entry per graph (its parent: the
+        model, as vLLM lists LoRA adapters)."""
+        name = await run_in_threadpool(self.model_name)
+        models = [self._model_entry(name)]
+        models += [
+            self._model_entry(f"{name}:{graph}", parent=name) for graph in self.engine.graph_names()
+        ]
+        return JSONResponse({"object": "list", "data": models})
+
+    def _model_entry(self, model_id: str, parent: str | None = None) -> dict[str, Any]:
+        entry = {
+            "id": model_id,
             "object": "model",
             "created": self.created,
             "owned_by": "speculant",
         }
-        return JSONResponse({"object": "list", "data": [model]})
+        if parent is not None:
+            entry |= {"root": parent, "parent": parent}
+        return entry
+
+    async def _list_graphs(self, _request: Request) -> Response:
+        assert self._admin is not None  # checked with the admin token
+        answer = await run_in_threadpool(self._admin.list)
+        return JSONResponse({"graphs": [_message_dict(g) for g in answer.graphs]})
+
+    async def _add_graph(self, request: Request) -> Response:
+        assert self._admin is not None
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise InvalidArgumentError("request", "the body must be a JSON object")
+        for field_name in body:
+            if field_name not in ("name", "path"):
+                raise InvalidArgumentError(field_name, "unrecognized field (name, path)")
+        name, path = body.get("name"), body.get("path")
+        for field_name, value in (("name", name), ("path", path)):
+            if not isinstance(value, str) or not value:
+                raise InvalidArgumentError(field_name, "must be a non-empty string")
+        answer = await run_in_threadpool(self._admin.add, name, path)
+        return JSONResponse(
+            {"graph": _message_dict(answer.graph), "replaced": answer.replaced},
+            201 if not answer.replaced else 200,
+        )
+
+    async def _remove_graph(self, request: Request) -> Response:
+        assert self._admin is not None
+        await run_in_threadpool(self._admin.remove, request.path_params["name"])
+        return Response(status_code=204)
 
     async def _generate(self, request: Request) -> Response:
-        generate = prompt_request_from_pb(parse_generate_request(await read_json(request)))
+        generate = replace(
+            prompt_request_from_pb(parse_generate_request(await read_json(request))),
+            tenant=request.state.tenant,
+        )
         runs = ChoiceRuns(
             self.engine, [generate], stream=False, logprobs=generate.top_logprobs is not None
         )
@@ -222,7 +301,10 @@ class HttpApi:
 
     async def _openai(self, request: Request, *, chat: bool) -> Response | EventStream:
         api_request = parse_openai_request(await read_json(request), chat=chat)
-        writer = ResponseWriter(api_request, await run_in_threadpool(self.model_name))
+        served = await run_in_threadpool(self.model_name)
+        api_request = api_request.with_graph(served, request.state.tenant)
+        graph = api_request.generates[0].graph
+        writer = ResponseWriter(api_request, f"{served}:{graph}" if graph else served)
         runs = ChoiceRuns(
             self.engine,
             api_request.generates,
@@ -268,3 +350,10 @@ async def _stream(
     except Exception as exc:
         yield event(http_error(exc, request).body())
     yield event("[DONE]")
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    """A protobuf message as JSON with its field names as in the proto (every field shown)."""
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )

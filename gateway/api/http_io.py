@@ -39,6 +39,7 @@ HTTP_ERRORS: dict[grpc.StatusCode, tuple[int, str]] = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
     grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error"),
     grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.PERMISSION_DENIED: (403, "permission_error"),
     grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
     grpc.StatusCode.FAILED_PRECONDITION: (412, "failed_precondition"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),

@@ -11,8 +11,10 @@ import time
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from gateway.api.admin import GraphAdmin
 from gateway.api.http_api import HttpApi
 from gateway.engine import GenerationEngine
+from speculant.auth import ClientTokens
 from speculant.tls import ServerTls
 
 # uvicorn's bounds: an idle keep-alive connection is closed after KEEP_ALIVE_S; beyond
@@ -50,21 +52,23 @@ class HttpApiServer:
         host: str = "127.0.0.1",
         port: int = 0,
         *,
-        auth_token: str | None = None,
+        auth_token: str | ClientTokens | None = None,
         tls: ServerTls | None = None,
         model_name: str | None = None,
         registry: CollectorRegistry | None = None,
         stopping: threading.Event | None = None,
+        admin: GraphAdmin | None = None,
     ) -> None:
         """tls: serve HTTPS with the gateway's certificate (and require client certificates
         signed by its client CA, if any). registry: the metrics to serve at /metrics.
-        stopping: see HttpApi."""
+        stopping, admin: see HttpApi."""
         self.api = HttpApi(
             engine,
             auth_token=auth_token,
             model_name=model_name,
             registry=registry,
             stopping=stopping,
+            admin=admin,
         )
         ssl_context = tls.ssl_context() if tls else None  # before binding: a clear error
         self._socket = _bind(host, port)

@@ -16,9 +16,11 @@ limits and errors):
   not supported (``logit_bias``, ``best_of`` > 1, ``echo``, ``suffix``) are refused with a 400
   naming the field, never ignored. The non-standard object ``speculant`` carries draft options
   (``{"k": 8, "strategy": "greedy", ...}``, the DraftOptions fields, read with their proto3
-  JSON mapping). What the output must match (``response_format``, vLLM's ``structured_outputs``
-  and ``guided_*``; chat's ``tools`` and ``tool_choice``) is read by
-  gateway.api.openai_structured, chat messages by gateway.api.openai_messages.
+  JSON mapping), and ``graph``, the graph to draft from (as a model id ``<model>:<graph>``
+  does, the way vLLM names LoRA adapters: :meth:`ApiRequest.with_graph`). What the output must
+  match (``response_format``, vLLM's ``structured_outputs`` and ``guided_*``; chat's ``tools``
+  and ``tool_choice``) is read by gateway.api.openai_structured, chat messages by
+  gateway.api.openai_messages.
 
 The answers' shapes are built by gateway.api.http_answers.
 """
@@ -49,6 +51,7 @@ from gateway.api.openai_structured import (
 )
 from gateway.generation import PromptRequest
 from speculant.errors import InvalidArgumentError
+from speculant.graph_catalog import NO_GRAPH, check_graph_name
 from speculant.sampling_controls import SamplingControls
 from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.v1 import common_pb2, gateway_pb2
@@ -118,6 +121,25 @@ class ApiRequest:
     n: int = 1  # choices per prompt (choice i answers prompt i // n)
     max_tokens_field: str = "max_tokens"  # or max_completion_tokens, as the client sent it
     structured: StructuredOutput = field(default_factory=StructuredOutput)  # constraint, tools
+    model: str = ""  # the model id as the client sent it ("<model>:<graph>" names a graph)
+    graph: str = ""  # speculant.graph, as the client sent it
+
+    def with_graph(self, served_model: str, tenant: str) -> ApiRequest:
+        """The request's generations drafting from the graph it names (its model id
+        ``<model>:<graph>`` unless it is the served model's own name, or speculant.graph;
+        InvalidArgumentError when the two differ), for the caller's tenant."""
+        graph = self.graph
+        if self.model and self.model != served_model and ":" in self.model:
+            named = self.model.rpartition(":")[2]
+            if named != NO_GRAPH:
+                check_graph_name(named, "model")
+            if graph and graph != named:
+                raise InvalidArgumentError(
+                    "speculant.graph", f"{graph!r} is not the graph the model id names ({named!r})"
+                )
+            graph = named
+        generates = tuple(replace(g, graph=graph, tenant=tenant) for g in self.generates)
+        return replace(self, generates=generates)
 
     @property
     def logprobs(self) -> bool:
@@ -198,11 +220,23 @@ def parse_generate_request(body: Any) -> gateway_pb2.GenerateRequest:
 
 
 def _draft_fields(draft: dict[str, Any] | None) -> dict[str, object]:
-    """The ``speculant`` object (DraftOptions fields) as the drafting fields it sets."""
+    """The ``speculant`` object (DraftOptions fields, and ``graph``) as the drafting fields it
+    sets."""
     if draft is None:
         return {}
+    draft = {name: value for name, value in draft.items() if name != "graph"}
     options = _parse_proto(_strategy_named(draft), common_pb2.DraftOptions(), "draft.")
     return draft_fields_from_pb(options)
+
+
+def _graph_field(extension: dict[str, Any] | None) -> str:
+    """``speculant.graph``: the graph to draft from ("" when not given), checked."""
+    graph = (extension or {}).get("graph", "")
+    if not isinstance(graph, str):
+        raise InvalidArgumentError("speculant.graph", "must be a string")
+    if graph and graph != NO_GRAPH:
+        check_graph_name(graph, "speculant.graph")
+    return graph
 
 
 def _check_only_defaults(body: dict[str, Any], names: set[str]) -> None:
@@ -295,8 +329,10 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
         if name not in allowed:
             raise InvalidArgumentError(name, "unrecognized request argument")
     _check_only_defaults(body, allowed & _ONLY_DEFAULT.keys())
-    check_type(body, "model", (str,), "a string")
+    model = check_type(body, "model", (str,), "a string") or ""
     check_type(body, "user", (str,), "a string")
+    extension = check_type(body, "speculant", (dict,), "an object")
+    graph = _graph_field(extension)
     stream = bool(check_type(body, "stream", (bool,), "true or false"))
     options = check_type(body, "stream_options", (dict,), "an object") or {}
     include_usage = options.get("include_usage", False)
@@ -306,7 +342,7 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
     n = _choices_per_prompt(body, len(prompts))
     structured = structured_output(body, chat=chat)
     request = ApiRequest(
-        (), chat, stream, include_usage and stream, n, max_tokens_field, structured
+        (), chat, stream, include_usage and stream, n, max_tokens_field, structured, model, graph
     )
     calling = structured.tool_calling
     try:
@@ -315,7 +351,7 @@ def parse_openai_request(body: Any, *, chat: bool) -> ApiRequest:
             max_tokens=max_tokens,
             temperature=check_type(body, "temperature", (int, float), "a number"),
             stop=tuple(stop_strings(body)),
-            draft=_draft_fields(check_type(body, "speculant", (dict,), "an object")),
+            draft=_draft_fields(extension),
             sampling=SamplingControls(**_sampling(body)),
             top_logprobs=_top_logprobs(body, chat=chat),
             constraint=structured.constraint,

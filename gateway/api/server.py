@@ -15,9 +15,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import grpc
 
+from gateway.api.admin import GatewayAdminServicer, GraphAdmin
 from gateway.backends.draft_client import GrpcDraftClient, LearnReporter
 from gateway.backends.verifier_client import DEFAULT_VERIFIER_TIMEOUT_S, GrpcVerifierClient
 from gateway.engine import GenerationEngine
@@ -29,12 +31,13 @@ from gateway.generation import (
     StreamChunk,
 )
 from gateway.metrics import GatewayMetrics
+from speculant.auth import ClientTokens, authorization, check_admin_token
 from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
 from speculant.errors import FailedPreconditionError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
 from speculant.tls import ClientTls, ServerTls
-from speculant.v1 import gateway_pb2, gateway_pb2_grpc
+from speculant.v1 import admin_pb2_grpc, gateway_pb2, gateway_pb2_grpc
 from speculant.wire import (
     constraint_from_pb,
     draft_fields_from_pb,
@@ -46,6 +49,7 @@ from speculant.wire import (
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "speculant.v1.GatewayService"
+ADMIN_SERVICE_NAME = "speculant.v1.AdminService"
 
 FINISH_REASON_TO_PROTO = {
     FinishReason.EOS: gateway_pb2.FINISH_REASON_EOS,
@@ -79,20 +83,26 @@ def prompt_request_from_pb(request: gateway_pb2.GenerateRequest) -> PromptReques
         sampling=sampling_controls_from_pb(request.sampling),
         top_logprobs=optional_top_logprobs(request),
         constraint=constraint_from_pb(request.constraint),
+        graph=request.graph,
     )
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServiceServicer):
-    """Generate / GenerateStream: a GenerateRequest in, the engine's generation out."""
+    """Generate / GenerateStream: a GenerateRequest in, the engine's generation out, for the
+    tenant of the caller's token."""
 
-    def __init__(self, engine: GenerationEngine) -> None:
+    def __init__(self, engine: GenerationEngine, clients: ClientTokens | None = None) -> None:
         self.engine = engine
+        self.clients = clients
 
     def _stream(
         self, request: gateway_pb2.GenerateRequest, context: grpc.ServicerContext
     ) -> Iterator[StreamChunk | GenerationResult]:
+        tenant = ""
+        if self.clients is not None:  # the interceptor let only the clients' tokens in
+            tenant = self.clients.tenant_of(authorization(context.invocation_metadata())) or ""
         return self.engine.generate(
-            prompt_request_from_pb(request),
+            replace(prompt_request_from_pb(request), tenant=tenant),
             time_remaining_s=context.time_remaining(),
             cancelled=lambda: not context.is_active(),
         )
@@ -144,7 +154,8 @@ def start_gateway(
     max_concurrent: int = 64,
     next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
     draft_defaults: DraftConfig | None = None,
-    auth_token: str | None = None,
+    auth_token: str | ClientTokens | None = None,
+    admin_token: str | None = None,
     tls: ServerTls | None = None,
     backend_tls: ClientTls | None = None,
     metrics: Metrics | None = None,
@@ -154,7 +165,9 @@ def start_gateway(
 ) -> tuple[ServiceServer, GenerationEngine]:
     """Start a gateway server and its engine; with check_backends, fail fast on a tokenizer
     mismatch. draft_defaults: for requests that leave a drafting field unset.
-    auth_token: clients must send ``authorization: Bearer <auth_token>`` (speculant.auth).
+    auth_token: clients must send ``authorization: Bearer <token>`` with this token, or one of
+    these tenants' tokens (speculant.auth); admin_token: the token AdminService calls need
+    (None: refused), which the gateway also sends to the draft replicas.
     tls: serve TLS; backend_tls: reach the backends over TLS. verifier_timeout_s: the most a
     verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's).
@@ -178,27 +191,28 @@ def start_gateway(
     )
     if check_backends:
         _check_at_start(engine)
+    clients = ClientTokens.single(auth_token) if isinstance(auth_token, str) else auth_token
+    check_admin_token(admin_token, clients)
     # Enough worker threads to answer RESOURCE_EXHAUSTED at once over the limit, never queue.
     server = ServiceServer(
         host,
         port,
-        [SERVICE_NAME],
+        [SERVICE_NAME, ADMIN_SERVICE_NAME],
         max_workers=max_concurrent + 8,
-        auth_token=auth_token,
+        auth_token=clients,
+        admin_token=admin_token,
         tls=tls,
         metrics=metrics,
     )
-    _serve(engine, server)
-    return server, engine
-
-
-def _serve(engine: GenerationEngine, server: ServiceServer) -> None:
-    """Serve the engine's Generate and GenerateStream on the server, and report its health."""
     gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-        GatewayServicer(engine), server.grpc_server
+        GatewayServicer(engine, clients), server.grpc_server
+    )
+    admin_pb2_grpc.add_AdminServiceServicer_to_server(
+        GatewayAdminServicer(GraphAdmin(engine, drafter, admin_token)), server.grpc_server
     )
     server.start()
     watch_backends(engine, server)
+    return server, engine
 
 
 def _check_at_start(engine: GenerationEngine) -> None:

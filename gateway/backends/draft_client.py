@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -29,21 +29,21 @@ from gateway.backends.draft_replicas import (
     stream_refused,
 )
 from gateway.backends.streams import StreamExchange, StreamWatchdog, remaining_time
+from speculant.auth import bearer_metadata
 from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
-from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
+from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.request_context import REQUEST_ID, request_metadata
 from speculant.tls import ClientTls
-from speculant.types import DraftProposal
-from speculant.v1 import (
-    draft_pb2,
-)
+from speculant.types import DraftProposal, DraftTarget
+from speculant.v1 import admin_pb2, draft_pb2
 from speculant.wire import is_greedy_request, proposal_from_pb, propose_request_to_pb
 
 log = logging.getLogger(__name__)
 
 
 LEARN_TIMEOUT_S = 2.0  # one Learn report to one draft replica (off the request's path)
+ADMIN_TIMEOUT_S = 30.0  # one AdminService call to one draft replica (opening a graph)
 DEFAULT_QUEUE = 1024  # Learn reports waiting to be sent; more are dropped
 
 
@@ -57,12 +57,16 @@ class LearnDelivery:
 
 
 def propose_request(
-    context_ids: Sequence[int], params: DraftParams, seed: int | None
+    context_ids: Sequence[int],
+    params: DraftParams,
+    seed: int | None,
+    target: DraftTarget | None = None,
 ) -> draft_pb2.ProposeRequest:
     """The ProposeRequest for one drafting call made for the request being served: the context's
-    last DEFAULT_MAX_CONTEXT_TOKENS tokens (all a replica takes), named by the request's id."""
+    last DEFAULT_MAX_CONTEXT_TOKENS tokens (all a replica takes), named by the request's id,
+    drafting from target's graph for its tenant (None: the default graph and tenant)."""
     tail = context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:]
-    return propose_request_to_pb(tail, params, seed, REQUEST_ID.get() or "")
+    return propose_request_to_pb(tail, params, seed, REQUEST_ID.get() or "", target)
 
 
 class GrpcDraftClient:
@@ -215,9 +219,13 @@ class GrpcDraftClient:
             raise RemoteError.from_rpc_error(exc, f"draft service {replica.address}") from exc
 
     def propose(
-        self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
+        self,
+        context_ids: Sequence[int],
+        params: DraftParams,
+        seed: int | None = None,
+        target: DraftTarget | None = None,
     ) -> DraftProposal:
-        return self.propose_message(propose_request(context_ids, params, seed))
+        return self.propose_message(propose_request(context_ids, params, seed, target))
 
     def propose_message(
         self, request: draft_pb2.ProposeRequest, skip: Replica | None = None
@@ -246,12 +254,13 @@ class GrpcDraftClient:
         next_round_drafts: int,
         next_round_seed: int | None,
         draft_known: bool = False,
+        target: DraftTarget | None = None,
     ) -> GrpcDraftCall | UnaryDraftCall:
         """Send a ProposeRequest that also asks for next-round drafts; return at once.
         draft_known: the caller holds this draft already; only the next-round drafts come.
         Without a stream to the replica (it takes none now), the draft comes by unary Propose
         when asked for, without next-round drafts."""
-        request = propose_request(context_ids, params, seed)
+        request = propose_request(context_ids, params, seed, target)
         replica = self._replica_order()[0]
         exchange = replica.streams.checkout()
         if exchange is None:
@@ -265,12 +274,22 @@ class GrpcDraftClient:
         return GrpcDraftCall(self, replica, exchange, request)
 
     def learn(
-        self, token_ids: Sequence[int], generation_id: str, timeout_s: float = LEARN_TIMEOUT_S
+        self,
+        token_ids: Sequence[int],
+        generation_id: str,
+        timeout_s: float = LEARN_TIMEOUT_S,
+        target: DraftTarget | None = None,
     ) -> LearnDelivery:
-        """Report a finished generation to every current replica (each learns it), asking
-        exactly one to persist it: the first that answers, in round-robin order. Never raises:
-        failures are counted in the result."""
-        request = draft_pb2.LearnRequest(token_ids=token_ids, generation_id=generation_id)
+        """Report a finished generation (drafted from target's graph, for its tenant) to every
+        current replica (each learns it), asking exactly one to persist it: the first that
+        answers, in round-robin order. Never raises: failures are counted in the result."""
+        target = target or DraftTarget()
+        request = draft_pb2.LearnRequest(
+            token_ids=token_ids,
+            generation_id=generation_id,
+            graph=target.graph,
+            tenant=target.tenant,
+        )
         delivery = LearnDelivery()
         for replica in self._replica_order():
             request.persist = not delivery.persisted_by
@@ -285,20 +304,148 @@ class GrpcDraftClient:
                 delivery.persisted_by = replica.address
         return delivery
 
-    def graph_info(self, timeout_s: float = 5.0) -> draft_pb2.GetGraphInfoResponse:
-        """The graph meta of the first replica that answers (each asked within timeout_s)."""
+    def bind(self, target: DraftTarget) -> TargetedDrafts:
+        """The drafter of one request: target's graph and tenant (see TargetedDrafts)."""
+        return TargetedDrafts(self, target)
+
+    def graph_info(self, timeout_s: float = 5.0, graph: str = "") -> draft_pb2.GetGraphInfoResponse:
+        """The meta of a graph (empty: the default one) from the first replica that answers
+        (each asked within timeout_s); NotFoundError when it serves no such graph."""
         last_error: grpc.RpcError | None = None
         for replica in self._replica_order():
             try:
                 return replica.stub.GetGraphInfo(
-                    draft_pb2.GetGraphInfoRequest(), timeout=timeout_s, metadata=request_metadata()
+                    draft_pb2.GetGraphInfoRequest(graph=graph),
+                    timeout=timeout_s,
+                    metadata=request_metadata(),
                 )
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    raise NotFoundError(exc.details()) from exc
                 last_error = exc
         raise UnavailableError(
             f"no draft service answers at {', '.join(self.addresses)}: "
             f"{last_error.details() if last_error else ''}"
         )
+
+    # -- the catalog (AdminService on every replica) ---------------------------------------
+
+    def add_graph(
+        self, name: str, path: str, token: str | None, timeout_s: float = ADMIN_TIMEOUT_S
+    ) -> admin_pb2.AddGraphResponse:
+        """AddGraph on every current replica. The first that answers decides: its refusal (a
+        bad graph, another tokenizer) is raised and no other replica is asked, so the catalog
+        stays unchanged; a later replica that fails is logged (it applies the change from the
+        catalog file the replicas share)."""
+        request = admin_pb2.AddGraphRequest(name=name, path=path)
+        return self._admin_everywhere("AddGraph", request, token, timeout_s)
+
+    def remove_graph(
+        self, name: str, token: str | None, timeout_s: float = ADMIN_TIMEOUT_S
+    ) -> admin_pb2.RemoveGraphResponse:
+        """RemoveGraph on every current replica (as add_graph)."""
+        request = admin_pb2.RemoveGraphRequest(name=name)
+        return self._admin_everywhere("RemoveGraph", request, token, timeout_s)
+
+    def list_graphs(
+        self, token: str | None, timeout_s: float = ADMIN_TIMEOUT_S
+    ) -> admin_pb2.ListGraphsResponse:
+        """ListGraphs of the first replica that answers."""
+        request = admin_pb2.ListGraphsRequest()
+        return self._admin_everywhere("ListGraphs", request, token, timeout_s, first_only=True)
+
+    def _admin_everywhere(
+        self,
+        method: str,
+        request: object,
+        token: str | None,
+        timeout_s: float,
+        first_only: bool = False,
+    ):
+        """The answer of the first replica that answers `method`; the others are asked too
+        (unless first_only) and their failures logged. UnavailableError when none answers;
+        a replica's refusal as its status (RemoteError)."""
+        metadata = (*request_metadata(), *bearer_metadata(token))
+        answer = None
+        last_error: grpc.RpcError | None = None
+        for replica in self._replica_order():
+            assert replica.admin is not None
+            try:
+                response = getattr(replica.admin, method)(
+                    request, timeout=timeout_s, metadata=metadata
+                )
+            except grpc.RpcError as exc:
+                if answer is not None:
+                    log.warning("%s on draft replica %s failed: %s", method, replica.address, exc)
+                    continue
+                if exc.code() not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                ):
+                    raise RemoteError(exc.code(), exc.details() or str(exc)) from exc
+                last_error = exc
+                continue
+            if answer is None:
+                answer = response
+                if first_only:
+                    break
+        if answer is None:
+            raise UnavailableError(
+                f"no draft service answers at {', '.join(self.addresses)}: "
+                f"{last_error.details() if last_error else ''}"
+            )
+        return answer
+
+
+class TargetedDrafts:
+    """The draft tier as one request drafts from it: its graph and tenant, pinned from its first
+    draft on to the build of the graph that draft came from (ProposeRequest.graph_id), so the
+    request finishes on the graph it began with. The coordinator's drafter for that request."""
+
+    def __init__(self, client: GrpcDraftClient, target: DraftTarget) -> None:
+        self.client = client
+        self.target = target
+
+    def propose(
+        self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
+    ) -> DraftProposal:
+        return self.pin(self.client.propose(context_ids, params, seed, self.target))
+
+    def start(
+        self,
+        context_ids: Sequence[int],
+        params: DraftParams,
+        seed: int | None,
+        next_round_drafts: int,
+        next_round_seed: int | None,
+        draft_known: bool = False,
+    ) -> _PinningCall:
+        call = self.client.start(
+            context_ids, params, seed, next_round_drafts, next_round_seed, draft_known, self.target
+        )
+        return _PinningCall(call, self)
+
+    def pin(self, proposal: DraftProposal) -> DraftProposal:
+        """Pin the request to the build its first draft came from."""
+        if proposal.graph_id and not self.target.graph_id:
+            self.target = replace(self.target, graph_id=proposal.graph_id)
+        return proposal
+
+    def close(self) -> None:
+        pass
+
+
+class _PinningCall:
+    """A draft call whose draft pins its request (TargetedDrafts.pin)."""
+
+    def __init__(self, call: GrpcDraftCall | UnaryDraftCall, drafts: TargetedDrafts) -> None:
+        self._call = call
+        self._drafts = drafts
+        self.next_round = call.next_round
+        self.discard = call.discard
+
+    def proposal(self) -> DraftProposal:
+        return self._drafts.pin(self._call.proposal())
 
 
 @dataclass
@@ -318,17 +465,20 @@ class LearnReporter:
     def __init__(self, drafter: GrpcDraftClient, *, queue_size: int = DEFAULT_QUEUE) -> None:
         self.drafter = drafter
         self.counts = ReporterCounts()
-        self._queue: queue.Queue[tuple[str, list[int]] | None] = queue.Queue(queue_size)
+        self._queue: queue.Queue[tuple[str, list[int], DraftTarget] | None] = queue.Queue(
+            queue_size
+        )
         self._idle = threading.Condition()
         self._pending = 0
         self._thread = threading.Thread(target=self._run, name="learn-reporter", daemon=True)
         self._thread.start()
 
-    def learn(self, token_ids: Sequence[int]) -> None:
-        """Queue one finished generation's tokens (returns at once)."""
+    def learn(self, token_ids: Sequence[int], target: DraftTarget | None = None) -> None:
+        """Queue one finished generation's tokens, drafted from target's graph for its tenant
+        (None: the default graph and tenant); returns at once."""
         with self._idle:
             try:
-                self._queue.put_nowait((uuid.uuid4().hex, list(token_ids)))
+                self._queue.put_nowait((uuid.uuid4().hex, list(token_ids), target or DraftTarget()))
             except queue.Full:
                 self.counts.dropped += 1
                 return
@@ -348,9 +498,9 @@ class LearnReporter:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            generation_id, token_ids = item
+            generation_id, token_ids, target = item
             try:
-                delivery = self.drafter.learn(token_ids, generation_id)
+                delivery = self.drafter.learn(token_ids, generation_id, target=target)
                 if delivery.delivered:
                     self.counts.sent += 1
                 else:

@@ -14,9 +14,7 @@ from gateway.backends.backend_channel import backend_channel
 from gateway.backends.streams import StreamExchange, StreamPool
 from speculant.errors import InvalidArgumentError, RemoteError, UnavailableError
 from speculant.tls import ClientTls
-from speculant.v1 import (
-    draft_pb2_grpc,
-)
+from speculant.v1 import admin_pb2_grpc, draft_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +52,19 @@ class Replica:
     address: str
     stub: draft_pb2_grpc.DraftServiceStub
     streams: StreamPool
+    admin: admin_pb2_grpc.AdminServiceStub | None = None  # its catalog (AdminService)
     held_off_until: float = 0.0  # time.monotonic()
 
     @classmethod
     def connect(cls, address: str, tls: ClientTls | None) -> Replica:
-        stub = draft_pb2_grpc.DraftServiceStub(backend_channel(address, tls))
-        return cls(address, stub, StreamPool(lambda: StreamExchange(stub.ProposeStream, None)))
+        channel = backend_channel(address, tls)
+        stub = draft_pb2_grpc.DraftServiceStub(channel)
+        return cls(
+            address,
+            stub,
+            StreamPool(lambda: StreamExchange(stub.ProposeStream, None)),
+            admin_pb2_grpc.AdminServiceStub(channel),
+        )
 
 
 def stream_refused(exc: RemoteError, exchange: StreamExchange) -> bool:

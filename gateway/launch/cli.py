@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from gateway.launch.cli_options import SAMPLING_FLAGS, add_chat_template_argument
-from gateway.launch.commands import run_generate, run_serve_gateway
+from gateway.launch.commands import run_generate, run_graphs, run_serve_gateway
 from gateway.launch.constraint_flags import add_constraint_arguments
 from speculant.config import (
     DEFAULT_DRAFT_REFRESH_S,
@@ -120,12 +120,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default 0 = off: slower on a 2-core host; it can only pay where the draft service "
         "has spare CPU; the output is the same either way)",
     )
-    serve.add_argument(
-        "--auth-token-file",
-        default=None,
-        help="require clients to send 'authorization: Bearer <token>' with the token in this "
-        "file (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
-    )
+    add_token_arguments(serve)
     add_draft_default_arguments(serve)
     add_verify_cost_argument(serve)
     serve.add_argument(
@@ -145,7 +140,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "generate", help="generate with speculative decoding (embedded, or via --gateway)"
     )
     generate.add_argument("--prompt", required=True, help="the text to continue")
-    generate.add_argument("--graph", help="graph directory (embedded mode)")
+    generate.add_argument(
+        "--graph",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="graph folder (embedded mode; repeat it for several, named, graphs)",
+    )
+    generate.add_argument(
+        "--graph-name",
+        default="",
+        metavar="NAME",
+        help="draft from this graph of the catalog (a --graph NAME, or a graph the gateway "
+        "serves; 'none': no graph, the prompt and output alone; default: the default graph)",
+    )
     generate.add_argument("--model", help="model name or folder (embedded mode)")
     generate.add_argument("--gateway", help="call a running gateway at HOST:PORT instead")
     generate.add_argument("--json", action="store_true", help="print the response as JSON")
@@ -160,6 +167,55 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_verify_cost_argument(generate)
     add_constraint_arguments(generate)
     generate.set_defaults(handler=run_generate)
+    register_graphs(subparsers)
+
+
+def register_graphs(subparsers: argparse._SubParsersAction) -> None:
+    """`speculant graphs list|add|remove`: a running deployment's graph catalog."""
+    graphs = subparsers.add_parser(
+        "graphs",
+        help="list, add, replace or remove the graphs a running deployment serves",
+        description="The graph catalog of a running gateway (and of every draft replica it "
+        "knows), changed without a restart. Needs the gateway's admin token.",
+    )
+    actions = graphs.add_subparsers(dest="graphs_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="every graph served, the default first")
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    add = actions.add_parser("add", help="serve a graph folder under a name (or replace one)")
+    add.add_argument("name", help="the graph's name (A-Z a-z 0-9 _ -)")
+    add.add_argument("path", help="the graph folder, as the draft services see it")
+    remove = actions.add_parser("remove", help="stop serving a graph")
+    remove.add_argument("name", help="the graph's name")
+    for action in (listing, add, remove):
+        action.add_argument("--gateway", required=True, help="the gateway's HOST:PORT")
+        action.add_argument(
+            "--admin-token-file",
+            default=None,
+            metavar="FILE",
+            help="the gateway's admin token (default: $SPECULANT_ADMIN_TOKEN)",
+        )
+        add_client_tls_arguments(action, "--tls", "the gateway")
+        action.set_defaults(handler=run_graphs)
+
+
+def add_token_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--auth-token-file (client tokens and their tenants) and --admin-token-file (serve-gateway
+    and up)."""
+    parser.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="require clients to send 'authorization: Bearer <token>' with a token of this file: "
+        "lines 'TENANT TOKEN' (what each tenant's generations teach shapes its own drafts only) "
+        "or one bare token (default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
+    )
+    parser.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="the token that AdminService calls and the /admin HTTP routes (adding, replacing "
+        "and removing graphs) must send, never a client's (default: $SPECULANT_ADMIN_TOKEN if "
+        "set, else admin calls are refused)",
+    )
 
 
 DEFAULT_UP_HTTP_PORT = 8000  # `speculant up` serves the OpenAI-compatible API here (vLLM's port)

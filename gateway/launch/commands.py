@@ -20,9 +20,11 @@ from speculant.draft_flags import draft_defaults_from_args, given_draft_defaults
 
 if TYPE_CHECKING:  # imported when the commands run: they pull in grpc and torch
     from gateway.engine import GenerationEngine
+    from speculant.auth import ClientTokens
     from speculant.grpc_server import ServiceServer
     from speculant.metrics import Metrics
     from speculant.tls import ServerTls
+    from speculant.v1.admin_pb2 import GraphStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,9 @@ def _error_status(exc: BaseException) -> int:
 
 
 def run_serve_gateway(args: argparse.Namespace) -> int:
+    from gateway.api.admin import GraphAdmin
     from gateway.api.http_server import HttpApiServer
-    from speculant.auth import load_token
+    from speculant.auth import load_admin_token, load_client_tokens
     from speculant.errors import SpeculantError
     from speculant.metrics import Metrics, metrics_from_args
     from speculant.tls import server_tls_from_args
@@ -58,19 +61,21 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
         metrics = metrics_from_args(args)
         if metrics is None and args.http_port:
             metrics = Metrics()  # served at the HTTP API's /metrics only
-        token = load_token(args.auth_token_file)
+        clients = load_client_tokens(args.auth_token_file)
+        admin_token = load_admin_token(args.admin_token_file)
         tls = server_tls_from_args(args)
-        server, engine = _start_gateway(args, metrics, token, tls)
+        server, engine = _start_gateway(args, metrics, clients, admin_token, tls)
         if args.http_port:
             http = HttpApiServer(
                 engine,
                 args.host,
                 args.http_port,
-                auth_token=token,
+                auth_token=clients,
                 tls=tls,
                 model_name=args.http_model_name,
                 registry=metrics.registry,
                 stopping=server.stopping,
+                admin=GraphAdmin(engine, engine.drafter, admin_token),
             ).start()
     except (SpeculantError, OSError, RuntimeError) as exc:
         if server is not None:
@@ -92,7 +97,11 @@ def run_serve_gateway(args: argparse.Namespace) -> int:
 
 
 def _start_gateway(
-    args: argparse.Namespace, metrics: Metrics | None, token: str | None, tls: ServerTls | None
+    args: argparse.Namespace,
+    metrics: Metrics | None,
+    clients: ClientTokens | None,
+    admin_token: str | None,
+    tls: ServerTls | None,
 ) -> tuple[ServiceServer, GenerationEngine]:
     """The gateway's gRPC server and engine for serve-gateway's flags."""
     from gateway.api.server import start_gateway
@@ -113,7 +122,8 @@ def _start_gateway(
         max_concurrent=args.max_concurrent,
         next_round_drafts=args.next_round_drafts,
         draft_defaults=draft_defaults,
-        auth_token=token,
+        auth_token=clients,
+        admin_token=admin_token,
         tls=tls,
         backend_tls=client_tls_from_args(args, "--backend-tls"),
         metrics=metrics,
@@ -176,9 +186,11 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "arguments"
         raise InvalidArgumentError(flag, first["msg"]) from exc
     from gateway.embedded import SpeculativeDecoder  # after the flags: it imports torch
+    from speculant.graph_catalog import parse_graph_specs
 
+    specs, _ = parse_graph_specs(args.graph)  # InvalidArgumentError names --graph
     decoder = SpeculativeDecoder(
-        graph_path=args.graph,
+        graph_path={spec.name: spec.path for spec in specs},
         verifier_config=VerifierConfig(model_name=args.model),
         draft_config=draft,
         verify_cost=args.verify_cost,
@@ -186,7 +198,9 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
     from gateway.api.http_answers import generate_response
 
     try:
-        result = decoder.generate(prompt=args.prompt, generation_config=generation)
+        result = decoder.generate(
+            prompt=args.prompt, generation_config=generation, graph=args.graph_name
+        )
     except InvalidArgumentError as exc:  # a constraint that does not compile: name its flag
         raise flag_error(exc) from None
     return generate_response(result)  # with the logprobs when asked, as the gateway's
@@ -210,6 +224,7 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
             stop=args.stop,
             sampling=sampling_options(args),
             constraint=constraint_from_args(args),
+            graph=args.graph_name,
             **given_draft_defaults(args),
         )
     result = json_format.MessageToDict(
@@ -217,3 +232,53 @@ def _generate_via_gateway(args: argparse.Namespace) -> dict:
     )
     result["finish_reason"] = result["finish_reason"].removeprefix("FINISH_REASON_").lower()
     return result
+
+
+def run_graphs(args: argparse.Namespace) -> int:
+    """`speculant graphs list|add|remove`: one line per graph, or one error line (exit 1)."""
+    from speculant.auth import load_admin_token
+    from speculant.client import SpeculantClient
+    from speculant.errors import SpeculantError
+    from speculant.tls import client_tls_from_args
+
+    try:
+        token = load_admin_token(args.admin_token_file)
+        tls = client_tls_from_args(args, "--tls")
+        with SpeculantClient(args.gateway, tls=tls, token=token, timeout_s=60) as client:
+            if args.graphs_command == "add":
+                answer = client.add_graph(args.name, args.path)
+                verb = "replaced" if answer.replaced else "added"
+                print(f"{verb} graph {args.name}: {_graph_line(answer.graph)}")
+            elif args.graphs_command == "remove":
+                client.remove_graph(args.name)
+                print(f"removed graph {args.name}")
+            else:
+                _print_graphs(client.list_graphs(), args.json)
+    except SpeculantError as exc:
+        return _fail(str(exc), _error_status(exc))
+    return 0
+
+
+def _graph_line(graph: GraphStatus) -> str:
+    return (
+        f"{graph.tokens:,} tokens, {graph.bytes / 2**20:.1f} MiB on disk, "
+        f"{graph.resident_bytes / 2**20:.1f} MiB resident, version {graph.graph_version}, "
+        f"{graph.path}"
+    )
+
+
+def _print_graphs(graphs: list[GraphStatus], as_json: bool) -> None:
+    if as_json:
+        from google.protobuf import json_format
+
+        rows = [
+            json_format.MessageToDict(
+                g, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+            )
+            for g in graphs
+        ]
+        print(json.dumps(rows, indent=2))
+        return
+    for g in graphs:
+        mark = " (default)" if g.is_default else ""
+        print(f"{g.name}{mark}: {_graph_line(g)}")

@@ -30,7 +30,9 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         "and stop them together (Ctrl-C). The draft and verifier services listen on "
         f"{BACKEND_HOST} only; the gateway on --host, with its token, TLS and HTTP API.",
     )
-    up.add_argument("--graph", required=True, help="graph directory (from `speculant build`)")
+    from draft_service.cli import add_catalog_arguments
+
+    add_catalog_arguments(up, admin=False)
     up.add_argument("--model", required=True, help="hub name or local folder of the model")
     up.add_argument("--host", default="127.0.0.1", help="address the gateway listens on")
     up.add_argument("--gateway-port", type=int, default=50050, help="the gateway's gRPC port")
@@ -60,14 +62,10 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="generations in flight at once; more are refused (default 64)",
     )
-    gateway.add_argument(
-        "--auth-token-file",
-        default=None,
-        help="clients must send 'authorization: Bearer <token>' with the token in this file "
-        "(default: $SPECULANT_AUTH_TOKEN if set, else no authentication)",
-    )
+    from gateway.launch.cli import DEFAULT_UP_HTTP_PORT, add_http_arguments, add_token_arguments
+
+    add_token_arguments(gateway)
     add_server_tls_arguments(gateway)
-    from gateway.launch.cli import DEFAULT_UP_HTTP_PORT, add_http_arguments
 
     add_http_arguments(gateway, default_port=DEFAULT_UP_HTTP_PORT)
     add_draft_default_arguments(up)

@@ -136,8 +136,13 @@ def _verifier_threads(
 
 
 def _draft_argv(args: argparse.Namespace) -> list[str]:
+    graphs = [word for graph in args.graph for word in ("--graph", graph)]
     return [
-        *("serve-draft", "--graph", args.graph),
+        "serve-draft",
+        *graphs,
+        *_optional("--default-graph", args.default_graph),
+        *(["--catalog", args.catalog] if args.catalog else []),
+        *_optional("--admin-token-file", args.admin_token_file),
         *("--host", BACKEND_HOST, "--port", str(args.draft_port)),
         *draft_default_argv(args),
         *_learning_flags(args),
@@ -167,6 +172,7 @@ def _gateway_argv(args: argparse.Namespace, draft: str, verifier: str) -> list[s
         *(["--no-learn"] if args.no_learn else []),
         *_optional("--max-concurrent", args.max_concurrent),
         *_optional("--auth-token-file", args.auth_token_file),
+        *_optional("--admin-token-file", args.admin_token_file),
         *_optional("--tls-cert", args.tls_cert),
         *_optional("--tls-key", args.tls_key),
         *_optional("--tls-client-ca", args.tls_client_ca),
@@ -237,9 +243,9 @@ def _parse_children(plan: Plan) -> dict[str, argparse.Namespace]:
 def _check_settings(args: argparse.Namespace, parsed: dict[str, argparse.Namespace]) -> None:
     """The settings each service validates at its start: the verifier's, the drafting and
     learning defaults, the token file, the TLS files and the verify cost."""
-    from draft_service.cli import learning_from_args
+    from draft_service.cli import catalog_from_args, learning_from_args
     from gateway.launch.cli_options import chat_template_from_args, check_verify_cost
-    from speculant.auth import load_token
+    from speculant.auth import check_admin_token, load_admin_token, load_client_tokens
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import InvalidArgumentError
     from speculant.tls import server_tls_from_args
@@ -249,7 +255,10 @@ def _check_settings(args: argparse.Namespace, parsed: dict[str, argparse.Namespa
         config_from_args(parsed["verifier"])  # CommandError naming the setting
         draft_defaults_from_args(args)
         learning_from_args(args)
-        load_token(args.auth_token_file)
+        catalog_from_args(args)
+        check_admin_token(
+            load_admin_token(args.admin_token_file), load_client_tokens(args.auth_token_file)
+        )
         server_tls_from_args(parsed["gateway"])
         check_verify_cost(args.verify_cost)
         chat_template_from_args(args)

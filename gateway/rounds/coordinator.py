@@ -81,6 +81,8 @@ class _Run:
     sizer: RequestSizer | None
     draft_length: int  # with draft.adaptive_k: set round by round
     constrained: ConstrainedDrafts | None  # with a constraint: its drafting
+    drafter: DraftSource  # this request's (bound to its graph and tenant by the engine)
+    learner: GenerationLearner | None  # gets the finished generation
     prefilled: bool = False  # the verifier holds a session to release
     context: list[int] = field(default_factory=list)  # prompt and output so far
     # drafts the draft service prepared last round, by (accepted, next token)
@@ -124,8 +126,6 @@ class Coordinator:
         decoding, one token per forward).
         """
         self.drafter = drafter
-        # decided once: a draft service prepares next-round drafts; an in-process drafter not
-        self._preparing = drafter if isinstance(drafter, PreparingDraftSource) else None
         self.learner = learner
         self.next_round_drafts = next_round_drafts
         self.verifier = verifier
@@ -150,11 +150,14 @@ class Coordinator:
         request: GenerationRequest,
         *,
         cancelled: Callable[[], bool] | None = None,
+        drafter: DraftSource | None = None,
+        learner: GenerationLearner | None = None,
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Yield StreamChunks as tokens are accepted, then one GenerationResult.
 
         cancelled: polled between rounds; when it returns True the rounds stop and the
-        verifier session is released.
+        verifier session is released. drafter, learner: this request's (None: the
+        coordinator's), e.g. a draft tier bound to the request's graph and tenant.
         """
         request.validate()
         if len(request.prompt_ids) >= self.max_context_length:
@@ -173,6 +176,8 @@ class Coordinator:
             sizer=self._sizer(request.draft),
             draft_length=request.draft.k,
             constrained=self._constrained(request),  # compiled before any verifier work
+            drafter=drafter or self.drafter,
+            learner=learner or self.learner,
         )
         try:
             if run.output.finish_reason is None:
@@ -217,7 +222,7 @@ class Coordinator:
         ready = run.prepared.get(run.outcome) if k > 0 else None  # prepared last round?
         context = run.context + certain if certain else run.context
         prepare = run.constrained is None  # a constraint shapes each draft: none prepared
-        call = self._start_draft(context, params, k, request.seed, stats, ready, prepare)
+        call = self._start_draft(run, context, params, k, ready, prepare)
         if ready is not None:
             drafted = ready.truncated(k)  # no waiting for a draft call this round
             stats.prepared_drafts_used += 1
@@ -227,7 +232,7 @@ class Coordinator:
 
             def extend(tokens: list[int]) -> DraftProposal:  # the drafter after context + tokens
                 window = run.context + tokens
-                more = self._start_draft(window, params, k, request.seed, stats, None, False)
+                more = self._start_draft(run, window, params, k, None, False)
                 return self._await_draft(more, stats)
 
             limits = depth, max(request.draft.tree_nodes, request.draft.k)  # the request's
@@ -310,7 +315,7 @@ class Coordinator:
         final_chunk = output.take_chunk()
         if final_chunk.token_ids or final_chunk.text_delta:
             yield final_chunk
-        self._learn(run.request.prompt_ids, output.token_ids)
+        self._learn(run.learner, run.request.prompt_ids, output.token_ids)
         yield GenerationResult(
             output.text, output.token_ids, output.finish_reason, stats, output.logprobs
         )
@@ -333,11 +338,10 @@ class Coordinator:
 
     def _start_draft(
         self,
+        run: _Run,
         context: list[int],
         params: DraftParams,
         k: int,
-        request_seed: int | None,
-        stats: GenerationStats,
         ready: DraftProposal | None = None,
         prepare: bool = True,
     ) -> DraftCall | None:
@@ -351,6 +355,7 @@ class Coordinator:
         """
         if k <= 0:
             return None
+        stats, request_seed = run.stats, run.request.seed
         params = params if k == params.k else replace(params, k=k)
         # the overlay reads the whole context; otherwise the graph's orders need only a tail
         window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
@@ -359,14 +364,15 @@ class Coordinator:
         try:
             # next-round drafts are prepared for a chain's outcomes: not with trees
             prepares = prepare and self.next_round_drafts > 0 and not params.drafts_tree
-            if prepares and self._preparing is not None:
+            # a draft service prepares next-round drafts; an in-process drafter not
+            if prepares and isinstance(run.drafter, PreparingDraftSource):
                 next_seed = _draft_seed(request_seed, stats.rounds + 1)
-                return self._preparing.start(
+                return run.drafter.start(
                     window, params, seed, self.next_round_drafts, next_seed, draft_known
                 )
             if draft_known:
                 return None
-            return _ImmediateDraftCall(self.drafter, window, params, seed)
+            return _ImmediateDraftCall(run.drafter, window, params, seed)
         except Exception as exc:  # drafts are an optimisation: go on without one
             stats.draft_failures += 1
             log.warning("draft failed, continuing with an empty draft: %s", exc)
@@ -384,12 +390,15 @@ class Coordinator:
             log.warning("draft failed, continuing with an empty draft: %s", exc)
             return DraftProposal()
 
-    def _learn(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+    @staticmethod
+    def _learn(
+        learner: GenerationLearner | None, prompt_ids: list[int], output_ids: list[int]
+    ) -> None:
         """Hand a finished generation to the learner; a failure is logged, never raised."""
-        if self.learner is None or not output_ids:
+        if learner is None or not output_ids:
             return
         try:
-            self.learner.learn(prompt_ids + output_ids)
+            learner.learn(prompt_ids + output_ids)
         except Exception as exc:  # learning is an optimisation, like drafting
             log.warning("could not learn from the generation: %s", exc)
 

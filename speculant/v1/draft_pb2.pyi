@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes", "request_id")
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes", "request_id", "graph", "tenant", "graph_id")
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,9 @@ class ProposeRequest(_message.Message):
     NEXT_ROUND_ONLY_FIELD_NUMBER: _ClassVar[int]
     TREE_NODES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
     context_token_ids: _containers.RepeatedScalarFieldContainer[int]
     k: int
     strategy: _common_pb2.DraftStrategy
@@ -45,7 +48,10 @@ class ProposeRequest(_message.Message):
     next_round_only: bool
     tree_nodes: int
     request_id: str
-    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    graph: str
+    tenant: str
+    graph_id: str
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ..., graph: _Optional[str] = ..., tenant: _Optional[str] = ..., graph_id: _Optional[str] = ...) -> None: ...
 
 class NextRoundDraft(_message.Message):
     __slots__ = ("accepted_count", "next_token_id", "draft_token_ids", "distributions", "matched_orders", "draft_sources", "draft_path_probs")
@@ -66,7 +72,7 @@ class NextRoundDraft(_message.Message):
     def __init__(self, accepted_count: _Optional[int] = ..., next_token_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., draft_path_probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "distributions", "matched_orders", "draft_sources", "next_round", "draft_parents", "draft_path_probs", "draft_seconds")
+    __slots__ = ("draft_token_ids", "distributions", "matched_orders", "draft_sources", "next_round", "draft_parents", "draft_path_probs", "draft_seconds", "graph_id")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_ORDERS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +81,7 @@ class ProposeResponse(_message.Message):
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PATH_PROBS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     matched_orders: _containers.RepeatedScalarFieldContainer[int]
@@ -83,17 +90,22 @@ class ProposeResponse(_message.Message):
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     draft_path_probs: _containers.RepeatedScalarFieldContainer[float]
     draft_seconds: float
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., next_round: _Optional[_Iterable[_Union[NextRoundDraft, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_path_probs: _Optional[_Iterable[float]] = ..., draft_seconds: _Optional[float] = ...) -> None: ...
+    graph_id: str
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., next_round: _Optional[_Iterable[_Union[NextRoundDraft, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_path_probs: _Optional[_Iterable[float]] = ..., draft_seconds: _Optional[float] = ..., graph_id: _Optional[str] = ...) -> None: ...
 
 class LearnRequest(_message.Message):
-    __slots__ = ("token_ids", "generation_id", "persist")
+    __slots__ = ("token_ids", "generation_id", "persist", "graph", "tenant")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     GENERATION_ID_FIELD_NUMBER: _ClassVar[int]
     PERSIST_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     generation_id: str
     persist: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., generation_id: _Optional[str] = ..., persist: _Optional[bool] = ...) -> None: ...
+    graph: str
+    tenant: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., generation_id: _Optional[str] = ..., persist: _Optional[bool] = ..., graph: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class LiveLayerStats(_message.Message):
     __slots__ = ("documents", "tokens", "contexts", "estimated_bytes", "max_bytes", "learned_documents", "forgotten_documents", "weight")
@@ -128,8 +140,10 @@ class LearnResponse(_message.Message):
     def __init__(self, learning: _Optional[bool] = ..., learned_tokens: _Optional[int] = ..., persisted: _Optional[bool] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ...) -> None: ...
 
 class GetGraphInfoRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("graph",)
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    graph: str
+    def __init__(self, graph: _Optional[str] = ...) -> None: ...
 
 class OrderStats(_message.Message):
     __slots__ = ("order", "contexts", "ngrams", "total_count")
@@ -144,7 +158,7 @@ class OrderStats(_message.Message):
     def __init__(self, order: _Optional[int] = ..., contexts: _Optional[int] = ..., ngrams: _Optional[int] = ..., total_count: _Optional[int] = ...) -> None: ...
 
 class GetGraphInfoResponse(_message.Message):
-    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version", "live", "context_window")
+    __slots__ = ("format_version", "max_order", "tokenizer_name", "tokenizer_fingerprint", "vocab_size", "corpus_documents", "corpus_tokens", "orders", "build_params_json", "built_at", "graph_path", "graph_version", "live", "context_window", "name", "graph_names", "graph_bytes", "resident_bytes", "graph_id")
     FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
     MAX_ORDER_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +173,11 @@ class GetGraphInfoResponse(_message.Message):
     GRAPH_VERSION_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_NAMES_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_ID_FIELD_NUMBER: _ClassVar[int]
     format_version: int
     max_order: int
     tokenizer_name: str
@@ -173,4 +192,9 @@ class GetGraphInfoResponse(_message.Message):
     graph_version: int
     live: LiveLayerStats
     context_window: int
-    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ..., context_window: _Optional[int] = ...) -> None: ...
+    name: str
+    graph_names: _containers.RepeatedScalarFieldContainer[str]
+    graph_bytes: int
+    resident_bytes: int
+    graph_id: str
+    def __init__(self, format_version: _Optional[int] = ..., max_order: _Optional[int] = ..., tokenizer_name: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., corpus_documents: _Optional[int] = ..., corpus_tokens: _Optional[int] = ..., orders: _Optional[_Iterable[_Union[OrderStats, _Mapping]]] = ..., build_params_json: _Optional[str] = ..., built_at: _Optional[str] = ..., graph_path: _Optional[str] = ..., graph_version: _Optional[int] = ..., live: _Optional[_Union[LiveLayerStats, _Mapping]] = ..., context_window: _Optional[int] = ..., name: _Optional[str] = ..., graph_names: _Optional[_Iterable[str]] = ..., graph_bytes: _Optional[int] = ..., resident_bytes: _Optional[int] = ..., graph_id: _Optional[str] = ...) -> None: ...
