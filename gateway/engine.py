@@ -187,7 +187,11 @@ class GenerationEngine:
                 learner = None if self.learner is None else _TargetedLearner(self.learner, target)
                 try:
                     for item in coordinator.stream(
-                        prepared, cancelled=cancelled, drafter=drafter, learner=learner
+                        prepared,
+                        cancelled=cancelled,
+                        drafter=drafter,
+                        learner=learner,
+                        graph=self._sizing_key(target.graph),
                     ):
                         if isinstance(item, GenerationResult):
                             self._finished(item)
@@ -218,6 +222,11 @@ class GenerationEngine:
             return name  # drafts are an optimisation: the round goes on without them
         self.refresh_graphs()
         return name
+
+    def _sizing_key(self, name: str) -> str:
+        """The graph whose requests size drafts together: "" for the default graph."""
+        graph = self._graph
+        return "" if graph is None or name == graph.name else name
 
     def refresh_graphs(self, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
         """Ask the draft tier which graphs it serves now (kept when it does not answer)."""

@@ -136,7 +136,9 @@ class Coordinator:
         self.eos_token_ids = set(info.eos_token_ids)
         self.max_context_length = info.max_context_length
         self.vocab_size = info.vocab_size
-        self.sizing = SizingModel(verify_cost or verify_cost_profile("measured", info))
+        self._profile = verify_cost or verify_cost_profile("measured", info)
+        # what sizing learns, per graph (its acceptance and drafting costs are the graph's)
+        self._sizing: dict[str, SizingModel] = {"": SizingModel(self._profile)}
 
     def generate(self, request: GenerationRequest, **kwargs: object) -> GenerationResult:
         """Run the request to completion and return the result."""
@@ -152,12 +154,14 @@ class Coordinator:
         cancelled: Callable[[], bool] | None = None,
         drafter: DraftSource | None = None,
         learner: GenerationLearner | None = None,
+        graph: str = "",
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Yield StreamChunks as tokens are accepted, then one GenerationResult.
 
         cancelled: polled between rounds; when it returns True the rounds stop and the
         verifier session is released. drafter, learner: this request's (None: the
-        coordinator's), e.g. a draft tier bound to the request's graph and tenant.
+        coordinator's), e.g. a draft tier bound to the request's graph and tenant. graph: the
+        graph it drafts from, whose requests size drafts together ("": the default).
         """
         request.validate()
         if len(request.prompt_ids) >= self.max_context_length:
@@ -173,7 +177,7 @@ class Coordinator:
             output=OutputBuffer(
                 self.tokenizer, request, self.eos_token_ids, self.max_context_length
             ),
-            sizer=self._sizer(request.draft),
+            sizer=self._sizer(request.draft, graph),
             draft_length=request.draft.k,
             constrained=self._constrained(request),  # compiled before any verifier work
             drafter=drafter or self.drafter,
@@ -328,13 +332,16 @@ class Coordinator:
         grammars = grammars_for(self.tokenizer, self.vocab_size, self.eos_token_ids)
         return ConstrainedDrafts(grammars.matcher(request.constraint), request.prompt_ids)
 
-    def _sizer(self, params: DraftParams) -> RequestSizer | None:
-        """The request's cost-aware sizing: None with draft_size "fixed", and for sampled drafts
-        (their output for a seed depends on the draft, so its size must not depend on timings:
-        seeded requests repeat exactly)."""
+    def _sizer(self, params: DraftParams, graph: str = "") -> RequestSizer | None:
+        """The request's cost-aware sizing, learned with the other requests of its graph: None
+        with draft_size "fixed", and for sampled drafts (their output for a seed depends on the
+        draft, so its size must not depend on timings: seeded requests repeat exactly)."""
         if params.draft_size != "cost" or params.strategy == "sampling":
             return None
-        return self.sizing.for_request(params)
+        sizing = self._sizing.get(graph)
+        if sizing is None:
+            sizing = self._sizing.setdefault(graph, SizingModel(self._profile))
+        return sizing.for_request(params)
 
     def _start_draft(
         self,

@@ -38,8 +38,10 @@ which must then not depend on timings.
 The draft's *shape* is measured too: the richest the request allows (a tree when its
 tree_nodes allow one, with the context overlay when overlay_weight > 0) against the cheapest, a
 chain without the overlay (a tree one node wide: cheaper to draft and to verify). Each round
-drafts the shape whose drafting rounds have emitted the most tokens per second (shared by the
-coordinator's requests; each shape is tried MIN_SAMPLES rounds first; then the other is tried
+drafts the shape whose drafting rounds have emitted the most tokens per second (a round's
+seconds as the cost profile prices its Verify call: measured, they are the host's; flat, a
+GPU's, where a tree costs what a chain does; shared by the coordinator's requests of one
+graph; each shape is tried MIN_SAMPLES rounds first; then the other is tried
 again every EXPLORE_EVERY / f^2 rounds, MAX_EXPLORE_EVERY at most, where f is its rate as a
 fraction of the best's, so both stay measured and a poor shape's trials cost little): where
 drafting a tree with the overlay does not pay (a tiny model on a CPU, whose forward costs about
@@ -336,8 +338,11 @@ class RequestSizer:
             model.draft_cost[self.shape].add(size, own)
             model.call_overhead.add(draft_s - own)
             if len(self.shapes) > 1:
+                # the round as the cost profile prices its Verify call: a flat profile (a GPU's)
+                # compares shapes by what they would cost there, not by this host's forwards
+                priced = round_s - verify_s + forward + model.verify_overhead.value
                 model.round_tokens[self.shape].add(result.accepted_count + 1.0, SHAPE_EMA)
-                model.round_seconds[self.shape].add(round_s, SHAPE_EMA)
+                model.round_seconds[self.shape].add(priced, SHAPE_EMA)
             paying = self._best_budget(self.last_cut.ranked)
             self._next_budget(size, paying)
             self._maybe_skip(paying, draft_s)
