@@ -31,7 +31,11 @@ from speculant.errors import UnavailableError
 from speculant.graph_reader import NGramGraph
 
 STILL_OPENING = "the draft service is still opening its graph"  # UNAVAILABLE before a graph
-MAX_TENANT_DRAFTERS = 64  # per loaded graph; the least recently used one's caches go first
+# Per loaded graph, the drafters of named tenants kept (the least recently used one's caches go
+# first; its learned layer stays), each with step caches of TENANT_CACHE_SIZE steps: what the
+# caches of many tenants may cost in memory stays bounded (docs/benchmarks.md).
+MAX_TENANT_DRAFTERS = 16
+TENANT_CACHE_SIZE = 2048
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,8 @@ class LoadedGraph:
             if drafter is not None:
                 self.tenants.move_to_end(tenant)
                 return drafter
-        drafter = Drafter(self.graph, live=self.live_for(self.graph, tenant))
+        live = self.live_for(self.graph, tenant)
+        drafter = Drafter(self.graph, live=live, cache_size=TENANT_CACHE_SIZE)
         with self._lock:
             drafter = self.tenants.setdefault(tenant, drafter)
             while len(self.tenants) > MAX_TENANT_DRAFTERS:

@@ -15,7 +15,7 @@ import functools
 from speculant.draft_params import DraftParams
 from speculant.types import SparseDistribution
 
-DEFAULT_CACHE_SIZE = 32768  # steps kept per cache (a few MB at most)
+DEFAULT_CACHE_SIZE = 32768  # steps kept per cache (their memory: docs/benchmarks.md)
 
 
 class StepCache:
