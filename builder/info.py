@@ -15,6 +15,7 @@ from speculant.graph_format import (
     order_db_name,
     read_meta,
 )
+from speculant.graph_reader import folder_bytes
 from speculant.map_guard import resident_bytes
 
 
@@ -55,7 +56,7 @@ def graph_info(path: str | Path) -> dict[str, Any]:
     info = asdict(meta)
     info["path"] = str(path.resolve())
     info["size_on_disk_bytes"] = disk_usage(path)
-    info["size_bytes"] = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    info["size_bytes"] = folder_bytes(path)
     info["bytes_per_token"] = round(info["size_on_disk_bytes"] / max(1, meta.corpus_tokens), 2)
     # of its data file, in the host's page cache now: what every process mapping it shares
     info["resident_bytes"] = resident

@@ -145,6 +145,7 @@ class Drafter:
         started = time.perf_counter()
         proposal = self._propose(context_ids, self._checked(context_ids, params, seed), seed)
         proposal.seconds = time.perf_counter() - started
+        proposal.graph_id = self.graph.graph_id
         return proposal
 
     def _checked(

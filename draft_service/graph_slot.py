@@ -179,13 +179,6 @@ class GraphSlot:
             self.on_health(True)
         return loaded
 
-    def replace_drafter(self, drafter: Drafter) -> None:
-        """Answer from the current graph with another drafter (e.g. a wrapper in tests)."""
-        with self._lock:
-            if self._current is None:
-                raise UnavailableError(STILL_OPENING)
-            self._current.drafter = drafter
-
     def close(self) -> LoadedGraph | None:
         """Take the current graph out (retired now, or when its last call ends; or handed to
         on_replaced); returns it."""

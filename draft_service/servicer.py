@@ -192,17 +192,16 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         self, request: draft_pb2.ProposeRequest, context: grpc.ServicerContext
     ) -> draft_pb2.ProposeResponse:
         with request_id_scope(clean_request_id(request.request_id)), self._use(request) as used:
-            loaded, drafter = used
+            _, drafter = used
             check_context_length(request, self.max_context_tokens)
             params, seed = draft_params_from_pb(request, self.defaults)
             count, next_seed = next_round_request(request)
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
             response = (
-                draft_pb2.ProposeResponse()
+                draft_pb2.ProposeResponse(graph_id=proposal.graph_id)
                 if count and request.next_round_only
                 else proposal_to_pb(proposal)
             )
-            response.graph_id = loaded.graph_id
             drafts: list[NextRoundDraft] = []
             if count:
                 drafts = drafter.next_round_drafts(
@@ -234,18 +233,14 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                 check_context_length(request, self.max_context_tokens)
                 params, seed = draft_params_from_pb(request, self.defaults)
                 count, next_seed = next_round_request(request)
-                with self._use(request) as (loaded, drafter):
+                with self._use(request) as (_, drafter):
                     proposal = drafter.propose(request.context_token_ids, params, seed=seed)
                     if not count:
                         self._served(request, proposal, 0)
-                        response = proposal_to_pb(proposal)
-                        response.graph_id = loaded.graph_id
-                        yield response
+                        yield proposal_to_pb(proposal)
                         continue
                     if not request.next_round_only:
-                        response = proposal_to_pb(proposal)
-                        response.graph_id = loaded.graph_id
-                        yield response
+                        yield proposal_to_pb(proposal)
                     # Prepared after the draft went out, while the client verifies it.
                     drafts = drafter.next_round_drafts(
                         request.context_token_ids, proposal.token_ids, params, next_seed, count

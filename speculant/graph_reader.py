@@ -29,9 +29,8 @@ import ctypes
 import hashlib
 import heapq
 import logging
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,26 +54,13 @@ from speculant.graph_format import (
 from speculant.graph_index import open_index
 from speculant.graph_lmdb import decode_values, match_orders
 from speculant.graph_manifest import MANIFEST_FILE
-from speculant.map_guard import MappedFile, resident_bytes
+from speculant.map_guard import MappedFile, libc_function, resident_bytes
 from speculant.suffix_index import MAX_CONTEXT, SuffixIndex
 
 _MADV_DONTNEED = 4
 
 
-def _load_libc(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
-    """libc's function `name`, or None off Linux."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        function = getattr(ctypes.CDLL(None, use_errno=True), name)
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = argtypes
-    function.restype = ctypes.c_int
-    return function
-
-
-_MADVISE = _load_libc("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
+_MADVISE = libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
 
 
 def graph_id_of(path: Path) -> str:

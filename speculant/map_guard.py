@@ -29,6 +29,7 @@ import platform
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -100,20 +101,21 @@ def map_regions(file_id: tuple[int, int]) -> list[tuple[int, int]]:
     return regions
 
 
-def _load_mincore():
-    """libc's mincore, or None off Linux."""
+def libc_function(name: str, argtypes: list) -> Callable[..., int] | None:
+    """libc's function `name` (returning an int), or None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        mincore = ctypes.CDLL(None, use_errno=True).mincore
+        function = getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None
-    mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    mincore.restype = ctypes.c_int
-    return mincore
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
 
 
-_MINCORE = _load_mincore()
+_MINCORE = libc_function("mincore", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+_LOW_BIT = bytes(b & 1 for b in range(256))  # mincore's residency bit of each page's byte
 
 
 def resident_bytes(regions: list[tuple[int, int]]) -> int:
@@ -127,7 +129,7 @@ def resident_bytes(regions: list[tuple[int, int]]) -> int:
         pages = (end - start + _PAGE - 1) // _PAGE
         vector = (ctypes.c_ubyte * pages)()
         if _MINCORE(ctypes.c_void_p(start), ctypes.c_size_t(end - start), vector) == 0:
-            resident += sum(byte & 1 for byte in bytes(vector)) * _PAGE
+            resident += sum(bytes(vector).translate(_LOW_BIT)) * _PAGE
     return resident
 
 

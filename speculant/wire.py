@@ -119,6 +119,7 @@ def _fill_draft(
     if isinstance(message, draft_pb2.ProposeResponse):
         message.draft_parents.extend(proposal.parents)
         message.draft_seconds = proposal.seconds
+        message.graph_id = proposal.graph_id
     for dist in proposal.distributions if with_distributions else ():
         message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
 
