@@ -97,13 +97,17 @@ def bench_in_process(
     params: DraftParams,
     *,
     cache_size: int,
+    compiled: bool = True,
 ) -> dict[str, float]:
     """Median / p99 µs of Drafter.propose over the contexts, after a pass over warmup ones.
 
     cache_size=0 measures every step from the graph; with the (greedy-only) step cache on, the
-    figure includes hits from continuations that random contexts share.
+    figure includes hits from continuations that random contexts share. compiled False: the
+    Python drafters even where the compiled ones serve (draft_service.greedy_kernels).
     """
     drafter = Drafter(graph, cache_size=cache_size)
+    if not compiled:
+        drafter.compiled = None
     for context in warmup:
         drafter.propose(context, params, seed=1)
     times = []
@@ -116,6 +120,8 @@ def bench_in_process(
     stats = _percentiles(times)
     return {
         "cache_size": cache_size,
+        "compiled": drafter.compiled is not None
+        and drafter.compiled.serves(drafter.resolve(params)),
         "median_us": stats["p50"],
         "p99_us": stats["p99"],
         "mean_us": stats["mean"],
@@ -306,13 +312,17 @@ def run_bench(options: BenchOptions) -> dict:
         }
         in_process = bench_in_process(graph, contexts, warmup, params, cache_size=0)
         cached = bench_in_process(graph, contexts, warmup, params, cache_size=DEFAULT_CACHE_SIZE)
+        python = bench_in_process(graph, contexts, warmup, params, cache_size=0, compiled=False)
     finally:
         graph.close()
     label = (
         f"in-process Propose (k={params.k}, {params.strategy}, mixing={params.effective_mixing}"
         f", min_draft_prob={params.min_draft_prob:g}, tree_nodes={params.tree_nodes}"
     )
-    for name, figures in (("no cache", in_process), ("step cache on", cached)):
+    measured = (("no cache", in_process), ("step cache on", cached), ("Python path", python))
+    for name, figures in measured:
+        if name != "Python path" and figures["compiled"]:
+            name += ", compiled"
         print(
             f"{label}, {name}, {len(contexts)} calls): median {figures['median_us']:.1f} µs, "
             f"p99 {figures['p99_us']:.1f} µs, mean draft length {figures['mean_draft_len']:.2f}"
@@ -322,6 +332,7 @@ def run_bench(options: BenchOptions) -> dict:
         "params": asdict(params),
         "in_process": in_process,
         "in_process_cached": cached,
+        "in_process_python": python,
         **measure_served(options, params, runs, grpc_contexts),
         "cpu_count": os.cpu_count(),
     }

@@ -50,6 +50,7 @@ class EmptyGraph:
 
     graph_id = NO_GRAPH
     path = Path(NO_GRAPH)
+    indexed = False  # drafts take the Python path (draft_service.greedy_kernels reads an index)
 
     def __init__(self, max_order: int, vocab_size: int) -> None:
         self.draft_defaults: dict[str, object] = {}

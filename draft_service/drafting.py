@@ -59,6 +59,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from draft_service.chain import ChainDrafter
+from draft_service.greedy_kernels import CompiledDrafts
 from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.next_round import likeliest_outcomes
@@ -95,6 +96,8 @@ class Drafter:
         self.successors = Successors(graph, live, Mixer(graph.vocab_size))
         self.chain = ChainDrafter(self.successors, StepCache(cache_size))
         self.tree = TreeDrafter(self.successors, StepCache(cache_size))
+        # greedy drafts in compiled code, where the graph has a suffix index
+        self.compiled = CompiledDrafts(graph) if graph.indexed else None
         # request params -> the same with unset mixing parameters filled from the graph's tuned
         # defaults (graph.draft_defaults) or the built-in ones; cleared at 1024 entries
         self._resolved: dict[DraftParams, DraftParams] = {}
@@ -167,6 +170,8 @@ class Drafter:
         if params.overlay_weight > 0 and len(context_ids) > 1:
             overlay = self._overlays.checkout(encode_context(context_ids))
         try:
+            if self.compiled is not None and self.compiled.serves(params) and self._no_live():
+                return self.compiled.propose(context_ids, params, overlay)
             if params.drafts_tree and params.strategy == "sampling":
                 return self.tree.propose_sampled(context_ids, params, seed, overlay)
             if params.drafts_tree:
@@ -175,6 +180,11 @@ class Drafter:
         finally:
             if overlay is not None:  # it may serve this request's next round
                 self._overlays.checkin(overlay)
+
+    def _no_live(self) -> bool:
+        """Whether no live layer adds counts (the compiled drafts read the graph and the
+        overlay only)."""
+        return self.live is None or self.live.empty
 
     def next_round_drafts(
         self,

@@ -144,6 +144,11 @@ class LiveLayer:
 
     # -- reading -----------------------------------------------------------------------------
 
+    @property
+    def empty(self) -> bool:
+        """Whether the layer has no counts (nothing learned, or everything forgotten)."""
+        return not self._counts
+
     def successors(self, tail: bytes) -> Successors:
         """((order, ((successor id, count), ...)), ...) for the orders whose last `order` tail
         tokens the layer has seen followed, highest order first, ids ascending; () when none.

@@ -137,12 +137,13 @@ class Mixer:
         ids_list: list[np.ndarray],
         counts_list: list[np.ndarray],
         params: DraftParams,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids [N], rep [N], mass [<=N]) for m >= 2 matching orders.
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """(ids [N], rep [N], mass [<=N], total) for m >= 2 matching orders.
 
         ids is the concatenation of ids_list (an id may repeat across orders); rep[i] is the
         representative position of ids[i]'s id; mass[r] = q(ids[r]) at representative positions
-        r and 0 elsewhere (unnormalised only by rounding).
+        r and 0 elsewhere (unnormalised only by rounding); total is the sum of the weights
+        (the mass's sum, 1 up to rounding).
         """
         lens = [a.size for a in counts_list]
         starts = [0, *accumulate(lens[:-1])]
@@ -153,7 +154,7 @@ class Mixer:
         ids = np.concatenate(ids_list)  # [N]
         rep = self._slot(ids, self._positions(ids.size))
         mass = np.bincount(rep, weights=weighted)
-        return ids, rep, mass
+        return ids, rep, mass, sum(w)
 
     def mix(
         self,
@@ -170,7 +171,7 @@ class Mixer:
         if len(orders) == 1:
             counts = counts_list[0].astype(np.float64)
             return ids_list[0], counts / counts.sum()
-        ids, rep, mass = self.accumulate(orders, ids_list, counts_list, params)
+        ids, rep, mass, _ = self.accumulate(orders, ids_list, counts_list, params)
         winners = np.flatnonzero(rep == self._positions(ids.size))  # [U] one entry per id
         q = mass[winners]
         q /= q.sum()
@@ -188,10 +189,10 @@ class Mixer:
         sorting :meth:`mix`'s output gives), without materialising the union."""
         if len(orders) == 1:
             ids, mass = ids_list[0], counts_list[0].astype(np.float64)  # [n] each
-        else:
-            ids, _, mass = self.accumulate(orders, ids_list, counts_list, params)
+            total = float(mass.sum())
+        else:  # divided by the weights' sum, as the compiled drafts (greedy_kernels) divide
+            ids, _, mass, total = self.accumulate(orders, ids_list, counts_list, params)
             ids = ids[: mass.size]  # mass[r] > 0 only at representative positions r
-        total = float(mass.sum())
         if mass.size > count:
             cut = np.partition(mass, mass.size - count)[mass.size - count]  # count-th largest
             candidates = np.flatnonzero(mass >= cut)  # [>= count]: ties at the cut included
@@ -220,6 +221,6 @@ class Mixer:
             counts = counts_list[0]  # successors are sorted by count desc, then id asc
             prob = float(counts[0]) / float(counts.sum()) if with_prob else math.nan
             return int(ids_list[0][0]), prob
-        ids, _, mass = self.accumulate(orders, ids_list, counts_list, params)
+        ids, _, mass, _ = self.accumulate(orders, ids_list, counts_list, params)
         top = np.maximum.reduce(mass)
         return int(ids[: mass.size][mass == top].min()), float(top)

@@ -19,24 +19,25 @@ as on graph counts: C_o = sum c_o, T_o = number of distinct x with c_o(x) > 0, P
 So a context seen only in this request (a character's unusual name) matches at high orders and,
 with witten-bell, keeps C_o / (C_o + b T_o) of the mass there; w = 0 is the graph alone.
 
-Index: :class:`ContextIndex` keeps c_ctx,o for every n-gram of the context in a dict keyed like
-the graph (big-endian uint32 ids), so a draft position costs one dict lookup per order instead of
-a search of the context. It is built incrementally: each round of a request only counts the
-tokens added since its last round, as :class:`ContextIndexCache` finds the index of the previous
-round again by content (an index whose context is a prefix of the new one). Cost: O(max_order)
-per new context token and per draft position; memory O(n * max_order) per cached index (n =
-context length), at most ``capacity`` indexes per drafter.
+Index: :class:`ContextIndex` links each context position to the previous one holding the same
+token, so the successors of a tail are found by visiting the earlier occurrences of its last
+token and following each back as far as it matches (up to max_order): O(occurrences x max_order)
+per draft position, with no key built per n-gram. It is built incrementally: each round of a
+request only indexes the tokens added since its last round, as :class:`ContextIndexCache` finds
+the index of the previous round again by content (an index whose context is a prefix of the new
+one); O(1) per new context token, 12 bytes a token, at most ``capacity`` indexes per drafter.
 """
 
 from __future__ import annotations
 
 import threading
 
+import numba
 import numpy as np
 
 from speculant.graph_format import KEY_DTYPE
 
-# Context tokens the cache of one drafter keeps indexed, in all (about 200 MB at most).
+# Context tokens the cache of one drafter keeps indexed, in all.
 MAX_CACHED_TOKENS = 131_072
 
 
@@ -171,43 +172,49 @@ def merge_order(
 
 
 class ContextIndex:
-    """The successor counts of one context's n-grams, kept up to date as the context grows.
-
-    When token i is appended, it is counted as the successor of the n-grams ending at token
-    i - 1 (orders 1..max_order), so an index of n tokens holds at most n * max_order
-    keys. Keys are the n-grams packed as
-    big-endian uint32, the graph's key layout, so a drafter's packed tail is looked up as is.
-    Not thread-safe: one caller at a time (:class:`ContextIndexCache` hands it out).
+    """The overlay's index of one context, kept up to date as the context grows: for each
+    position, the previous position holding the same token (-1: none), and each token's last
+    position. The successors of a tail are those of the earlier occurrences of its last token
+    (each followed back as far as it matches the tail, up to max_order): the compiled drafts
+    (:mod:`draft_service.greedy_kernels`) read them directly, :meth:`successors` as counts.
+    Appending a token is O(1); an index costs 12 bytes a token, plus 4 a vocabulary id up to
+    the largest one seen. Not thread-safe: one caller at a time (:class:`ContextIndexCache`
+    hands it out).
     """
 
-    __slots__ = ("_counts", "_frozen", "length", "max_order", "packed")
+    __slots__ = ("_last", "_prev", "_tokens", "length", "max_order", "packed")
 
     def __init__(self, max_order: int) -> None:
         self.max_order = max_order
-        self.packed = b""  # the context so far, 4 bytes per token
+        self.packed = b""  # the context so far, 4 bytes per token (big-endian, like the keys)
         self.length = 0
-        self._counts: dict[bytes, dict[int, int]] = {}  # n-gram -> {successor: count}
-        self._frozen: dict[bytes, tuple[tuple[int, int], ...]] = {}  # sorted items, on demand
+        self._tokens = np.zeros(64, np.int64)  # [capacity] the context
+        self._prev = np.full(64, -1, np.int32)  # [capacity] the previous position of its token
+        self._last = np.full(0, -1, np.int32)  # [largest id + 1] each token's last position
 
     def extend(self, packed_tokens: bytes) -> None:
-        """Append tokens (packed like the keys) to the context and count them."""
+        """Append tokens (packed like the keys) to the context and index them."""
         if not packed_tokens:
             return
-        data = self.packed + packed_tokens
-        tokens = np.frombuffer(packed_tokens, dtype=KEY_DTYPE).tolist()
-        counts, frozen, top = self._counts, self._frozen, self.max_order
-        for offset, token in enumerate(tokens):
-            i = self.length + offset  # token i follows the n-grams ending at token i - 1
-            for order in range(1, min(top, i) + 1):
-                key = data[4 * (i - order) : 4 * i]
-                successors = counts.get(key)
-                if successors is None:
-                    counts[key] = {token: 1}
-                else:
-                    successors[token] = successors.get(token, 0) + 1
-                    frozen.pop(key, None)
-        self.packed = data
-        self.length += len(tokens)
+        tokens = np.frombuffer(packed_tokens, dtype=KEY_DTYPE).astype(np.int64)  # [n]
+        need = self.length + tokens.size
+        if need > self._tokens.size:
+            grow = max(need, 2 * self._tokens.size) - self._tokens.size
+            self._tokens = np.concatenate([self._tokens, np.zeros(grow, np.int64)])
+            self._prev = np.concatenate([self._prev, np.full(grow, -1, np.int32)])
+        top = int(tokens.max())
+        if top >= self._last.size:
+            last = np.full(max(top + 1, 2 * self._last.size), -1, np.int32)
+            last[: self._last.size] = self._last
+            self._last = last
+        _append(self._tokens, self._prev, self._last, self.length, tokens)
+        self.packed += packed_tokens
+        self.length = need
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """(context [capacity], previous positions [capacity], last positions, length): what
+        the compiled drafts read."""
+        return self._tokens, self._prev, self._last, self.length
 
     def successors(self, tail: bytes) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
         """((order, ((successor id, count), ...)), ...) for the orders whose last `order` tail
@@ -216,17 +223,82 @@ class ContextIndex:
 
         tail: the last <= max_order tokens, packed like the keys (big-endian uint32).
         """
-        found = []
-        for order in range(min(len(tail) >> 2, self.max_order), 0, -1):
-            key = tail[-4 * order :]
-            items = self._frozen.get(key)
-            if items is None:
-                successors = self._counts.get(key)
-                if successors is None:
-                    continue  # a longer n-gram never matches where a shorter one does not
-                items = self._frozen[key] = tuple(sorted(successors.items()))
-            found.append((order, items))
-        return tuple(found)
+        ids = np.frombuffer(tail, dtype=KEY_DTYPE).astype(np.int64)
+        orders, successors, counts, bounds = context_successors(*self.arrays(), ids, self.max_order)
+        successors, counts, cut = successors.tolist(), counts.tolist(), bounds.tolist()
+        return tuple(
+            (order, tuple(zip(successors[a:b], counts[a:b], strict=True)))
+            for order, a, b in zip(orders.tolist(), cut, cut[1:], strict=False)
+        )
+
+
+@numba.njit(cache=True, nogil=True)
+def _append(tokens, prev, last, length, new):
+    """Index the tokens `new` at positions length, length + 1, ... (capacity reserved)."""
+    for i in range(new.shape[0]):
+        token = new[i]
+        at = length + i
+        tokens[at] = token
+        prev[at] = last[token]
+        last[token] = at
+
+
+@numba.njit(cache=True, nogil=True)
+def overlay_matches(ctx, prev, last, n_ctx, tail, tail_len, max_order, succ, lengths):
+    """The earlier occurrences of the last token of tail[:tail_len] in the context
+    ctx[:n_ctx] that have a successor there, latest first: succ[i] its successor, lengths[i]
+    how many tail tokens it matches backwards (1..max_order). Returns how many."""
+    if n_ctx < 2 or tail_len == 0:
+        return 0
+    token = tail[tail_len - 1]
+    if token >= last.shape[0]:
+        return 0
+    found = 0
+    top = min(max_order, tail_len)
+    j = np.int64(last[token])
+    while j >= 0:
+        if j + 1 < n_ctx:
+            length = 1
+            while (
+                length < top and j - length >= 0 and ctx[j - length] == tail[tail_len - 1 - length]
+            ):
+                length += 1
+            succ[found] = ctx[j + 1]
+            lengths[found] = length
+            found += 1
+        j = np.int64(prev[j])
+    return found
+
+
+@numba.njit(cache=True, nogil=True)
+def context_successors(ctx, prev, last, n_ctx, tail, max_order):
+    """The overlay's counts after tail: (orders [m] highest first, ids [s], counts [s], bounds
+    [m + 1]), order orders[j]'s successors at bounds[j]:bounds[j + 1], ids ascending."""
+    succ = np.empty(max(n_ctx, 1), np.int64)
+    lengths = np.empty(max(n_ctx, 1), np.int64)
+    n = overlay_matches(ctx, prev, last, n_ctx, tail, tail.shape[0], max_order, succ, lengths)
+    top = 0
+    for i in range(n):
+        top = max(top, lengths[i])
+    orders = np.empty(top, np.int64)
+    bounds = np.zeros(top + 1, np.int64)
+    ids = np.empty(n * top, np.int64)
+    counts = np.empty(n * top, np.int64)
+    at = 0
+    for j in range(top):
+        order = top - j
+        orders[j] = order
+        bounds[j] = at
+        picked = np.sort(succ[:n][lengths[:n] >= order])
+        for i in range(picked.shape[0]):
+            if at > bounds[j] and ids[at - 1] == picked[i]:
+                counts[at - 1] += 1
+            else:
+                ids[at] = picked[i]
+                counts[at] = 1
+                at += 1
+    bounds[top] = at
+    return orders, ids[:at], counts[:at], bounds
 
 
 class ContextIndexCache:
@@ -238,8 +310,8 @@ class ContextIndexCache:
     longest such prefix out of the cache (so no two callers ever hold the same index) and
     :meth:`checkin` puts it back. Bounded: at most ``capacity`` indexes, the least recently
     returned dropped first (finding one compares the new context with each, a memcmp of the
-    shorter), and at most ``max_tokens`` context tokens in all (an index costs about 1.3-1.6
-    KB per token, measured on random contexts; one longer than max_tokens is not kept). An
+    shorter), and at most ``max_tokens`` context tokens in all (one longer than max_tokens is
+    not kept). An
     index's counts are a function of its tokens alone, so whichever index is reused, the counts
     are those of the new context.
     """

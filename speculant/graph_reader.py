@@ -198,6 +198,11 @@ class NGramGraph:
         return self._env.file_id
 
     @property
+    def suffix_index(self) -> SuffixIndex | None:
+        """The suffix index (formats 2, 3; None for format 1 and once closed)."""
+        return self._index
+
+    @property
     def indexed(self) -> bool:
         """Whether the graph has a suffix index (formats 2, 3): contexts up to MAX_CONTEXT match."""
         return self._index is not None

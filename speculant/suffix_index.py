@@ -244,6 +244,18 @@ class SuffixIndex:
         self.table_ids = arrays[TABLE_IDS_FILE]
         self.table_counts = arrays[TABLE_COUNTS_FILE]
         self.weights = arrays.get(WEIGHTS_FILE, NO_WEIGHTS)
+        # what the compiled drafts read (draft_service.greedy_kernels), in their order
+        self.kernel_arrays = (
+            self.stream,
+            self.entries,
+            self.weights,
+            self.first,
+            self.table_lo,
+            self.table_hi,
+            self.table_start,
+            self.table_ids,
+            self.table_counts,
+        )
 
     def warm_up(self) -> None:
         """Run each lookup kernel once: the first call of a process loads their machine code

@@ -1,0 +1,683 @@
+"""Greedy drafts in compiled code: chains and best-first trees from a graph's suffix index and
+the request's own context (the overlay), with no Python per draft position.
+
+The same drafts as :mod:`draft_service.chain` and :mod:`draft_service.tree` (greedy), for
+``witten-bell`` and ``backoff`` mixing, where the graph has a suffix index and no live layer
+adds counts (the drafter takes the Python path otherwise). Terms are those of
+:mod:`draft_service.drafting`; q is the mixed distribution, c_o(x) = c_graph,o(x) + w c_ctx,o(x)
+the combined counts of order o (w = overlay_weight), C_o their sum, T_o their distinct tokens,
+s_o = w_o / C_o the scale of order o under the mixing weights w_o, so q(x) = sum_o s_o c_o(x).
+
+One *step* (what a tree node offers, or one chain position) after a tail:
+
+1. the graph's matching orders and their successor lists (suffix-array ranges, narrowed one
+   token at a time; frequent ranges are rows of the index's table, successors by count
+   descending), as :meth:`speculant.suffix_index.SuffixIndex.match`;
+2. the overlay's: every earlier occurrence of the tail's last token in the context (a chain of
+   previous occurrences per token, :class:`draft_service.overlay.ContextIndex`), each with the
+   length of its match backwards and its successor;
+3. the mixing weights (Witten-Bell, top order down: w_o = lambda_o * (mass the higher orders
+   left), lambda_o = C_o / (C_o + b T_o), the lowest order takes the rest; backoff: the top
+   order alone);
+4. the `width` likeliest tokens of q. A *short* list (at most SHORT_LIST successors, or one
+   counted from the stream) is read whole into per-token cells; a *long* one (a table row of
+   hundreds to thousands of successors, orders 1 and 2 of frequent contexts) is read from its
+   head only, the threshold algorithm of Fagin, Lotem and Naor: each token met is completed
+   by a binary search of every long list in a copy of its row sorted by id (ByIdViews), and
+   the reads stop once the width-th best q is above what any token not met can reach (the
+   sum over long lists of s_o times the count at the read position).
+
+Each token's mass sum_o s_o c_o(x) is summed in the same order (highest order first) and with
+the same float operations as :class:`draft_service.mixing.Mixer`, so the drafts are the same
+tokens with the same q (tests/test_greedy_kernels.py replays contexts through both).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+
+from draft_service.overlay import ContextIndex, overlay_matches
+from draft_service.step_cache import point_mass
+from draft_service.tree import TREE_WIDTH
+from speculant.draft_params import DraftParams
+from speculant.graph_format import GraphFormatError
+from speculant.graph_reader import LONGEST_FROM, NGramGraph
+from speculant.suffix_index import SuffixIndex, _table_row, match_ranges
+from speculant.types import DraftProposal
+
+# Source codes of a drafted token (DraftProposal.sources): who listed it as a successor.
+SOURCE_NAMES = ("graph", "overlay", "both")
+_IN_GRAPH = 1
+_IN_OVERLAY = 2
+# Successors a tree step finds first (more only where its siblings are taken: greedy_tree).
+FIRST_WIDTH = 2
+# Lists of at most this many successors are read whole; longer table rows from their head.
+SHORT_LIST = 64
+# Safety margin on the stopping threshold (relative): masses are sums of a few float64
+# products, each off by at most a few units in the last place.
+_BOUND_SLACK = 1e-9
+BACKOFF = 0
+WITTEN_BELL = 1
+# The index's arrays, by position in SuffixIndex.kernel_arrays
+_STREAM, _ENTRIES, _WEIGHTS, _FIRST, _TABLE_LO, _TABLE_HI = range(6)
+_TABLE_START, _TABLE_IDS, _TABLE_COUNTS = range(6, 9)
+# A token's marks (Scratch.marks columns): stamps, so nothing is cleared between steps
+_SEEN, _EVALUATED, _FLAGS, _OVERLAY_MARK = range(4)
+
+
+class Scratch:
+    """Per-thread cells indexed by token id (sized by the vocabulary), what a step knows of a
+    token side by side. marks [V, 4]: the step that last listed it (_SEEN), completed it
+    (_EVALUATED), its flags, the order that last counted it in the overlay. cells [V, J + 2]
+    (J = max_order + 1 orders at most): c_j(x) for the step's j-th order, then its partial
+    mass (what its known counts give, for bounds), then its overlay count at the order being
+    read. listed: the tokens the step has listed."""
+
+    def __init__(self, vocab_size: int, max_orders: int) -> None:
+        self.stamps = np.zeros(2, np.int64)  # the step and order counters
+        self.marks = np.zeros((vocab_size, 4), np.int64)
+        self.cells = np.zeros((vocab_size, max_orders + 2), np.float64)
+        self.listed = np.zeros(vocab_size, np.int64)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.stamps, self.marks, self.cells, self.listed
+
+
+class ThreadScratch:
+    """One :class:`Scratch` per thread, made on a thread's first draft."""
+
+    def __init__(self, vocab_size: int, max_orders: int) -> None:
+        self.vocab_size = vocab_size
+        self.max_orders = max_orders
+        self._local = threading.local()
+
+    def get(self) -> tuple:
+        arrays = getattr(self._local, "arrays", None)
+        if arrays is None:
+            arrays = self._local.arrays = Scratch(self.vocab_size, self.max_orders).arrays()
+        return arrays
+
+
+# The arrays of an absent overlay (ContextIndex.arrays of an empty context).
+NO_OVERLAY = (np.zeros(1, np.int64), np.full(1, -1, np.int32), np.full(0, -1, np.int32), 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def by_id_views(table_start, table_ids, table_counts, short):
+    """Copies of the table rows longer than `short`, each sorted by id: (offsets [R] (-1: a
+    short row), ids [S'], counts [S']); row r's copy is at offsets[r]:offsets[r] + its size."""
+    rows = table_start.shape[0] - 1
+    offsets = np.full(rows, -1, np.int64)
+    size = 0
+    for r in range(rows):
+        n = np.int64(table_start[r + 1] - table_start[r])
+        if n > short:
+            offsets[r] = size
+            size += n
+    ids = np.empty(size, table_ids.dtype)
+    counts = np.empty(size, table_counts.dtype)
+    for r in range(rows):
+        if offsets[r] < 0:
+            continue
+        a, b = np.int64(table_start[r]), np.int64(table_start[r + 1])
+        order = np.argsort(table_ids[a:b])
+        at = offsets[r]
+        for i in range(b - a):
+            ids[at + i] = table_ids[a + order[i]]
+            counts[at + i] = table_counts[a + order[i]]
+    return offsets, ids, counts
+
+
+def views_of(index: SuffixIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The index's by-id views (by_id_views), made on first use and kept with the index
+    (memory: 8 bytes a successor of the long rows; docs/benchmarks.md)."""
+    views = getattr(index, "by_id", None)
+    if views is None:
+        views = index.by_id = by_id_views(
+            index.table_start, index.table_ids, index.table_counts, SHORT_LIST
+        )
+    return views
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _count_of(ids, counts, a, b, x):
+    """The count of id x in the id-sorted ids[a:b] (0 if absent)."""
+    end = b
+    while a < b:
+        mid = (a + b) >> 1
+        if np.int64(ids[mid]) < x:
+            a = mid + 1
+        else:
+            b = mid
+    if a < end and np.int64(ids[a]) == x:
+        return np.int64(counts[a])
+    return 0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _consider(token, mass, flags, width, top_ids, top_mass, top_flags, found):
+    """Insert (token, mass) into the top list (mass descending, then id ascending) of at most
+    width entries holding `found`; returns the new count."""
+    if mass <= 0.0:
+        return found
+    if found == width:
+        last = found - 1
+        if mass < top_mass[last] or (mass == top_mass[last] and token > top_ids[last]):
+            return found
+        found -= 1
+    at = found
+    while at > 0 and (
+        mass > top_mass[at - 1] or (mass == top_mass[at - 1] and token < top_ids[at - 1])
+    ):
+        top_ids[at] = top_ids[at - 1]
+        top_mass[at] = top_mass[at - 1]
+        top_flags[at] = top_flags[at - 1]
+        at -= 1
+    top_ids[at] = token
+    top_mass[at] = mass
+    top_flags[at] = flags
+    return found + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _list(x, step, scr, size):
+    """List token x in this step (its cells zeroed) unless it is; returns the list's size."""
+    marks, cells, listed = scr[1], scr[2], scr[3]
+    if marks[x, _SEEN] != step:
+        marks[x, _SEEN] = step
+        marks[x, _FLAGS] = 0
+        cells[x, :] = 0.0
+        listed[size] = x
+        size += 1
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def _read_short(ids, counts, j, step, scr, size):
+    """Add a short graph list's counts to the cells of order index j; returns the list size."""
+    marks, cells = scr[1], scr[2]
+    for i in range(ids.shape[0]):
+        x = np.int64(ids[i])
+        size = _list(x, step, scr, size)
+        cells[x, j] += np.float64(counts[i])
+        marks[x, _FLAGS] |= _IN_GRAPH
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_range(ix, lo, hi, j, step, scr, size):
+    """Count the successors of the suffix-array range [lo, hi) (one not in the table) from the
+    stream into the cells of order index j. Returns (list size, distinct successors, total)."""
+    stream, entries, weights = ix[_STREAM], ix[_ENTRIES], ix[_WEIGHTS]
+    marks, cells = scr[1], scr[2]
+    distinct = 0
+    total = 0.0
+    for i in range(lo, hi):
+        position = np.int64(entries[i])
+        x = np.int64(stream[position + 1])
+        w = 1.0 if weights.shape[0] == 0 else np.float64(weights[position])
+        size = _list(x, step, scr, size)
+        if cells[x, j] == 0.0:
+            distinct += 1
+        cells[x, j] += w
+        marks[x, _FLAGS] |= _IN_GRAPH
+        total += w
+    return size, distinct, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _sum(counts):
+    total = 0.0
+    for i in range(counts.shape[0]):
+        total += np.float64(counts[i])
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _complete(x, m, scales, long_at, long_size, long_view, views, step, scr):
+    """Token x's mass: its counts in the long lists looked up (by id), then sum_j s_j c_j(x)
+    over the orders highest first, as the mixer sums it."""
+    marks, cells = scr[1], scr[2]
+    marks[x, _EVALUATED] = step
+    offsets, view_ids, view_counts = views
+    for j in range(m):
+        if long_at[j] >= 0:
+            a = offsets[long_view[j]]
+            g = _count_of(view_ids, view_counts, a, a + long_size[j], x)
+            if g > 0:
+                cells[x, j] += np.float64(g)
+                marks[x, _FLAGS] |= _IN_GRAPH
+    mass = 0.0
+    for j in range(m):
+        mass += cells[x, j] * scales[j]
+    return mass
+
+
+@numba.njit(cache=True, nogil=True)
+def draft_step(
+    ix, views, setup, ov, tail, tail_len, width, normalise, scr, work, top_ids, top_q, top_flags
+):
+    """One greedy step after tail[:tail_len]: fills top_ids / top_q / top_flags (the width
+    likeliest tokens, q descending then id ascending) and returns (matched order, how many);
+    (0, 0) at a dead end. normalise False (chains) reports the mixed mass of a multi-order step
+    as it is, as Mixer.argmax does; True (trees) divides it by the weights' sum.
+
+    Why so long: one pass of the mixer's arithmetic over both sources' orders, in the order the
+    mixer does it; split, it would hand a dozen arrays between the pieces."""
+    stamps, marks, cells, listed = scr
+    sep, frequent_min, max_order, window, mode, escape, overlay_weight = setup
+    table_start, table_ids, table_counts = ix[_TABLE_START], ix[_TABLE_IDS], ix[_TABLE_COUNTS]
+    ctx, prev, last, n_ctx = ov
+    lo, hi, kept, succ, lengths, e_list, orders, scales, long_at, long_size, long_view, read = work
+    over = cells.shape[1] - 1  # the overlay-count column
+    partial = over - 1  # the partial-mass column
+    # -- the graph's matching orders, highest first (SuffixIndex.match) --
+    t = tail[:tail_len]
+    long_context = window > max_order and tail_len > max_order
+    mixed = max_order if long_context else tail_len
+    longest_from = LONGEST_FROM if long_context else 0
+    matched = match_ranges(ix[_STREAM], sep, ix[_ENTRIES], ix[_FIRST], t, lo, hi)
+    m_graph = 0
+    if mixed < matched and matched >= longest_from:
+        kept[m_graph] = matched
+        m_graph += 1
+    for order in range(min(matched, mixed), 0, -1):
+        kept[m_graph] = order
+        m_graph += 1
+    # -- the overlay's occurrences: they match orders 1..top_overlay --
+    n_occ = 0
+    top_overlay = 0
+    if overlay_weight > 0.0:
+        n_occ = overlay_matches(ctx, prev, last, n_ctx, t, tail_len, max_order, succ, lengths)
+        for i in range(n_occ):
+            top_overlay = max(top_overlay, lengths[i])
+    # -- the union of both sources' orders, highest first --
+    m = 0
+    g = 0
+    for order in range(max(kept[0] if m_graph > 0 else 0, top_overlay), 0, -1):
+        in_graph = g < m_graph and kept[g] == order
+        if in_graph:
+            g += 1
+        if in_graph or order <= top_overlay:
+            orders[m] = order
+            m += 1
+    if m == 0:
+        return 0, 0
+    if mode == BACKOFF:
+        m = 1
+    stamps[0] += 1
+    step = stamps[0]
+    size = 0  # tokens listed: by a short list or the overlay
+    left = 1.0  # the mass the orders above left (Witten-Bell)
+    weight_sum = 0.0
+    has_long = False
+    g = 0
+    for j in range(m):
+        order = orders[j]
+        while g < m_graph and kept[g] > order:
+            g += 1
+        # -- the graph's list of order j: none, counted, short (read whole) or long --
+        long_at[j] = -1
+        types = 0
+        total = 0.0
+        if g < m_graph and kept[g] == order:
+            a, b = lo[order - 1], hi[order - 1]
+            row = _table_row(ix[_TABLE_LO], ix[_TABLE_HI], a, b) if b - a >= frequent_min else -1
+            if row < 0:
+                size, types, total = _count_range(ix, a, b, j, step, scr, size)
+            else:
+                a, b = np.int64(table_start[row]), np.int64(table_start[row + 1])
+                types = b - a
+                total = _sum(table_counts[a:b])
+                if views[0][row] >= 0:  # long: read from its head below
+                    long_at[j], long_size[j], long_view[j], read[j] = a, b - a, row, 0
+                    has_long = True
+                else:
+                    size = _read_short(table_ids[a:b], table_counts[a:b], j, step, scr, size)
+        # -- the overlay's counts of order j: c_j = c_graph + w c_ctx --
+        stamps[1] += 1
+        n_e = 0
+        overlay_total = 0.0
+        for i in range(n_occ):
+            if lengths[i] >= order:
+                x = succ[i]
+                if marks[x, _OVERLAY_MARK] != stamps[1]:
+                    marks[x, _OVERLAY_MARK] = stamps[1]
+                    size = _list(x, step, scr, size)
+                    cells[x, over] = 0.0
+                    e_list[n_e] = x
+                    n_e += 1
+                cells[x, over] += 1.0
+                overlay_total += 1.0
+        for i in range(n_e):
+            x = e_list[i]
+            if long_at[j] >= 0:
+                a = views[0][long_view[j]]
+                listed_too = _count_of(views[1], views[2], a, a + long_size[j], x) > 0
+            else:
+                listed_too = cells[x, j] > 0.0  # its graph count, before the overlay's
+            if not listed_too:
+                types += 1
+            cells[x, j] += cells[x, over] * overlay_weight
+            marks[x, _FLAGS] |= _IN_OVERLAY
+        total += overlay_total * overlay_weight
+        # -- its weight --
+        if m == 1:
+            scales[j] = 1.0  # one order: q = c / C (the mixer's single-order path)
+        elif j < m - 1:
+            trust = total / (total + escape * types)
+            weight = left * trust
+            left *= 1.0 - trust
+            weight_sum += weight
+            scales[j] = weight / total
+        else:
+            weight_sum += left
+            scales[j] = left / total
+        if m == 1:
+            weight_sum = total
+    divide = weight_sum if normalise or m == 1 else 1.0
+    found = 0
+    if not has_long:  # every list read whole: complete every token listed
+        for i in range(size):
+            x = listed[i]
+            mass = 0.0
+            for j in range(m):
+                mass += cells[x, j] * scales[j]
+            found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+    else:
+        # the most the long lists can add to a token: s_j times their first (largest) count
+        most = 0.0
+        for j in range(m):
+            if long_at[j] >= 0:
+                most += scales[j] * np.float64(table_counts[long_at[j]])
+        for i in range(size):  # the partial masses of the tokens listed, for their bounds
+            x = listed[i]
+            mass = 0.0
+            for j in range(m):
+                mass += cells[x, j] * scales[j]
+            cells[x, partial] = mass
+        # the heads of the long lists first (the likeliest tokens), then the listed tokens
+        # that can still make the top list, then the long lists on to the threshold
+        for j in range(m):
+            for i in range(min(width, long_size[j]) if long_at[j] >= 0 else 0):
+                x = np.int64(table_ids[long_at[j] + i])
+                if marks[x, _EVALUATED] != step:
+                    size = _list(x, step, scr, size)
+                    mass = _complete(x, m, scales, long_at, long_size, long_view, views, step, scr)
+                    found = _consider(
+                        x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found
+                    )
+            if long_at[j] >= 0:
+                read[j] = min(width, long_size[j])
+        for i in range(size):
+            x = listed[i]
+            if marks[x, _EVALUATED] == step:
+                continue
+            bound = (cells[x, partial] + most) * (1.0 + _BOUND_SLACK)
+            if found == width and bound < top_q[width - 1]:
+                continue  # it can never make the top list: the width-th best only grows
+            mass = _complete(x, m, scales, long_at, long_size, long_view, views, step, scr)
+            found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+        while True:
+            # the threshold: the most a token met in no list yet can have
+            threshold = 0.0
+            best = -1
+            best_gain = -1.0
+            for j in range(m):
+                if long_at[j] >= 0 and read[j] < long_size[j]:
+                    gain = scales[j] * np.float64(table_counts[long_at[j] + read[j]])
+                    threshold += gain
+                    if gain > best_gain:
+                        best, best_gain = j, gain
+            if best < 0:
+                break  # every long list read whole
+            if found == width and top_q[width - 1] > threshold * (1.0 + _BOUND_SLACK):
+                break
+            x = np.int64(table_ids[long_at[best] + read[best]])
+            read[best] += 1
+            if marks[x, _EVALUATED] != step:
+                size = _list(x, step, scr, size)
+                mass = _complete(x, m, scales, long_at, long_size, long_view, views, step, scr)
+                found = _consider(
+                    x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found
+                )
+    for i in range(found):
+        top_q[i] = top_q[i] / divide
+    return orders[0], found
+
+
+@numba.njit(cache=True, nogil=True)
+def _extend(tails, lens, src, dst, token, window):
+    """tails[dst] = the last `window` tokens of tails[src] followed by token."""
+    n = lens[src]
+    keep = min(n, window - 1)
+    for i in range(keep):
+        tails[dst, i] = tails[src, n - keep + i]
+    tails[dst, keep] = token
+    lens[dst] = keep + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _work(window, n_ctx):
+    """A draft's working arrays: ranges and orders per order, the overlay's occurrences."""
+    lo = np.empty(window, np.int64)
+    hi = np.empty(window, np.int64)
+    kept = np.empty(window + 1, np.int64)
+    succ = np.empty(max(n_ctx, 1), np.int64)
+    lengths = np.empty(max(n_ctx, 1), np.int64)
+    e_list = np.empty(max(n_ctx, 1), np.int64)
+    orders = np.empty(window + 1, np.int64)
+    scales = np.empty(window + 1, np.float64)  # per order index: s_j
+    long_at = np.empty(window + 1, np.int64)  # a long list's start in the table (-1: none)
+    long_size = np.empty(window + 1, np.int64)
+    long_view = np.empty(window + 1, np.int64)  # its table row (its by-id view)
+    read = np.empty(window + 1, np.int64)  # how much of it is read
+    return lo, hi, kept, succ, lengths, e_list, orders, scales, long_at, long_size, long_view, read
+
+
+@numba.njit(cache=True, nogil=True)
+def greedy_chain(
+    ix, views, setup, ov, root, k, scr, out_tokens,
+    out_orders, out_sources, out_probs,
+):  # fmt: skip
+    """A greedy chain of up to k drafts after root (the context's last <= window tokens): each
+    the argmax of q, its running probability in out_probs. Returns its length."""
+    window = setup[3]
+    work = _work(window, ov[3])
+    tails = np.empty((2, window), np.int64)
+    lens = np.zeros(2, np.int64)
+    n = root.shape[0]
+    tails[0, :n] = root
+    lens[0] = n
+    top_ids = np.empty(1, np.int64)
+    top_q = np.empty(1, np.float64)
+    top_flags = np.empty(1, np.int8)
+    running = 1.0
+    for i in range(k):
+        cur = i & 1
+        order, found = draft_step(
+            ix, views, setup, ov, tails[cur], lens[cur],
+            1, False, scr, work, top_ids, top_q, top_flags,
+        )  # fmt: skip
+        if found == 0:
+            return i
+        running *= top_q[0]
+        out_tokens[i] = top_ids[0]
+        out_orders[i] = order
+        out_sources[i] = _source(top_flags[0])
+        out_probs[i] = running
+        _extend(tails, lens, cur, 1 - cur, top_ids[0], window)
+    return k
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _source(flags):
+    """0 graph, 1 overlay, 2 both (SOURCE_NAMES)."""
+    if not flags & _IN_OVERLAY:
+        return 0
+    return 2 if flags & _IN_GRAPH else 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _tree_step(ix, views, setup, ov, s, width, scr, work, tails, lens, steps):
+    """Draft step s of a tree (after tails[s]) for its `width` likeliest successors, into
+    steps = (ids, q, flags, size, order, width asked)."""
+    step_ids, step_q, step_flags, step_size, step_order, step_width = steps
+    order, size = draft_step(
+        ix, views, setup, ov, tails[s], lens[s], width, True, scr, work, step_ids[s], step_q[s],
+        step_flags[s],
+    )  # fmt: skip
+    step_order[s], step_size[s], step_width[s] = order, size, width
+    return size
+
+
+@numba.njit(cache=True, nogil=True)
+def greedy_tree(
+    ix, views, setup, ov, root, nodes, depth_limit, width, scr, out_tokens, out_parents,
+    out_orders, out_sources, out_probs,
+):  # fmt: skip
+    """A greedy draft tree of up to `nodes` tokens, at most depth_limit deep, grown best-first
+    on path probability as TreeDrafter.propose_greedy grows it (the same heap order: candidates
+    keyed by (-path probability, push count)). Returns its size.
+
+    A step first finds its FIRST_WIDTH likeliest successors; most nodes never offer more (a
+    sibling is offered only once the one before it is taken), and a step asked for fewer costs
+    less (fewer tokens to complete). One whose next sibling is past them is stepped again for
+    `width` (the same successors first: the ranking is one total order)."""
+    window = setup[3]
+    work = _work(window, ov[3])
+    most = nodes + 1  # steps: the root's, then one per node at most
+    tails = np.empty((most, window), np.int64)
+    lens = np.zeros(most, np.int64)
+    steps = (
+        np.empty((most, width), np.int64),  # successor ids
+        np.empty((most, width), np.float64),  # their q
+        np.empty((most, width), np.int8),  # their flags
+        np.zeros(most, np.int64),  # how many
+        np.zeros(most, np.int64),  # the matched order
+        np.zeros(most, np.int64),  # the width asked
+    )
+    step_ids, step_q, step_flags, step_size, step_order, step_width = steps
+    first_width = min(FIRST_WIDTH, width)
+    cap = 2 * nodes + 2
+    # a min-heap of candidates: (-path probability, push count, candidate)
+    heap = [(0.0, 0, 0)]  # typed by a first entry
+    heap.pop()
+    # candidates: (parent node, parent's path probability, depth, step, rank in the step)
+    c_parent = np.empty(cap, np.int64)
+    c_pprob = np.empty(cap, np.float64)
+    c_depth = np.empty(cap, np.int64)
+    c_step = np.empty(cap, np.int64)
+    c_rank = np.empty(cap, np.int64)
+    tails[0, : root.shape[0]] = root
+    lens[0] = root.shape[0]
+    used_steps = 1
+    ties = 0
+    if _tree_step(ix, views, setup, ov, 0, first_width, scr, work, tails, lens, steps) > 0:
+        c_parent[0], c_pprob[0], c_depth[0], c_step[0], c_rank[0] = -1, 1.0, 0, 0, 0
+        heapq.heappush(heap, (-step_q[0, 0], ties, 0))
+        ties += 1
+    made = 0
+    while heap and made < nodes:
+        key, _, c = heapq.heappop(heap)
+        parent, parent_prob, depth = c_parent[c], c_pprob[c], c_depth[c]
+        s, rank = c_step[c], c_rank[c]
+        index = made
+        path_prob = -key
+        token = step_ids[s, rank]
+        out_tokens[index] = token
+        out_parents[index] = parent
+        out_orders[index] = step_order[s]
+        out_sources[index] = _source(step_flags[s, rank])
+        out_probs[index] = path_prob
+        made += 1
+        rank += 1
+        if rank == step_size[s] == step_width[s] < width:  # more successors than asked for
+            _tree_step(ix, views, setup, ov, s, width, scr, work, tails, lens, steps)
+        if rank < step_size[s]:  # its next sibling
+            c = ties
+            c_parent[c], c_pprob[c], c_depth[c], c_step[c], c_rank[c] = (
+                parent, parent_prob, depth, s, rank,
+            )  # fmt: skip
+            heapq.heappush(heap, (-parent_prob * step_q[s, rank], ties, c))
+            ties += 1
+        if depth + 1 < depth_limit:  # its first child
+            child = used_steps
+            _extend(tails, lens, s, child, token, window)
+            if _tree_step(ix, views, setup, ov, child, first_width, scr, work, tails, lens, steps):
+                used_steps += 1
+                c = ties
+                c_parent[c], c_pprob[c], c_depth[c], c_step[c], c_rank[c] = (
+                    index, path_prob, depth + 1, child, 0,
+                )  # fmt: skip
+                heapq.heappush(heap, (-path_prob * step_q[child, 0], ties, c))
+                ties += 1
+    return made
+
+
+class CompiledDrafts:
+    """Greedy chains and trees of one indexed graph through the kernels (thread-safe: each
+    thread drafts with scratch arrays of its own)."""
+
+    def __init__(self, graph: NGramGraph) -> None:
+        self.graph = graph
+        self.scratch = ThreadScratch(graph.vocab_size, graph.max_order + 1)
+        # ranges of fewer entries are never in the index's table (0: look every range up)
+        self.frequent_min = int(graph.meta.index.get("frequent_min", 0) or 0)
+
+    @staticmethod
+    def serves(params: DraftParams) -> bool:
+        """Whether the kernels draft these (resolved) params: greedy, witten-bell or backoff
+        mixing, no min_draft_prob."""
+        return (
+            params.strategy == "greedy"
+            and params.min_draft_prob == 0
+            and params.effective_mixing in ("witten-bell", "backoff")
+        )
+
+    def propose(
+        self,
+        context_ids: Sequence[int] | np.ndarray,
+        params: DraftParams,
+        overlay: ContextIndex | None,
+    ) -> DraftProposal:
+        """A greedy chain (tree_nodes 0) or tree after context_ids (checked, params resolved)."""
+        graph = self.graph
+        index = graph.suffix_index
+        if index is None:
+            raise GraphFormatError(f"graph {graph.path} is closed")
+        window = graph.window  # the context tokens a lookup reads
+        root = np.asarray(context_ids[max(0, len(context_ids) - window) :], dtype=np.int64)
+        mode = WITTEN_BELL if params.effective_mixing == "witten-bell" else BACKOFF
+        escape = float(params.escape_weight or 0.0)
+        ov = overlay.arrays() if overlay is not None else NO_OVERLAY
+        setup = (index.sep, self.frequent_min, graph.max_order, window, mode, escape)
+        setup += (float(params.overlay_weight),)
+        head = (index.kernel_arrays, views_of(index), setup, ov, root)
+        scratch = self.scratch.get()
+        proposal = DraftProposal()
+        if params.drafts_tree:
+            size = params.tree_nodes
+            tokens, parents = np.empty(size, np.int64), np.empty(size, np.int64)
+            orders, sources = np.empty(size, np.int64), np.empty(size, np.int8)
+            probs = np.empty(size, np.float64)
+            made = greedy_tree(
+                *head, size, params.k, TREE_WIDTH, scratch, tokens, parents, orders, sources, probs
+            )
+            proposal.parents = parents[:made].tolist()
+        else:
+            size = params.k
+            tokens, orders = np.empty(size, np.int64), np.empty(size, np.int64)
+            sources, probs = np.empty(size, np.int8), np.empty(size, np.float64)
+            made = greedy_chain(*head, size, scratch, tokens, orders, sources, probs)
+        proposal.token_ids = tokens[:made].tolist()
+        proposal.distributions = [point_mass(token) for token in proposal.token_ids]
+        proposal.matched_orders = orders[:made].tolist()
+        proposal.sources = [SOURCE_NAMES[s] for s in sources[:made].tolist()]
+        proposal.path_probs = probs[:made].tolist()
+        return proposal
