@@ -43,6 +43,12 @@ per-prompt value is the median over repetitions; ``total`` = sums over prompts, 
 - time split from the coordinator's stats: draft / verify / other; for ``services`` the gateway
   measures them (its RPCs included) and ``client_overhead`` = client wall - gateway total
   (the client's RPC, serialization and tokenization in the gateway);
+- per Verify round (the prefill not included; ``round_breakdown``), p50 / p99 / mean of the
+  round's wall time and of its parts (gateway.rounds.round_times): drafting, the draft hop, the
+  sizer, the forward, the verify hop and the gateway's own work (a hop: the call's wait beyond
+  the work the backend reports; over the services the gRPC hop), and of the round beyond the
+  forward; and per ``services`` variant what its round costs more than the ``embedded`` variant
+  of the same drafting (``round_overhead``: p50 differences, and per part the mean's);
 - peak RSS of this process (``ru_maxrss``) and of each service process (VmHWM, and RSS at the
   end from psutil);
 - exactness at temperature 0: prompts whose output token ids differ from ``hf``;
@@ -70,6 +76,7 @@ from typing import Any
 from bench.constrained import check_systems
 from bench.in_process import InProcessSystems
 from bench.machine import load_average, machine_info, self_peak_rss_bytes
+from bench.round_breakdown import services_overhead
 from bench.service_stack import ServiceStack, service_stack
 from bench.settings import (
     SYSTEMS,
@@ -283,6 +290,7 @@ def _result(
             "services": service_processes,
         },
         "summary": summary,
+        "round_overhead": services_overhead(variants, summary),
         "per_prompt": per_prompt,
     }
 

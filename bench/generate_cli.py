@@ -17,6 +17,7 @@ from bench.generate import run_benchmark
 from bench.options import options_from_args
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
+from bench.round_breakdown import format_round_table
 from bench.settings import (
     DEFAULT_DRAFT_K,
     DEFAULT_DRAFT_SIZE,
@@ -320,6 +321,9 @@ def run_bench_generate(args: argparse.Namespace) -> int:
         return fail(exc)
     print(format_table(result))
     print()
+    if rounds := format_round_table(result):
+        print(rounds)
+        print()
     print(format_footer(result))
     if args.cost:
         print()

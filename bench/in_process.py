@@ -144,7 +144,7 @@ class InProcessSystems:
         started = time.perf_counter()
         result = coordinator.generate(request)
         wall = time.perf_counter() - started
-        stats = result.stats.as_dict()
+        stats = result.stats.as_dict(round_times=True)
         finished = result.finish_reason.value == "eos"
         return RunRecord(list(result.token_ids), wall, result.stats.rounds, stats, finished)
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from bench.constrained import answer_values
+from bench.round_breakdown import breakdown, merge_round_times
 from bench.settings import RunRecord, Variant
 from speculant.prompt_records import PromptRecord
 
@@ -72,6 +73,7 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             ),
             draft_failures=sum(int(s["draft_failures"]) for s in stats),
             prompt_tokens=int(stats[0]["prompt_tokens"]),
+            round_times=merge_round_times(stats),  # every repetition's rounds
         )
         for key in (
             "accepted_from_graph",
@@ -127,6 +129,7 @@ def summarize_variant(rows: list[dict], temperature: float) -> dict[str, Any]:
             out[f"{part}_seconds_median"] = _median(values)
             out[f"{part}_seconds_total"] = sum(values)
         out["verify_ms_per_round_total"] = 1e3 * out["verify_seconds_total"] / total_rounds
+        out["round_breakdown"] = breakdown(rows)
         draft_rounds = total_rounds - len(rows)  # the prefill round has no draft
         out["draft_ms_per_round_total"] = (
             1e3 * out["draft_seconds_total"] / draft_rounds if draft_rounds else None

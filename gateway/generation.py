@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from gateway.rounds.round_times import RoundTimes
 from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
@@ -151,6 +152,8 @@ class GenerationStats:
     prepared_drafts_used: int = 0  # rounds whose draft was prepared during the last verify
     unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.rounds.draft_sizing)
     rounds_without_draft: int = 0  # Verify rounds with no draft token (plain decoding steps)
+    # each Verify round's seconds by part (gateway.rounds.round_times)
+    round_times: RoundTimes = field(default_factory=RoundTimes)
 
     @property
     def acceptance_rate(self) -> float:
@@ -205,9 +208,10 @@ class GenerationStats:
         for position in range(accepted):
             self.accepted_by_position[position] += 1
 
-    def as_dict(self) -> dict[str, object]:
-        """All figures, derived ones included (for --json output and the bench)."""
-        return {
+    def as_dict(self, round_times: bool = False) -> dict[str, object]:
+        """All figures, derived ones included (for --json output and the bench); round_times:
+        with each round's seconds by part too (a list a part: kept out of the HTTP answers)."""
+        figures: dict[str, object] = {
             "rounds": self.rounds,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
@@ -232,6 +236,9 @@ class GenerationStats:
             "unverified_draft_tokens": self.unverified_draft_tokens,
             "rounds_without_draft": self.rounds_without_draft,
         }
+        if round_times:
+            figures["round_times"] = self.round_times.as_dict()
+        return figures
 
 
 @dataclass

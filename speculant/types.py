@@ -137,6 +137,9 @@ class VerifyResult:
     accepted_nodes: list[int] = field(default_factory=list)
     # one per token of token_ids when the session reports logprobs, else empty
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    # Seconds the verifier spent on the model for it (the forward pass and sampling, no RPC);
+    # 0 when unknown.
+    seconds: float = 0.0
 
 
 @dataclass

@@ -218,6 +218,7 @@ def verify_result_to_pb(result: VerifyResult) -> verifier_pb2.VerifyResponse:
         token_ids=result.token_ids,
         accepted_draft_indices=result.accepted_nodes,
         logprobs=logprobs_to_pb(result.logprobs),
+        forward_seconds=result.seconds,
     )
 
 
@@ -227,6 +228,7 @@ def verify_result_from_pb(message: verifier_pb2.VerifyResponse) -> VerifyResult:
         list(message.token_ids),
         list(message.accepted_draft_indices),
         logprobs_from_pb(message.logprobs),
+        message.forward_seconds,
     )
 
 

@@ -19,6 +19,7 @@ from bench.generate import rotated, run_benchmark
 from bench.generate_cli import settings_from_args
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
+from bench.round_breakdown import COLUMNS, format_round_table
 from bench.settings import BenchSettings, Variant, variants_for
 from launcher.cli import build_parser
 from tests.assets import DEMO_PROMPTS, RANDOM_LLAMA, STORIES_MODEL, needs
@@ -66,6 +67,10 @@ def _check_speculative(figures: dict) -> None:
     assert figures["prompt_length_mismatches"] == 0
     assert figures["tau_total"] > 1.0  # parallel verification: fewer forwards than tokens
     assert len(figures["acceptance_by_position"]) == 4
+    rounds = figures["round_breakdown"]  # every Verify round's parts (not the prefill)
+    assert rounds["verify_rounds"] == figures["rounds_total"] - figures["prompts"]
+    for part in COLUMNS:
+        assert 0.0 <= rounds[part]["p50_ms"] <= rounds[part]["p99_ms"], part
 
 
 def test_variants_and_rotation() -> None:
@@ -154,6 +159,7 @@ def test_bench_in_process(tinystories_graph, tmp_path) -> None:
     table = format_table(result)
     assert "embedded k=4 mix=off fixed" in table and "speedup" in table
     assert "peak RSS" in format_footer(result)
+    assert "embedded k=4 mix=off fixed" in format_round_table(result)
 
 
 def test_bench_sizes_costs_and_kinds(tinystories_graph, tmp_path) -> None:

@@ -277,9 +277,9 @@ class LocalVerifier:
             if len(drafts) > room:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
-            out, logprobs = self._run(session, drafts, q)
+            out, logprobs, seconds = self._run(session, drafts, q)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
-        return VerifyResult(out.accepted_count, out.token_ids, logprobs=logprobs)
+        return VerifyResult(out.accepted_count, out.token_ids, logprobs=logprobs, seconds=seconds)
 
     def _run(
         self,
@@ -287,10 +287,11 @@ class LocalVerifier:
         drafts: list[int],
         q: torch.Tensor | None,
         parents: list[int] | None = None,
-    ) -> tuple[RejectionOutput, list[TokenLogprobs]]:
+    ) -> tuple[RejectionOutput, list[TokenLogprobs], float]:
         """The session's verify step (batching.VerifyJob): in a batch when the verifier
         batches, else alone on the model; the session then moves past the accepted drafts.
-        Returns the outcome and, when the session reports them, the emitted tokens' logprobs."""
+        Returns the outcome, the emitted tokens' logprobs when the session reports them, and
+        the step's seconds on the model (its wait for the model and its batch included)."""
         job = VerifyJob(
             cache=session.cache,
             start=session.length,
@@ -308,12 +309,13 @@ class LocalVerifier:
             out = self._batcher.run(job)
         else:
             out = self._on_model(lambda: run_job(self.model, job))
-        self.cost_profile.observe(len(job.input_ids), time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.cost_profile.observe(len(job.input_ids), seconds)
         if session.counts is not None:  # the pending token and the accepted drafts are cached
             count_tokens(session.counts, [session.pending_token, *out.token_ids[:-1]])
         session.length += 1 + out.accepted_count
         session.pending_token = out.token_ids[-1]
-        return out, job.logprobs or []
+        return out, job.logprobs or [], seconds
 
     def _room(self, session_id: str, length: int) -> int:
         """Draft positions that still fit after a session of `length` cached tokens and its
@@ -350,10 +352,10 @@ class LocalVerifier:
             drafts, parents = kept_tree.token_ids, kept_tree.parents
             if q is not None:
                 q = q[torch.tensor(kept, dtype=torch.long, device=q.device)]  # [kept, V]
-            out, logprobs = self._run(session, drafts, q, parents)
+            out, logprobs, seconds = self._run(session, drafts, q, parents)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
         accepted = [kept[i] for i in out.accepted_nodes]  # indices into the request's tree
-        return VerifyResult(out.accepted_count, out.token_ids, accepted, logprobs)
+        return VerifyResult(out.accepted_count, out.token_ids, accepted, logprobs, seconds)
 
     def warm_up(self) -> None:
         """Run one short session through prefill and verify, so the first real request does not

@@ -61,7 +61,7 @@ WATCH_INTERVAL_S = 1.0  # how often the gateway checks its verifier (and a missi
 
 
 def stats_to_proto(stats: GenerationStats) -> gateway_pb2.GenerationStats:
-    return gateway_pb2.GenerationStats(**stats.as_dict())
+    return gateway_pb2.GenerationStats(**stats.as_dict(round_times=True))
 
 
 def prompt_request_from_pb(request: gateway_pb2.GenerateRequest) -> PromptRequest:

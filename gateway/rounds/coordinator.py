@@ -40,6 +40,7 @@ from gateway.rounds.adaptive_k import next_draft_length
 from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
+from gateway.rounds.round_times import RoundClock
 from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError
@@ -189,11 +190,14 @@ class Coordinator:
                 yield run.output.take_chunk()
             run.context = list(request.prompt_ids) + run.output.token_ids
             while run.output.finish_reason is None:
+                clock = RoundClock()  # the poll, the round and its chunk
                 if cancelled is not None and cancelled():
                     log.info("generation cancelled after %d tokens", len(run.output.token_ids))
                     return
-                self._round(run)
-                yield run.output.take_chunk()
+                self._round(run, clock)
+                chunk = run.output.take_chunk()
+                run.stats.round_times.add(clock.parts())
+                yield chunk
             yield from self._finish(run, started)
         finally:
             if run.prefilled:
@@ -211,8 +215,9 @@ class Coordinator:
         if run.constrained is not None:
             run.constrained.advance(first.token_ids)
 
-    def _round(self, run: _Run) -> None:
-        """One draft-and-verify round: plan, draft, cut, verify, then take the tokens."""
+    def _round(self, run: _Run, clock: RoundClock) -> None:
+        """One draft-and-verify round: plan, draft, cut, verify, then take the tokens (its
+        calls timed on the clock)."""
         request, stats, sizer = run.request, run.stats, run.sizer
         round_started = time.perf_counter()
         depth = run.output.remaining - 1  # draft positions that can still be emitted
@@ -221,23 +226,25 @@ class Coordinator:
         k = min(run.draft_length, depth - len(certain))
         params = request.draft
         if sizer is not None:  # this round's budget (None: no draft)
-            planned = sizer.plan(params, k)
+            planned = clock.timed("sizer", sizer.plan, params, k)
             params, k = (params, 0) if planned is None else (planned, planned.k)
         ready = run.prepared.get(run.outcome) if k > 0 else None  # prepared last round?
         context = run.context + certain if certain else run.context
         prepare = run.constrained is None  # a constraint shapes each draft: none prepared
-        call = self._start_draft(run, context, params, k, ready, prepare)
+        call = clock.timed("draft_call", self._start_draft, run, context, params, k, ready, prepare)
         if ready is not None:
             drafted = ready.truncated(k)  # no waiting for a draft call this round
             stats.prepared_drafts_used += 1
         else:
-            drafted = self._await_draft(call, stats)  # no call (k = 0): no draft
+            drafted = self._await_draft(call, stats, clock)  # no call (k = 0): no draft
         if run.constrained is not None:
 
             def extend(tokens: list[int]) -> DraftProposal:  # the drafter after context + tokens
                 window = run.context + tokens
-                more = self._start_draft(run, window, params, k, None, False)
-                return self._await_draft(more, stats)
+                more = clock.timed(
+                    "draft_call", self._start_draft, run, window, params, k, None, False
+                )
+                return self._await_draft(more, stats, clock)
 
             limits = depth, max(request.draft.tree_nodes, request.draft.k)  # the request's
             sampled = params.strategy == "sampling"
@@ -245,23 +252,26 @@ class Coordinator:
                 forced, drafted, limits, sampled, extend if k else None
             )
         draft_s = time.perf_counter() - round_started
-        proposal = drafted if sizer is None else sizer.cut(drafted, draft_s)
+        proposal = drafted if sizer is None else clock.timed("sizer", sizer.cut, drafted, draft_s)
         stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
         stats.rounds_without_draft += not proposal.token_ids
         result, verify_s = self._verify(run, proposal, call)
+        clock.verify_call, clock.forward = verify_s, result.seconds
         t0 = time.perf_counter()
-        run.prepared = {
-            (d.accepted_count, d.next_token): d.proposal
-            for d in (call.next_round() if call is not None else ())
-        }
-        draft_s += time.perf_counter() - t0
+        prepared = call.next_round() if call is not None else []
+        waited = time.perf_counter() - t0
+        clock.draft_call += waited
+        draft_s += waited
+        run.prepared = {(d.accepted_count, d.next_token): d.proposal for d in prepared}
         stats.draft_seconds += draft_s
         stats.verify_seconds += verify_s
         start = self._take(run, proposal, result, k)
         if sizer is not None:
             timings = (draft_s, verify_s, time.perf_counter() - round_started)
             observed = drafted if k > 0 else None  # None: the drafter was not asked
-            sizer.observe(observed, proposal, result, start, run.context, timings)
+            clock.timed(
+                "sizer", sizer.observe, observed, proposal, result, start, run.context, timings
+            )
 
     def _verify(
         self, run: _Run, proposal: DraftProposal, call: DraftCall | None
@@ -386,16 +396,21 @@ class Coordinator:
             return None
 
     @staticmethod
-    def _await_draft(call: DraftCall | None, stats: GenerationStats) -> DraftProposal:
-        """The call's draft; a failure gives an empty draft, never an error."""
+    def _await_draft(
+        call: DraftCall | None, stats: GenerationStats, clock: RoundClock
+    ) -> DraftProposal:
+        """The call's draft, its wait and the drafter's seconds on the round's clock; a failure
+        gives an empty draft, never an error."""
         if call is None:
             return DraftProposal()
         try:
-            return call.proposal()
+            proposal = clock.timed("draft_call", call.proposal)
         except Exception as exc:  # drafts are an optimisation: go on without one
             stats.draft_failures += 1
             log.warning("draft failed, continuing with an empty draft: %s", exc)
             return DraftProposal()
+        clock.draft += proposal.seconds
+        return proposal
 
     @staticmethod
     def _learn(
