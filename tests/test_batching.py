@@ -96,6 +96,36 @@ def test_forward_batch_matches_single_forwards(loaded: LoadedModel) -> None:
             assert torch.allclose(a.values, b.values, atol=1e-5), f"row {row} values"
 
 
+def test_forward_batch_with_trees_matches_lone_forwards(loaded: LoadedModel) -> None:
+    """Chains and token trees in one batch: each tree row's logits match its lone
+    forward_tree's, each chain row's its lone forward's."""
+    rng = random.Random(1)
+    lengths = [5, 30, 12, 21]
+    trees: list[list[int] | None] = [[-1, 0, 0, 1, -1, 4], None, [-1, -1, -1], None]
+    widths = [1 + len(t) if t is not None else w for t, w in zip(trees, [0, 6, 0, 2], strict=True)]
+    prompts = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
+    inputs = [[rng.randrange(3, 512) for _ in range(w)] for w in widths]
+
+    def prefilled() -> list:
+        caches = [loaded.new_cache() for _ in prompts]
+        for cache, prompt in zip(caches, prompts, strict=True):
+            loaded.forward(cache, torch.tensor(prompt), 0, 1)
+        return caches
+
+    expected = []
+    for cache, prompt, new, tree in zip(prefilled(), prompts, inputs, trees, strict=True):
+        ids = torch.tensor(new)
+        if tree is None:
+            expected.append(loaded.forward(cache, ids, len(prompt), len(new)))
+        else:
+            expected.append(loaded.forward_tree_with(None, cache, ids, len(prompt), tree))
+    logits = loaded.forward_batch(prefilled(), inputs, lengths, trees)
+    for row, (got, want) in enumerate(zip(logits, expected, strict=True)):
+        assert got.shape == want.shape == (widths[row], loaded.vocab_size)
+        assert torch.allclose(got, want, atol=1e-4), f"row {row}"
+        assert torch.equal(got.argmax(-1), want.argmax(-1)), f"row {row}"
+
+
 # -- exactness under concurrency -------------------------------------------------------------
 
 
@@ -113,14 +143,37 @@ def greedy_session(
     return out[:N_TOKENS]
 
 
-def test_concurrent_greedy_sessions_match_hf(verifier: LocalVerifier, references) -> None:
+def greedy_tree_session(
+    verifier: LocalVerifier, session_id: str, prompt: list[int], ref: list[int], seed: int
+) -> list[int]:
+    """Greedy decoding of N_TOKENS with draft trees: a junk first branch, then a branch of a
+    correct prefix of random length with a junk child, so the verifier takes the second."""
+    rng = random.Random(seed)
+    out = [first_token(verifier, session_id, prompt, temperature=0.0)]
+    while len(out) < N_TOKENS:
+        good = ref[len(out) : len(out) + rng.randint(0, 5)]
+        junk = rng.randrange(3, verifier.info.vocab_size)
+        drafts = [junk, *good, rng.randrange(3, verifier.info.vocab_size)]
+        # good[k] is draft 1 + k, a child of good[k - 1] (draft k); the last junk follows the
+        # last good one (or the first junk)
+        parents = [-1, *(k if k else -1 for k in range(len(good))), len(good)]
+        out += verifier.verify(session_id, drafts, draft_parents=parents).token_ids
+    return out[:N_TOKENS]
+
+
+@pytest.mark.parametrize("drafts", ["chains", "trees", "both"])
+def test_concurrent_greedy_sessions_match_hf(
+    verifier: LocalVerifier, references, drafts: str
+) -> None:
     assert verifier.batcher is not None
     hold_first_batch(verifier.batcher, N_SESSIONS - 1)
     outputs: dict[int, list[int]] = {}
 
     def session(i: int) -> None:
         prompt, ref = references[i]
-        outputs[i] = greedy_session(verifier, f"g{i}", prompt, ref, seed=i)
+        tree = drafts == "trees" or (drafts == "both" and i % 2)
+        run = greedy_tree_session if tree else greedy_session
+        outputs[i] = run(verifier, f"g{i}", prompt, ref, seed=i)
 
     run_threads(session, N_SESSIONS)
     for i, (_, ref) in enumerate(references):

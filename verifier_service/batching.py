@@ -9,9 +9,9 @@ Terms:
 - *run alone* (:func:`run_job`): one forward over the job's tokens, then rejection sampling
   (:func:`~verifier_service.rejection.rejection_sample` for a chain, ``tree_sample`` for a
   tree) and the cache surgery that keeps the pending token and the accepted drafts.
-- *batch*: chain jobs run together in ONE forward (:meth:`LoadedModel.forward_batch`); then
-  each row is finished exactly as the job run alone, with the row's own generator and cache.
-  Tree jobs run alone (their 4D masks are not batched yet).
+- *batch*: jobs run together in ONE forward (:meth:`LoadedModel.forward_batch`), a tree's
+  row masked as its lone forward would be (each token sees its ancestors); then each row is
+  finished exactly as the job run alone, with the row's own generator and cache.
 
 Scheduling is *continuous* and has no timer: a caller queues its job and waits while a batch
 runs; when none runs, the first waiter whose job is still queued runs its job together with the
@@ -135,10 +135,13 @@ def sample_constrained(
 def _finish(
     model: LoadedModel, job: VerifyJob, logits: torch.Tensor, input_ids: torch.Tensor
 ) -> RejectionOutput:
-    """The job's outcome from its chain logits [k+1, V]; crop its cache so that it keeps the
-    pending token and the accepted drafts (the last emitted token is pending)."""
+    """The job's outcome from its logits [n+1, V]; its cache then keeps the pending token and
+    the accepted drafts (the last emitted token is pending): a chain's cropped, a tree's kept
+    to the accepted path."""
     out = decide(job, logits, input_ids)
-    if out.accepted_count < len(job.input_ids) - 1:
+    if job.parents is not None:
+        model.keep_path(job.cache, job.start, out.accepted_nodes)
+    elif out.accepted_count < len(job.input_ids) - 1:
         model.crop(job.cache, job.start + 1 + out.accepted_count)
     return out
 
@@ -149,11 +152,9 @@ def run_job(model: LoadedModel, job: VerifyJob) -> RejectionOutput:
     input_ids = torch.tensor(job.input_ids, dtype=torch.long, device=model.device)  # [n+1]
     if job.parents is not None:
         logits = model.forward_tree(job.cache, input_ids, job.start, job.parents)  # [n+1, V]
-        out = decide(job, logits, input_ids)
-        model.keep_path(job.cache, job.start, out.accepted_nodes)
-        return out
-    logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(job.input_ids))
-    return _finish(model, job, logits, input_ids)  # logits [n+1, V]
+    else:
+        logits = model.forward(job.cache, input_ids, job.start, logits_to_keep=len(input_ids))
+    return _finish(model, job, logits, input_ids)
 
 
 def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
@@ -167,7 +168,10 @@ def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
             jobs[0].output = run_job(model, jobs[0])
             return
         logits = model.forward_batch(
-            [job.cache for job in jobs], [job.input_ids for job in jobs], [j.start for j in jobs]
+            [job.cache for job in jobs],
+            [job.input_ids for job in jobs],
+            [job.start for job in jobs],
+            [job.parents for job in jobs],
         )
     except Exception as exc:
         for job in jobs:
@@ -244,16 +248,9 @@ class VerifyBatcher:
         return job.output
 
     def _take(self, job: VerifyJob) -> list[VerifyJob]:
-        """The job and the oldest other queued chain jobs, max_batch in all, out of the queue
-        (a tree job is taken alone)."""
+        """The job and the oldest other queued jobs, max_batch in all, out of the queue."""
         self._queue.remove(job)
         batch = [job]
-        if job.parents is not None:
-            return batch
-        for other in list(self._queue):
-            if len(batch) == self.max_batch:
-                break
-            if other.parents is None:
-                self._queue.remove(other)
-                batch.append(other)
+        while self._queue and len(batch) < self.max_batch:
+            batch.append(self._queue.popleft())
         return batch

@@ -262,11 +262,7 @@ class LoadedModel:
     ) -> torch.Tensor:
         """:meth:`forward_tree` through the given lean forward (None: the transformers one)."""
         n = len(parents)
-        rows = np.eye(n + 1, dtype=bool)  # [n+1, n+1]: row r sees itself and ...
-        depth = np.zeros(n + 1, dtype=np.int64)
-        for i, parent in enumerate(parents):
-            rows[i + 1] |= rows[parent + 1]  # ... every ancestor (parent + 1 = its row)
-            depth[i + 1] = depth[parent + 1] + 1
+        rows, depth = tree_rows(parents)
         positions = torch.from_numpy(depth + start).to(self.device)  # [n+1]
         # [n+1, start+n+1]: True = may attend (every cached position, then the tree's rows)
         visible = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
@@ -280,7 +276,11 @@ class LoadedModel:
 
     @torch.inference_mode()
     def forward_batch(
-        self, caches: list[DynamicCache], inputs: list[list[int]], starts: list[int]
+        self,
+        caches: list[DynamicCache],
+        inputs: list[list[int]],
+        starts: list[int],
+        trees: list[list[int] | None] | None = None,
     ) -> list[torch.Tensor]:
         """Append inputs[r] to caches[r] at positions starts[r].. for every row r, in ONE forward.
 
@@ -289,7 +289,9 @@ class LoadedModel:
         P.., so its whole sequence is the contiguous columns P - starts[r] .. P + len(inputs[r])
         - 1, which become its cache again (a view, like a crop). A 4D mask lets each token see
         only its row's cache and its row's earlier new tokens (pad columns and pad tokens are
-        never seen by a real token). Returns each row's float logits [len(inputs[r]), V].
+        never seen by a real token); trees[r], where given, makes row r a token tree (as
+        :meth:`forward_tree`: each token sees its ancestors, at position starts[r] + its
+        depth). Returns each row's float logits [len(inputs[r]), V].
         """
         rows, past = len(caches), max(starts)
         width = max(len(row) for row in inputs)
@@ -298,9 +300,17 @@ class LoadedModel:
         query = torch.arange(width)[None, :, None]  # [1, width, 1]
         column = torch.arange(past + width)[None, None, :]  # [1, 1, past + width]
         seen = (column >= past - start) & ((column < past) | (column - past <= query))
+        depth = query[:, :, 0].repeat(rows, 1)  # [rows, width]: each token's depth
+        for r, parents in enumerate(trees or ()):
+            if parents is not None:  # a tree row: its tokens see their ancestors only
+                visible, depths = tree_rows(parents)  # [n+1, n+1], [n+1]
+                n = len(parents) + 1
+                seen[r, :n, past:] = False
+                seen[r, :n, past : past + n] = torch.from_numpy(visible)
+                depth[r, :n] = torch.from_numpy(depths)
         mask = torch.zeros(rows, 1, width, past + width, dtype=self.dtype)
         mask.masked_fill_(~seen[:, None], torch.finfo(self.dtype).min)
-        positions = (start[:, 0] + query[0, :, 0]).clamp_max(self.max_context - 1)  # [rows, width]
+        positions = (start[:, 0] + depth).clamp_max(self.max_context - 1)  # [rows, width]
         batch = self.new_cache()
         for index in range(len(batch.layers)):
             _, heads, _, dim = caches[0].layers[index].keys.shape  # [1, heads, length, dim]
@@ -342,3 +352,16 @@ class LoadedModel:
         if remove <= 0:
             return
         cache.crop(-remove if self._crop_negative else length)
+
+
+def tree_rows(parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The visibility [n+1, n+1] (row r sees itself and its ancestors) and depths [n+1] of a
+    token tree: row 0 the pending token, row i + 1 draft i, a child of parents[i] (-1: of the
+    pending token)."""
+    n = len(parents)
+    rows = np.eye(n + 1, dtype=bool)  # [n+1, n+1]: row r sees itself and ...
+    depth = np.zeros(n + 1, dtype=np.int64)
+    for i, parent in enumerate(parents):
+        rows[i + 1] |= rows[parent + 1]  # ... every ancestor (parent + 1 = its row)
+        depth[i + 1] = depth[parent + 1] + 1
+    return rows, depth
