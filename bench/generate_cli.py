@@ -124,6 +124,13 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "--device", choices=["cpu", "auto", "cuda"], default="cpu", help="where the model runs"
     )
     p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="the model's dtype in every system (auto: the checkpoint's on a GPU, float32 on a "
+        "CPU)",
+    )
+    p.add_argument(
         "--next-round-drafts",
         type=_csv(int),
         default=(DEFAULT_NEXT_ROUND_DRAFTS,),

@@ -53,6 +53,7 @@ class InProcessSystems:
             verifier_config=VerifierConfig(
                 model_name=settings.model,
                 device=settings.device,
+                dtype=settings.dtype,
                 torch_threads=settings.torch_threads,
             ),
             draft_config=DraftConfig(strategy=settings.strategy),

@@ -105,6 +105,7 @@ class ServiceStack:
         s = self.settings
         ports = [str(free_port("127.0.0.1")) for _ in range(3)]
         argv = ["up", "--graph", s.graph, "--model", s.model, "--device", s.device]
+        argv += ["--dtype", s.dtype]
         argv += ["--gateway-port", ports[0], "--draft-port", ports[1], "--verifier-port", ports[2]]
         if s.services_as == "serve":
             argv.append("--no-pin-cpus")
@@ -173,6 +174,7 @@ class ServiceStack:
             "verifier",
             [
                 *("serve-verifier", "--model", s.model, "--device", s.device),
+                *("--dtype", s.dtype),
                 *("--torch-threads", str(s.torch_threads)),
             ],
         )

@@ -53,6 +53,7 @@ class BenchSettings:
     warmup: int = 1
     torch_threads: int = 1
     device: str = "cpu"
+    dtype: str = "auto"  # the verifier's weights (auto: the checkpoint's on a GPU, else float32)
     startup_timeout_s: float = 300.0
     # services only: one gateway per value (see serve-gateway --next-round-drafts)
     next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)

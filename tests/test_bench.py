@@ -91,9 +91,10 @@ def test_cli_arguments() -> None:
     assert settings.ks == (4, 8) and settings.mixes == (False,)
     assert settings.systems == ("hf", "embedded") and settings.limit == 3
     assert settings.torch_threads == 2 and settings.max_tokens == 128
-    assert settings.services_as == "bench"
-    args = build_parser().parse_args([*argv.split(), "--services-as", "up"])
+    assert settings.services_as == "bench" and settings.dtype == "auto"
+    args = build_parser().parse_args([*argv.split(), "--services-as", "up", "--dtype", "float32"])
     assert settings_from_args(args).services_as == "up"
+    assert settings_from_args(args).dtype == "float32"
     with pytest.raises(SystemExit):
         build_parser().parse_args(
             ["bench", "generate", "--graph", "g", "--model", "m", "--systems", "vllm"]
