@@ -204,9 +204,11 @@ def test_bench_sizes_costs_and_kinds(tinystories_graph, tmp_path) -> None:
 def test_bench_services(tinystories_graph, services_as) -> None:
     settings = _settings(tinystories_graph, ("hf", "services"))
     settings.services_as = services_as
+    if services_as != "bench":  # up / serve start one stack: one services variant
+        settings.mixes = (True,)
     result = run_benchmark(settings)
-    for name in ("services k=4 mix=on fixed", "services k=4 mix=off fixed"):
-        _check_speculative(result["summary"][name])
+    for mix in ("on", "off") if services_as == "bench" else ("on",):
+        _check_speculative(result["summary"][f"services k=4 mix={mix} fixed"])
     services = result["memory"]["services"]
     assert set(services) == {"draft", "verifier", "gateway"}
     for info in services.values():
