@@ -170,8 +170,8 @@ class Drafter:
         if params.overlay_weight > 0 and len(context_ids) > 1:
             overlay = self._overlays.checkout(encode_context(context_ids))
         try:
-            if self.compiled is not None and self.compiled.serves(params) and self._no_live():
-                return self.compiled.propose(context_ids, params, overlay)
+            if self.compiled is not None and self.compiled.serves(params):
+                return self.compiled.propose(context_ids, params, overlay, self.live)
             if params.drafts_tree and params.strategy == "sampling":
                 return self.tree.propose_sampled(context_ids, params, seed, overlay)
             if params.drafts_tree:
@@ -180,11 +180,6 @@ class Drafter:
         finally:
             if overlay is not None:  # it may serve this request's next round
                 self._overlays.checkin(overlay)
-
-    def _no_live(self) -> bool:
-        """Whether no live layer adds counts (the compiled drafts read the graph and the
-        overlay only)."""
-        return self.live is None or self.live.empty
 
     def next_round_drafts(
         self,

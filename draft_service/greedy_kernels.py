@@ -2,17 +2,22 @@
 the request's own context (the overlay), with no Python per draft position.
 
 The same drafts as :mod:`draft_service.chain` and :mod:`draft_service.tree` (greedy), for
-``witten-bell`` and ``backoff`` mixing, where the graph has a suffix index and no live layer
-adds counts (the drafter takes the Python path otherwise). Terms are those of
-:mod:`draft_service.drafting`; q is the mixed distribution, c_o(x) = c_graph,o(x) + w c_ctx,o(x)
-the combined counts of order o (w = overlay_weight), C_o their sum, T_o their distinct tokens,
-s_o = w_o / C_o the scale of order o under the mixing weights w_o, so q(x) = sum_o s_o c_o(x).
+``witten-bell`` and ``backoff`` mixing, where the graph has a suffix index (the drafter takes
+the Python path otherwise). Terms are those of :mod:`draft_service.drafting`; q is the mixed
+distribution, c_o(x) = c_graph,o(x) + w_live c_live,o(x) + w c_ctx,o(x) the combined counts of
+order o (w_live the live layer's weight, w = overlay_weight), C_o their sum, T_o their distinct
+tokens, s_o = w_o / C_o the scale of order o under the mixing weights w_o, so q(x) = sum_o
+s_o c_o(x). The live layer's counts are read from a suffix index of its documents that it
+builds again as it learns, spaced so that building takes a small share of a core
+(LiveLayer.compiled_index): these drafts follow what a large layer learns within a few
+seconds, where the Python drafters follow it at once.
 
 One *step* (what a tree node offers, or one chain position) after a tail:
 
 1. the graph's matching orders and their successor lists (suffix-array ranges, narrowed one
    token at a time; frequent ranges are rows of the index's table, successors by count
-   descending), as :meth:`speculant.suffix_index.SuffixIndex.match`;
+   descending), as :meth:`speculant.suffix_index.SuffixIndex.match`, and the live layer's, the
+   same way in its index;
 2. the overlay's: every earlier occurrence of the tail's last token in the context (a chain of
    previous occurrences per token, :class:`draft_service.overlay.ContextIndex`), each with the
    length of its match backwards and its successor;
@@ -41,6 +46,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
+from draft_service.live_layer import LiveLayer
 from draft_service.overlay import ContextIndex, overlay_matches
 from draft_service.step_cache import point_mass
 from draft_service.tree import TREE_WIDTH
@@ -67,7 +73,7 @@ WITTEN_BELL = 1
 _STREAM, _ENTRIES, _WEIGHTS, _FIRST, _TABLE_LO, _TABLE_HI = range(6)
 _TABLE_START, _TABLE_IDS, _TABLE_COUNTS = range(6, 9)
 # A token's marks (Scratch.marks columns): stamps, so nothing is cleared between steps
-_SEEN, _EVALUATED, _FLAGS, _OVERLAY_MARK = range(4)
+_SEEN, _EVALUATED, _FLAGS, _OVERLAY_MARK, _TYPE_MARK = range(5)
 
 
 class Scratch:
@@ -80,7 +86,7 @@ class Scratch:
 
     def __init__(self, vocab_size: int, max_orders: int) -> None:
         self.stamps = np.zeros(2, np.int64)  # the step and order counters
-        self.marks = np.zeros((vocab_size, 4), np.int64)
+        self.marks = np.zeros((vocab_size, 5), np.int64)
         self.cells = np.zeros((vocab_size, max_orders + 2), np.float64)
         self.listed = np.zeros(vocab_size, np.int64)
 
@@ -197,37 +203,83 @@ def _list(x, step, scr, size):
     return size
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _new_type(x, order_stamp, marks):
+    """Whether x is met for the first time at this order (then marked)."""
+    if marks[x, _TYPE_MARK] == order_stamp:
+        return 0
+    marks[x, _TYPE_MARK] = order_stamp
+    return 1
+
+
 @numba.njit(cache=True, nogil=True)
-def _read_short(ids, counts, j, step, scr, size):
-    """Add a short graph list's counts to the cells of order index j; returns the list size."""
+def _read_short(ids, counts, weight, j, order_stamp, step, scr, size):
+    """Add weight times a short list's counts to the cells of order index j. Returns (list
+    size, tokens new at this order)."""
     marks, cells = scr[1], scr[2]
+    types = 0
     for i in range(ids.shape[0]):
         x = np.int64(ids[i])
         size = _list(x, step, scr, size)
-        cells[x, j] += np.float64(counts[i])
+        types += _new_type(x, order_stamp, marks)
+        cells[x, j] += np.float64(counts[i]) * weight
         marks[x, _FLAGS] |= _IN_GRAPH
-    return size
+    return size, types
 
 
 @numba.njit(cache=True, nogil=True)
-def _count_range(ix, lo, hi, j, step, scr, size):
+def _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size):
     """Count the successors of the suffix-array range [lo, hi) (one not in the table) from the
-    stream into the cells of order index j. Returns (list size, distinct successors, total)."""
+    stream, times weight, into the cells of order index j. Returns (list size, tokens new at
+    this order, the count)."""
     stream, entries, weights = ix[_STREAM], ix[_ENTRIES], ix[_WEIGHTS]
     marks, cells = scr[1], scr[2]
-    distinct = 0
+    types = 0
     total = 0.0
     for i in range(lo, hi):
         position = np.int64(entries[i])
         x = np.int64(stream[position + 1])
-        w = 1.0 if weights.shape[0] == 0 else np.float64(weights[position])
+        c = 1.0 if weights.shape[0] == 0 else np.float64(weights[position])
         size = _list(x, step, scr, size)
-        if cells[x, j] == 0.0:
-            distinct += 1
-        cells[x, j] += w
+        types += _new_type(x, order_stamp, marks)
+        cells[x, j] += c * weight
         marks[x, _FLAGS] |= _IN_GRAPH
-        total += w
-    return size, distinct, total
+        total += c
+    return size, types, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _read_list(ix, views, frequent_min, lo, hi, weight, j, order_stamp, step, scr, size, longs):
+    """Source list of order index j (the suffix-array range [lo, hi) of a graph or of the live
+    layer's index): a short one (or one counted from the stream) is added to the cells,
+    weight times its counts; a long one is noted in longs (read from its head later). Returns
+    (list size, its distinct tokens, those new at this order, its count)."""
+    table_start, table_ids, table_counts = ix[_TABLE_START], ix[_TABLE_IDS], ix[_TABLE_COUNTS]
+    long_at, long_size, long_view, read = longs
+    long_at[j] = -1
+    row = _table_row(ix[_TABLE_LO], ix[_TABLE_HI], lo, hi) if hi - lo >= frequent_min else -1
+    if row < 0:
+        size, types, total = _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size)
+        return size, types, types, total
+    a, b = np.int64(table_start[row]), np.int64(table_start[row + 1])
+    total = _sum(table_counts[a:b])
+    if views[0][row] >= 0:  # long
+        long_at[j], long_size[j], long_view[j], read[j] = a, b - a, row, 0
+        return size, b - a, 0, total
+    size, new = _read_short(
+        table_ids[a:b], table_counts[a:b], weight, j, order_stamp, step, scr, size
+    )
+    return size, b - a, new, total
+
+
+@numba.njit(cache=True, nogil=True)
+def _mark_long(ix, longs, j, order_stamp, marks):
+    """Mark the tokens of a long list at its order; returns how many were new there."""
+    a, n = longs[0][j], longs[1][j]
+    new = 0
+    for i in range(n):
+        new += _new_type(np.int64(ix[_TABLE_IDS][a + i]), order_stamp, marks)
+    return new
 
 
 @numba.njit(cache=True, nogil=True)
@@ -239,19 +291,27 @@ def _sum(counts):
 
 
 @numba.njit(cache=True, nogil=True)
-def _complete(x, m, scales, long_at, long_size, long_view, views, step, scr):
+def _look_up(x, j, views, longs, weight, scr):
+    """Add weight times x's count in a long list of order index j (looked up by id), if any."""
+    marks, cells = scr[1], scr[2]
+    a = views[0][longs[2][j]]
+    c = _count_of(views[1], views[2], a, a + longs[1][j], x)
+    if c > 0:
+        cells[x, j] += np.float64(c) * weight
+        marks[x, _FLAGS] |= _IN_GRAPH
+
+
+@numba.njit(cache=True, nogil=True)
+def _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr):
     """Token x's mass: its counts in the long lists looked up (by id), then sum_j s_j c_j(x)
     over the orders highest first, as the mixer sums it."""
     marks, cells = scr[1], scr[2]
     marks[x, _EVALUATED] = step
-    offsets, view_ids, view_counts = views
     for j in range(m):
-        if long_at[j] >= 0:
-            a = offsets[long_view[j]]
-            g = _count_of(view_ids, view_counts, a, a + long_size[j], x)
-            if g > 0:
-                cells[x, j] += np.float64(g)
-                marks[x, _FLAGS] |= _IN_GRAPH
+        if longs[0][j] >= 0:
+            _look_up(x, j, data[1], longs, 1.0, scr)
+        if live_longs[0][j] >= 0:
+            _look_up(x, j, data[3], live_longs, live_weight, scr)
     mass = 0.0
     for j in range(m):
         mass += cells[x, j] * scales[j]
@@ -259,25 +319,14 @@ def _complete(x, m, scales, long_at, long_size, long_view, views, step, scr):
 
 
 @numba.njit(cache=True, nogil=True)
-def draft_step(
-    ix, views, setup, ov, tail, tail_len, width, normalise, scr, work, top_ids, top_q, top_flags
-):
-    """One greedy step after tail[:tail_len]: fills top_ids / top_q / top_flags (the width
-    likeliest tokens, q descending then id ascending) and returns (matched order, how many);
-    (0, 0) at a dead end. normalise False (chains) reports the mixed mass of a multi-order step
-    as it is, as Mixer.argmax does; True (trees) divides it by the weights' sum.
-
-    Why so long: one pass of the mixer's arithmetic over both sources' orders, in the order the
-    mixer does it; split, it would hand a dozen arrays between the pieces."""
-    stamps, marks, cells, listed = scr
-    sep, frequent_min, max_order, window, mode, escape, overlay_weight = setup
-    table_start, table_ids, table_counts = ix[_TABLE_START], ix[_TABLE_IDS], ix[_TABLE_COUNTS]
-    ctx, prev, last, n_ctx = ov
-    lo, hi, kept, succ, lengths, e_list, orders, scales, long_at, long_size, long_view, read = work
-    over = cells.shape[1] - 1  # the overlay-count column
-    partial = over - 1  # the partial-mass column
-    # -- the graph's matching orders, highest first (SuffixIndex.match) --
-    t = tail[:tail_len]
+def _orders(data, setup, t, tail_len, work):
+    """The matching orders of the tail t, highest first, into work's `orders` (the union of
+    the graph's, the live layer's and the overlay's; the graph's as SuffixIndex.match keeps
+    them, with the longest match in long context); returns (how many, the graph's ranges
+    matched, the live layer's, the overlay's occurrences)."""
+    ix, _, live_ix, _, ov = data
+    sep, _, max_order, window, _, _, overlay_weight, live_sep, _, live_weight = setup
+    lo, hi, live_lo, live_hi, kept, succ, lengths, orders = work[:8]
     long_context = window > max_order and tail_len > max_order
     mixed = max_order if long_context else tail_len
     longest_from = LONGEST_FROM if long_context else 0
@@ -289,23 +338,51 @@ def draft_step(
     for order in range(min(matched, mixed), 0, -1):
         kept[m_graph] = order
         m_graph += 1
-    # -- the overlay's occurrences: they match orders 1..top_overlay --
+    m_live = 0
+    if live_weight > 0.0:  # the live layer's orders: 1..max_order
+        top = t[max(0, tail_len - max_order) :]
+        m_live = match_ranges(
+            live_ix[_STREAM], live_sep, live_ix[_ENTRIES], live_ix[_FIRST], top, live_lo, live_hi
+        )
     n_occ = 0
     top_overlay = 0
     if overlay_weight > 0.0:
-        n_occ = overlay_matches(ctx, prev, last, n_ctx, t, tail_len, max_order, succ, lengths)
+        n_occ = overlay_matches(ov[0], ov[1], ov[2], ov[3], t, tail_len, max_order, succ, lengths)
         for i in range(n_occ):
             top_overlay = max(top_overlay, lengths[i])
-    # -- the union of both sources' orders, highest first --
     m = 0
     g = 0
-    for order in range(max(kept[0] if m_graph > 0 else 0, top_overlay), 0, -1):
+    for order in range(max(kept[0] if m_graph > 0 else 0, top_overlay, m_live), 0, -1):
         in_graph = g < m_graph and kept[g] == order
         if in_graph:
             g += 1
-        if in_graph or order <= top_overlay:
+        if in_graph or order <= top_overlay or order <= m_live:
             orders[m] = order
             m += 1
+    return m, m_graph, m_live, n_occ
+
+
+@numba.njit(cache=True, nogil=True)
+def draft_step(data, setup, tail, tail_len, width, normalise, scr, work, top_ids, top_q, top_flags):
+    """One greedy step after tail[:tail_len]: fills top_ids / top_q / top_flags (the width
+    likeliest tokens, q descending then id ascending) and returns (matched order, how many);
+    (0, 0) at a dead end. normalise False (chains) reports the mixed mass of a multi-order step
+    as it is, as Mixer.argmax does; True (trees) divides it by the weights' sum.
+
+    data: (the graph's index arrays, their by-id views, the live layer's index arrays and
+    views (the graph's again when there is no layer: live_weight 0), the overlay's arrays).
+
+    Why so long: one pass of the mixer's arithmetic over the three sources' orders, in the
+    order the mixer does it; split further, it would hand a dozen arrays between the pieces."""
+    stamps, marks, cells, listed = scr
+    ix, views, live_ix, live_views, _ = data
+    _, frequent_min, _, _, mode, escape, overlay_weight, _, live_frequent_min, live_weight = setup
+    lo, hi, live_lo, live_hi, kept, succ, lengths, orders, e_list, scales = work[:10]
+    longs, live_longs = work[10], work[11]
+    over = cells.shape[1] - 1  # the overlay-count column
+    partial = over - 1  # the partial-mass column
+    t = tail[:tail_len]
+    m, m_graph, m_live, n_occ = _orders(data, setup, t, tail_len, work)
     if m == 0:
         return 0, 0
     if mode == BACKOFF:
@@ -321,55 +398,69 @@ def draft_step(
         order = orders[j]
         while g < m_graph and kept[g] > order:
             g += 1
-        # -- the graph's list of order j: none, counted, short (read whole) or long --
-        long_at[j] = -1
-        types = 0
-        total = 0.0
-        if g < m_graph and kept[g] == order:
-            a, b = lo[order - 1], hi[order - 1]
-            row = _table_row(ix[_TABLE_LO], ix[_TABLE_HI], a, b) if b - a >= frequent_min else -1
-            if row < 0:
-                size, types, total = _count_range(ix, a, b, j, step, scr, size)
-            else:
-                a, b = np.int64(table_start[row]), np.int64(table_start[row + 1])
-                types = b - a
-                total = _sum(table_counts[a:b])
-                if views[0][row] >= 0:  # long: read from its head below
-                    long_at[j], long_size[j], long_view[j], read[j] = a, b - a, row, 0
-                    has_long = True
-                else:
-                    size = _read_short(table_ids[a:b], table_counts[a:b], j, step, scr, size)
-        # -- the overlay's counts of order j: c_j = c_graph + w c_ctx --
         stamps[1] += 1
+        order_stamp = stamps[1]
+        # -- each source's list of order j: c_j = c_graph + w_live c_live + w c_ctx --
+        total = 0.0
+        lists = 0  # sources listing successors at this order
+        types = 0  # their distinct tokens, where one source lists them all
+        new = 0  # tokens met for the first time at this order (in short lists)
+        longs[0][j] = -1
+        live_longs[0][j] = -1
+        if g < m_graph and kept[g] == order:
+            size, types, new_here, count = _read_list(
+                ix, views, frequent_min, lo[order - 1], hi[order - 1], 1.0, j, order_stamp,
+                step, scr, size, longs,
+            )  # fmt: skip
+            new += new_here
+            total += count
+            lists += 1
+        if order <= m_live:
+            size, types_here, new_here, count = _read_list(
+                live_ix, live_views, live_frequent_min, live_lo[order - 1], live_hi[order - 1],
+                live_weight, j, order_stamp, step, scr, size, live_longs,
+            )  # fmt: skip
+            types = types_here if lists == 0 else types
+            new += new_here
+            total += count * live_weight
+            lists += 1
         n_e = 0
         overlay_total = 0.0
         for i in range(n_occ):
             if lengths[i] >= order:
                 x = succ[i]
-                if marks[x, _OVERLAY_MARK] != stamps[1]:
-                    marks[x, _OVERLAY_MARK] = stamps[1]
+                if marks[x, _OVERLAY_MARK] != order_stamp:
+                    marks[x, _OVERLAY_MARK] = order_stamp
                     size = _list(x, step, scr, size)
                     cells[x, over] = 0.0
                     e_list[n_e] = x
                     n_e += 1
                 cells[x, over] += 1.0
                 overlay_total += 1.0
+        lowest = j == m - 1
+        if n_e:
+            lists += 1
+            if lists == 1:  # the overlay alone lists successors at this order
+                types = n_e
+        if lists > 1 and not lowest:  # T_j: the sources' distinct tokens, counted by marks
+            for i in range(n_e):
+                new += _new_type(e_list[i], order_stamp, marks)
+            if longs[0][j] >= 0:
+                new += _mark_long(ix, longs, j, order_stamp, marks)
+            if live_longs[0][j] >= 0:
+                new += _mark_long(live_ix, live_longs, j, order_stamp, marks)
+            types = new
         for i in range(n_e):
             x = e_list[i]
-            if long_at[j] >= 0:
-                a = views[0][long_view[j]]
-                listed_too = _count_of(views[1], views[2], a, a + long_size[j], x) > 0
-            else:
-                listed_too = cells[x, j] > 0.0  # its graph count, before the overlay's
-            if not listed_too:
-                types += 1
             cells[x, j] += cells[x, over] * overlay_weight
             marks[x, _FLAGS] |= _IN_OVERLAY
         total += overlay_total * overlay_weight
+        has_long = has_long or longs[0][j] >= 0 or live_longs[0][j] >= 0
         # -- its weight --
         if m == 1:
             scales[j] = 1.0  # one order: q = c / C (the mixer's single-order path)
-        elif j < m - 1:
+            weight_sum = total
+        elif not lowest:
             trust = total / (total + escape * types)
             weight = left * trust
             left *= 1.0 - trust
@@ -378,8 +469,6 @@ def draft_step(
         else:
             weight_sum += left
             scales[j] = left / total
-        if m == 1:
-            weight_sum = total
     divide = weight_sum if normalise or m == 1 else 1.0
     found = 0
     if not has_long:  # every list read whole: complete every token listed
@@ -390,65 +479,77 @@ def draft_step(
                 mass += cells[x, j] * scales[j]
             found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
     else:
-        # the most the long lists can add to a token: s_j times their first (largest) count
-        most = 0.0
-        for j in range(m):
-            if long_at[j] >= 0:
-                most += scales[j] * np.float64(table_counts[long_at[j]])
-        for i in range(size):  # the partial masses of the tokens listed, for their bounds
-            x = listed[i]
-            mass = 0.0
-            for j in range(m):
-                mass += cells[x, j] * scales[j]
-            cells[x, partial] = mass
-        # the heads of the long lists first (the likeliest tokens), then the listed tokens
-        # that can still make the top list, then the long lists on to the threshold
-        for j in range(m):
-            for i in range(min(width, long_size[j]) if long_at[j] >= 0 else 0):
-                x = np.int64(table_ids[long_at[j] + i])
-                if marks[x, _EVALUATED] != step:
-                    size = _list(x, step, scr, size)
-                    mass = _complete(x, m, scales, long_at, long_size, long_view, views, step, scr)
-                    found = _consider(
-                        x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found
-                    )
-            if long_at[j] >= 0:
-                read[j] = min(width, long_size[j])
-        for i in range(size):
-            x = listed[i]
-            if marks[x, _EVALUATED] == step:
-                continue
-            bound = (cells[x, partial] + most) * (1.0 + _BOUND_SLACK)
-            if found == width and bound < top_q[width - 1]:
-                continue  # it can never make the top list: the width-th best only grows
-            mass = _complete(x, m, scales, long_at, long_size, long_view, views, step, scr)
-            found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
-        while True:
-            # the threshold: the most a token met in no list yet can have
-            threshold = 0.0
-            best = -1
-            best_gain = -1.0
-            for j in range(m):
-                if long_at[j] >= 0 and read[j] < long_size[j]:
-                    gain = scales[j] * np.float64(table_counts[long_at[j] + read[j]])
-                    threshold += gain
-                    if gain > best_gain:
-                        best, best_gain = j, gain
-            if best < 0:
-                break  # every long list read whole
-            if found == width and top_q[width - 1] > threshold * (1.0 + _BOUND_SLACK):
-                break
-            x = np.int64(table_ids[long_at[best] + read[best]])
-            read[best] += 1
-            if marks[x, _EVALUATED] != step:
-                size = _list(x, step, scr, size)
-                mass = _complete(x, m, scales, long_at, long_size, long_view, views, step, scr)
-                found = _consider(
-                    x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found
-                )
+        found = _threshold_read(
+            data, m, scales, longs, live_longs, live_weight, width, step, scr, size, partial,
+            top_ids, top_q, top_flags,
+        )  # fmt: skip
     for i in range(found):
         top_q[i] = top_q[i] / divide
     return orders[0], found
+
+
+@numba.njit(cache=True, nogil=True)
+def _gain(counts, at, j, scale):
+    """What the next unread entry of long list j weighs: scale times its count (-1: read)."""
+    if at[0][j] < 0 or at[3][j] >= at[1][j]:
+        return -1.0
+    return scale * np.float64(counts[at[0][j] + at[3][j]])
+
+
+@numba.njit(cache=True, nogil=True)
+def _threshold_read(
+    data, m, scales, longs, live_longs, live_weight, width, step, scr, size, partial, top_ids,
+    top_q, top_flags,
+):  # fmt: skip
+    """The width likeliest tokens where some lists are long: the listed tokens that can still
+    make the top list, then the long lists from their heads, the one whose next count weighs
+    most first, until the width-th best is above the threshold (the most a token met in no
+    list yet can have). Returns how many."""
+    marks, cells, listed = scr[1], scr[2], scr[3]
+    table_ids, table_counts = data[0][_TABLE_IDS], data[0][_TABLE_COUNTS]
+    live_ids, live_counts = data[2][_TABLE_IDS], data[2][_TABLE_COUNTS]
+    found = 0
+    # the most the long lists can add to a token: their first (largest) counts' weight
+    most = 0.0
+    for j in range(m):
+        most += max(0.0, _gain(table_counts, longs, j, scales[j]))
+        most += max(0.0, _gain(live_counts, live_longs, j, scales[j] * live_weight))
+    for i in range(size):  # the listed tokens, each bounded by its partial mass + most
+        x = listed[i]
+        mass = 0.0
+        for j in range(m):
+            mass += cells[x, j] * scales[j]
+        bound = (mass + most) * (1.0 + _BOUND_SLACK)
+        if found == width and bound < top_q[width - 1]:
+            continue  # it can never make the top list: the width-th best only grows
+        mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
+        found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+    while True:  # the long lists on, to the threshold
+        threshold = 0.0
+        best_j, best_live, best_gain = -1, False, -1.0
+        for j in range(m):
+            gain = _gain(table_counts, longs, j, scales[j])
+            live_gain = _gain(live_counts, live_longs, j, scales[j] * live_weight)
+            threshold += max(0.0, gain) + max(0.0, live_gain)
+            if gain > best_gain:
+                best_j, best_live, best_gain = j, False, gain
+            if live_gain > best_gain:
+                best_j, best_live, best_gain = j, True, live_gain
+        if best_j < 0:
+            break  # every long list read whole
+        if found == width and top_q[width - 1] > threshold * (1.0 + _BOUND_SLACK):
+            break
+        if best_live:
+            x = np.int64(live_ids[live_longs[0][best_j] + live_longs[3][best_j]])
+            live_longs[3][best_j] += 1
+        else:
+            x = np.int64(table_ids[longs[0][best_j] + longs[3][best_j]])
+            longs[3][best_j] += 1
+        if marks[x, _EVALUATED] != step:
+            size = _list(x, step, scr, size)
+            mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
+            found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+    return found
 
 
 @numba.njit(cache=True, nogil=True)
@@ -464,31 +565,41 @@ def _extend(tails, lens, src, dst, token, window):
 
 @numba.njit(cache=True, nogil=True)
 def _work(window, n_ctx):
-    """A draft's working arrays: ranges and orders per order, the overlay's occurrences."""
+    """A draft's working arrays (draft_step): the graph's and the live layer's ranges per
+    order, the graph's kept orders, the overlay's occurrences, the step's orders, the overlay
+    tokens of an order, the orders' scales, and the long lists of each source (where each
+    starts in its table, its size, its table row, how much of it is read; -1: none)."""
     lo = np.empty(window, np.int64)
     hi = np.empty(window, np.int64)
+    live_lo = np.empty(window, np.int64)
+    live_hi = np.empty(window, np.int64)
     kept = np.empty(window + 1, np.int64)
     succ = np.empty(max(n_ctx, 1), np.int64)
     lengths = np.empty(max(n_ctx, 1), np.int64)
-    e_list = np.empty(max(n_ctx, 1), np.int64)
     orders = np.empty(window + 1, np.int64)
-    scales = np.empty(window + 1, np.float64)  # per order index: s_j
-    long_at = np.empty(window + 1, np.int64)  # a long list's start in the table (-1: none)
-    long_size = np.empty(window + 1, np.int64)
-    long_view = np.empty(window + 1, np.int64)  # its table row (its by-id view)
-    read = np.empty(window + 1, np.int64)  # how much of it is read
-    return lo, hi, kept, succ, lengths, e_list, orders, scales, long_at, long_size, long_view, read
+    e_list = np.empty(max(n_ctx, 1), np.int64)
+    scales = np.empty(window + 1, np.float64)
+    longs = (
+        np.full(window + 1, -1, np.int64),
+        np.zeros(window + 1, np.int64),
+        np.zeros(window + 1, np.int64),
+        np.zeros(window + 1, np.int64),
+    )
+    live_longs = (
+        np.full(window + 1, -1, np.int64),
+        np.zeros(window + 1, np.int64),
+        np.zeros(window + 1, np.int64),
+        np.zeros(window + 1, np.int64),
+    )
+    return lo, hi, live_lo, live_hi, kept, succ, lengths, orders, e_list, scales, longs, live_longs
 
 
 @numba.njit(cache=True, nogil=True)
-def greedy_chain(
-    ix, views, setup, ov, root, k, scr, out_tokens,
-    out_orders, out_sources, out_probs,
-):  # fmt: skip
+def greedy_chain(data, setup, root, k, scr, out_tokens, out_orders, out_sources, out_probs):
     """A greedy chain of up to k drafts after root (the context's last <= window tokens): each
     the argmax of q, its running probability in out_probs. Returns its length."""
     window = setup[3]
-    work = _work(window, ov[3])
+    work = _work(window, data[4][3])
     tails = np.empty((2, window), np.int64)
     lens = np.zeros(2, np.int64)
     n = root.shape[0]
@@ -501,9 +612,8 @@ def greedy_chain(
     for i in range(k):
         cur = i & 1
         order, found = draft_step(
-            ix, views, setup, ov, tails[cur], lens[cur],
-            1, False, scr, work, top_ids, top_q, top_flags,
-        )  # fmt: skip
+            data, setup, tails[cur], lens[cur], 1, False, scr, work, top_ids, top_q, top_flags
+        )
         if found == 0:
             return i
         running *= top_q[0]
@@ -524,12 +634,12 @@ def _source(flags):
 
 
 @numba.njit(cache=True, nogil=True)
-def _tree_step(ix, views, setup, ov, s, width, scr, work, tails, lens, steps):
+def _tree_step(data, setup, s, width, scr, work, tails, lens, steps):
     """Draft step s of a tree (after tails[s]) for its `width` likeliest successors, into
     steps = (ids, q, flags, size, order, width asked)."""
     step_ids, step_q, step_flags, step_size, step_order, step_width = steps
     order, size = draft_step(
-        ix, views, setup, ov, tails[s], lens[s], width, True, scr, work, step_ids[s], step_q[s],
+        data, setup, tails[s], lens[s], width, True, scr, work, step_ids[s], step_q[s],
         step_flags[s],
     )  # fmt: skip
     step_order[s], step_size[s], step_width[s] = order, size, width
@@ -538,8 +648,8 @@ def _tree_step(ix, views, setup, ov, s, width, scr, work, tails, lens, steps):
 
 @numba.njit(cache=True, nogil=True)
 def greedy_tree(
-    ix, views, setup, ov, root, nodes, depth_limit, width, scr, out_tokens, out_parents,
-    out_orders, out_sources, out_probs,
+    data, setup, root, nodes, depth_limit, width, scr, out_tokens, out_parents, out_orders,
+    out_sources, out_probs,
 ):  # fmt: skip
     """A greedy draft tree of up to `nodes` tokens, at most depth_limit deep, grown best-first
     on path probability as TreeDrafter.propose_greedy grows it (the same heap order: candidates
@@ -550,7 +660,7 @@ def greedy_tree(
     less (fewer tokens to complete). One whose next sibling is past them is stepped again for
     `width` (the same successors first: the ranking is one total order)."""
     window = setup[3]
-    work = _work(window, ov[3])
+    work = _work(window, data[4][3])
     most = nodes + 1  # steps: the root's, then one per node at most
     tails = np.empty((most, window), np.int64)
     lens = np.zeros(most, np.int64)
@@ -578,7 +688,7 @@ def greedy_tree(
     lens[0] = root.shape[0]
     used_steps = 1
     ties = 0
-    if _tree_step(ix, views, setup, ov, 0, first_width, scr, work, tails, lens, steps) > 0:
+    if _tree_step(data, setup, 0, first_width, scr, work, tails, lens, steps) > 0:
         c_parent[0], c_pprob[0], c_depth[0], c_step[0], c_rank[0] = -1, 1.0, 0, 0, 0
         heapq.heappush(heap, (-step_q[0, 0], ties, 0))
         ties += 1
@@ -598,7 +708,7 @@ def greedy_tree(
         made += 1
         rank += 1
         if rank == step_size[s] == step_width[s] < width:  # more successors than asked for
-            _tree_step(ix, views, setup, ov, s, width, scr, work, tails, lens, steps)
+            _tree_step(data, setup, s, width, scr, work, tails, lens, steps)
         if rank < step_size[s]:  # its next sibling
             c = ties
             c_parent[c], c_pprob[c], c_depth[c], c_step[c], c_rank[c] = (
@@ -609,7 +719,7 @@ def greedy_tree(
         if depth + 1 < depth_limit:  # its first child
             child = used_steps
             _extend(tails, lens, s, child, token, window)
-            if _tree_step(ix, views, setup, ov, child, first_width, scr, work, tails, lens, steps):
+            if _tree_step(data, setup, child, first_width, scr, work, tails, lens, steps):
                 used_steps += 1
                 c = ties
                 c_parent[c], c_pprob[c], c_depth[c], c_step[c], c_rank[c] = (
@@ -645,8 +755,10 @@ class CompiledDrafts:
         context_ids: Sequence[int] | np.ndarray,
         params: DraftParams,
         overlay: ContextIndex | None,
+        live: LiveLayer | None = None,
     ) -> DraftProposal:
-        """A greedy chain (tree_nodes 0) or tree after context_ids (checked, params resolved)."""
+        """A greedy chain (tree_nodes 0) or tree after context_ids (checked, params resolved),
+        with the live layer's counts as of its last compiled index (LiveLayer.compiled_index)."""
         graph = self.graph
         index = graph.suffix_index
         if index is None:
@@ -656,9 +768,16 @@ class CompiledDrafts:
         mode = WITTEN_BELL if params.effective_mixing == "witten-bell" else BACKOFF
         escape = float(params.escape_weight or 0.0)
         ov = overlay.arrays() if overlay is not None else NO_OVERLAY
+        views = views_of(index)
+        live_index = live.compiled_index(graph.vocab_size) if live is not None else None
+        if live_index is None:  # the graph's arrays stand in, at weight 0 (never read)
+            live_data, live_setup = (index.kernel_arrays, views), (index.sep, 0, 0.0)
+        else:
+            live_data = (live_index.kernel_arrays, views_of(live_index))
+            live_setup = (live_index.sep, live_index.frequent_min, float(live.weight))
         setup = (index.sep, self.frequent_min, graph.max_order, window, mode, escape)
-        setup += (float(params.overlay_weight),)
-        head = (index.kernel_arrays, views_of(index), setup, ov, root)
+        setup += (float(params.overlay_weight), *live_setup)
+        head = ((index.kernel_arrays, views, *live_data, ov), setup, root)
         scratch = self.scratch.get()
         proposal = DraftProposal()
         if params.drafts_tree:

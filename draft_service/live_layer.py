@@ -22,13 +22,27 @@ would pass the cap).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from speculant.config import DEFAULT_LEARN_MEMORY_MB, DEFAULT_LEARN_WEIGHT
 from speculant.graph_format import KEY_DTYPE, encode_context
+from speculant.suffix_index import (
+    ENTRIES_FILE,
+    FIRST_FILE,
+    STREAM_FILE,
+    TABLE_COUNTS_FILE,
+    TABLE_IDS_FILE,
+    TABLE_RANGES_FILE,
+    TABLE_START_FILE,
+    SuffixIndex,
+    separator,
+    stream_dtype,
+)
 from speculant.types import LiveStats
 
 # Bytes of Python objects per context key (its bytes object, dict slots, the inner dict of
@@ -45,6 +59,22 @@ FROZEN_BYTES = 320
 FROZEN_PAIR_BYTES = 16
 DEFAULT_MAX_BYTES = DEFAULT_LEARN_MEMORY_MB << 20
 DEFAULT_WEIGHT = DEFAULT_LEARN_WEIGHT
+# The compiled drafts (draft_service.greedy_kernels) read a suffix index of the layer's
+# documents, built again when the layer has changed, once the last build is old enough that
+# building takes at most this share of a core: a small layer's drafts follow what it learns at
+# once, a large one's (a build of 100k tokens takes about 0.1 s) within a few seconds.
+INDEX_BUILD_SHARE = 0.05
+
+
+class LayerIndex(NamedTuple):
+    """A suffix index of the layer's documents (None: none kept), the layer's version it was
+    built from, when (time.monotonic) and in how many seconds."""
+
+    index: SuffixIndex | None
+    version: int
+    built_at: float
+    seconds: float
+
 
 Successors = tuple[tuple[int, tuple[tuple[int, int], ...]], ...]  # ((order, ((id, count),)),)
 
@@ -53,7 +83,12 @@ class LiveLayer:
     """Successor counts of learned documents, bounded by memory (see the module docstring)."""
 
     def __init__(
-        self, max_order: int, *, max_bytes: int = DEFAULT_MAX_BYTES, weight: float = DEFAULT_WEIGHT
+        self,
+        max_order: int,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        weight: float = DEFAULT_WEIGHT,
+        build_share: float = INDEX_BUILD_SHARE,
     ) -> None:
         if max_order < 1:
             raise ValueError(f"max_order must be >= 1, got {max_order}")
@@ -75,6 +110,11 @@ class LiveLayer:
         self._frozen_bytes = 0
         self._learned = 0
         self._forgotten = 0
+        self._version = 0  # changes with every document learned, forgotten or cleared
+        self.build_share = build_share  # see INDEX_BUILD_SHARE (inf: build at every change)
+        self._index: LayerIndex | None = None  # see compiled_index
+        self._index_bytes = 0
+        self._building = threading.Lock()
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -88,6 +128,7 @@ class LiveLayer:
         if len(packed) < 8:
             return 0
         with self._lock:
+            self._version += 1
             self._count(packed, +1)
             self._documents.append(packed)
             self._tokens += len(packed) >> 2
@@ -137,17 +178,13 @@ class LiveLayer:
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:
+            self._version += 1
             self._counts.clear()
             self._drop_frozen()
             self._documents.clear()
             self._tokens = self._pairs = 0
 
     # -- reading -----------------------------------------------------------------------------
-
-    @property
-    def empty(self) -> bool:
-        """Whether the layer has no counts (nothing learned, or everything forgotten)."""
-        return not self._counts
 
     def successors(self, tail: bytes) -> Successors:
         """((order, ((successor id, count), ...)), ...) for the orders whose last `order` tail
@@ -215,7 +252,35 @@ class LiveLayer:
             + KEY_BYTES * len(self._counts)
             + PAIR_BYTES * self._pairs
             + self._frozen_bytes
+            + self._index_bytes
         )
+
+    # -- the compiled drafts' index -----------------------------------------------------------
+
+    def compiled_index(self, vocab_size: int) -> SuffixIndex | None:
+        """A suffix index of the documents kept (speculant.suffix_index, what the compiled
+        drafts read; None while none is kept), built again when the layer has changed and the
+        last build is old enough (INDEX_BUILD_SHARE). While one thread builds, the others read
+        the last build. Its bytes count towards the layer's memory (estimated_bytes)."""
+        state = self._index
+        if state is not None and (
+            state.version == self._version
+            or time.monotonic() - state.built_at < state.seconds / self.build_share
+        ):
+            return state.index
+        if not self._building.acquire(blocking=state is None):
+            return state.index if state is not None else None
+        try:
+            with self._lock:
+                documents, version = list(self._documents), self._version
+            started = time.monotonic()
+            index = documents_index(documents, vocab_size) if documents else None
+            done = time.monotonic()
+            self._index = LayerIndex(index, version, done, done - started)
+            self._index_bytes = 0 if index is None else sum(a.nbytes for a in index.arrays.values())
+            return index
+        finally:
+            self._building.release()
 
     def documents(self) -> list[bytes]:
         """The learned documents kept, oldest first (packed big-endian uint32)."""
@@ -234,3 +299,57 @@ class LiveLayer:
                 learned_documents=self._learned,
                 forgotten_documents=self._forgotten,
             )
+
+
+def documents_index(documents: list[bytes], vocab_size: int) -> SuffixIndex:
+    """A suffix index of documents (packed big-endian uint32 ids), as the builder indexes a
+    corpus (builder.suffix_sort): each document followed by SEP, every position with a
+    successor in its document an entry, the ranges of at least FREQUENT_MIN entries tabled.
+    Ids outside the vocabulary are dropped with their documents' tails (the graph's ids are
+    all the drafts know). Its arrays are read-only, like a graph's."""
+    from builder.index_writer import FREQUENT_MIN
+    from builder.suffix_sort import (
+        common_prefixes,
+        first_offsets,
+        frequent_ranges,
+        range_tables,
+        sort_entries,
+    )
+
+    dtype = stream_dtype(vocab_size)
+    sep = separator(dtype)
+    pieces = []
+    for packed in documents:
+        ids = np.frombuffer(packed, dtype=KEY_DTYPE).astype(np.int64)
+        outside = np.flatnonzero(ids >= vocab_size)
+        pieces.append(ids[: outside[0]] if outside.size else ids)
+    sizes = np.array([p.size for p in pieces], dtype=np.int64)
+    stream = np.full(int(sizes.sum()) + len(pieces), sep, dtype=dtype)  # [N]
+    starts = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])
+    for piece, start in zip(pieces, starts.tolist(), strict=True):
+        stream[start : start + piece.size] = piece
+    followed = np.zeros(stream.shape[0], dtype=bool)  # a token followed in its document
+    followed[:-1] = (stream[:-1] != sep) & (stream[1:] != sep)
+    entries = sort_entries(stream, sep, np.flatnonzero(followed))
+    lcp = common_prefixes(stream, sep, entries)
+    lo, hi = frequent_ranges(lcp, FREQUENT_MIN)
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    no_weights = np.empty(0, np.uint8)
+    table_start, table_ids, table_counts = range_tables(
+        stream, entries, no_weights, lo, hi, vocab_size
+    )
+    arrays = {
+        STREAM_FILE: stream,
+        ENTRIES_FILE: entries,
+        FIRST_FILE: first_offsets(stream, entries, vocab_size),
+        TABLE_RANGES_FILE: np.stack([lo, hi], axis=1).astype(np.uint32),
+        TABLE_START_FILE: table_start.astype(np.uint64),
+        TABLE_IDS_FILE: table_ids,
+        TABLE_COUNTS_FILE: table_counts,
+    }
+    for array in arrays.values():
+        array.flags.writeable = False
+    index = SuffixIndex(arrays)
+    index.frequent_min = FREQUENT_MIN
+    return index

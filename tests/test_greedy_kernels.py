@@ -4,6 +4,7 @@ same tokens, tree shapes, matched orders, sources and path probabilities, bit fo
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,9 +34,9 @@ PARAMS = {
 }
 
 
-def python_drafter(graph: NGramGraph) -> Drafter:
+def python_drafter(graph: NGramGraph, live: LiveLayer | None = None) -> Drafter:
     """A drafter that never takes the compiled path (today's drafts)."""
-    drafter = Drafter(graph, cache_size=0)
+    drafter = Drafter(graph, cache_size=0, live=live)
     drafter.compiled = None
     return drafter
 
@@ -57,12 +58,18 @@ def graph(tinystories_graph: Path):
 
 
 @pytest.fixture(scope="module")
-def contexts(graph: NGramGraph) -> list[list[int]]:
+def stories() -> list[list[int]]:
+    """The token ids of the corpus's stories of more than 1,200 characters."""
+    text = TINYSTORIES_CORPUS.read_text(encoding="utf-8")
+    tokenizer = load_tokenizer(str(STORIES_MODEL))
+    return [tokenizer(s).input_ids for s in text.split("\n\n\n") if len(s) > 1200]
+
+
+@pytest.fixture(scope="module")
+def contexts(graph: NGramGraph, stories: list[list[int]]) -> list[list[int]]:
     """Random walks through the graph, and passages of a story (whose own repetitions the
     overlay finds), cut at several points."""
-    text = TINYSTORIES_CORPUS.read_text(encoding="utf-8")
-    story = [s for s in text.split("\n\n\n") if len(s) > 1200][3]
-    tokens = load_tokenizer(str(STORIES_MODEL))(story).input_ids
+    tokens = stories[3]
     passages = [tokens[:cut] for cut in range(5, len(tokens), max(1, len(tokens) // 25))]
     return make_contexts(graph, 60, 48, seed=7) + passages + [[], [5], [tokens[0]] * 3]
 
@@ -99,26 +106,34 @@ def test_long_context_drafts_equal_the_python_drafts(
         assert max(orders) > graph.max_order  # longest matches were drafted from
 
 
-def test_the_python_path_serves_what_the_kernels_do_not(graph: NGramGraph) -> None:
+def test_the_python_path_serves_what_the_kernels_do_not() -> None:
     assert not CompiledDrafts.serves(DraftParams(strategy="sampling").validate())
     assert not CompiledDrafts.serves(DraftParams(min_draft_prob=0.1).validate())
     assert not CompiledDrafts.serves(DraftParams(mixing="seed").validate())
-    live = LiveLayer(graph.max_order)
-    drafter = Drafter(graph, cache_size=0, live=live)
-    context = make_contexts(graph, 1, 32, seed=1)[0]
-    assert drafter._no_live()
-    live.learn(context + context)
-    assert not drafter._no_live()  # learned counts: the Python path combines them
-    with_live = drafter.propose(context, DraftParams())
-    assert fields(with_live) == fields(
-        python_drafter_with(graph, live).propose(context, DraftParams())
-    )
 
 
-def python_drafter_with(graph: NGramGraph, live: LiveLayer) -> Drafter:
-    drafter = Drafter(graph, cache_size=0, live=live)
-    drafter.compiled = None
-    return drafter
+@pytest.mark.parametrize("name", ["default tree", "chain", "no overlay", "backoff tree"])
+def test_drafts_with_a_live_layer_equal_the_python_drafts(
+    graph: NGramGraph, contexts: list[list[int]], stories: list[list[int]], name: str
+) -> None:
+    """The live layer's counts (its documents' suffix index, built again as it learns) join
+    the graph's as the Python drafters join its dictionaries: c_graph + w_live c_live; from
+    a few documents (short lists) to many (long lists read from their heads)."""
+    params = PARAMS[name]
+    live = LiveLayer(graph.max_order, build_share=math.inf)  # built at every change
+    compiled, python = Drafter(graph, cache_size=0, live=live), python_drafter(graph, live)
+    passages = [c for c in contexts if len(c) > 40]
+    for learned in [*passages[:2], stories[10:]]:
+        for document in learned if isinstance(learned[0], list) else [learned]:
+            live.learn([*document[: len(document) // 2], 5, 9, 5, 9, 5])  # odd n-grams too
+        changed = 0
+        for context in contexts:
+            got = compiled.propose(context, params)
+            assert fields(got) == fields(python.propose(context, params)), context
+            changed += (
+                got.token_ids != Drafter(graph, cache_size=0).propose(context, params).token_ids
+            )
+        assert changed  # the layer's counts moved some drafts
 
 
 def test_threads_draft_with_scratch_of_their_own(
