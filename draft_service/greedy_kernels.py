@@ -94,19 +94,20 @@ class Scratch:
         return self.stamps, self.marks, self.cells, self.listed
 
 
-class ThreadScratch:
-    """One :class:`Scratch` per thread, made on a thread's first draft."""
+_SCRATCH = threading.local()  # this thread's Scratch per (vocabulary size, orders)
 
-    def __init__(self, vocab_size: int, max_orders: int) -> None:
-        self.vocab_size = vocab_size
-        self.max_orders = max_orders
-        self._local = threading.local()
 
-    def get(self) -> tuple:
-        arrays = getattr(self._local, "arrays", None)
-        if arrays is None:
-            arrays = self._local.arrays = Scratch(self.vocab_size, self.max_orders).arrays()
-        return arrays
+def thread_scratch(vocab_size: int, max_orders: int) -> tuple:
+    """This thread's scratch arrays for a vocabulary and an order count, made on first use and
+    shared by every drafter of such graphs this thread drafts for (a step leaves nothing in
+    them that the next one reads: stamps tell old cells apart)."""
+    by_shape = getattr(_SCRATCH, "by_shape", None)
+    if by_shape is None:
+        by_shape = _SCRATCH.by_shape = {}
+    arrays = by_shape.get((vocab_size, max_orders))
+    if arrays is None:
+        arrays = by_shape[vocab_size, max_orders] = Scratch(vocab_size, max_orders).arrays()
+    return arrays
 
 
 # The arrays of an absent overlay (ContextIndex.arrays of an empty context).
@@ -736,7 +737,7 @@ class CompiledDrafts:
 
     def __init__(self, graph: NGramGraph) -> None:
         self.graph = graph
-        self.scratch = ThreadScratch(graph.vocab_size, graph.max_order + 1)
+        self.scratch_shape = (graph.vocab_size, graph.max_order + 1)
         # ranges of fewer entries are never in the index's table (0: look every range up)
         self.frequent_min = int(graph.meta.index.get("frequent_min", 0) or 0)
 
@@ -778,7 +779,7 @@ class CompiledDrafts:
         setup = (index.sep, self.frequent_min, graph.max_order, window, mode, escape)
         setup += (float(params.overlay_weight), *live_setup)
         head = ((index.kernel_arrays, views, *live_data, ov), setup, root)
-        scratch = self.scratch.get()
+        scratch = thread_scratch(*self.scratch_shape)
         proposal = DraftProposal()
         if params.drafts_tree:
             size = params.tree_nodes
