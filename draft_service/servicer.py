@@ -200,7 +200,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             response = (
                 draft_pb2.ProposeResponse(graph_id=proposal.graph_id)
                 if count and request.next_round_only
-                else proposal_to_pb(proposal)
+                else proposal_to_pb(proposal, params.strategy == "greedy")
             )
             drafts: list[NextRoundDraft] = []
             if count:
@@ -237,10 +237,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
                     proposal = drafter.propose(request.context_token_ids, params, seed=seed)
                     if not count:
                         self._served(request, proposal, 0)
-                        yield proposal_to_pb(proposal)
+                        yield proposal_to_pb(proposal, params.strategy == "greedy")
                         continue
                     if not request.next_round_only:
-                        yield proposal_to_pb(proposal)
+                        yield proposal_to_pb(proposal, params.strategy == "greedy")
                     # Prepared after the draft went out, while the client verifies it.
                     drafts = drafter.next_round_drafts(
                         request.context_token_ids, proposal.token_ids, params, next_seed, count

@@ -124,10 +124,11 @@ def _fill_draft(
         message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
 
 
-def proposal_to_pb(proposal: DraftProposal) -> draft_pb2.ProposeResponse:
-    """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders)."""
+def proposal_to_pb(proposal: DraftProposal, greedy: bool = False) -> draft_pb2.ProposeResponse:
+    """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders);
+    greedy drafts without their q's (point masses at their tokens, see draft.proto)."""
     response = draft_pb2.ProposeResponse()
-    _fill_draft(response, proposal)
+    _fill_draft(response, proposal, with_distributions=not greedy)
     return response
 
 

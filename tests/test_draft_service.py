@@ -83,8 +83,8 @@ def test_propose_greedy_backoff(stub) -> None:
     )
     assert list(response.draft_token_ids) == [2, 3, 9]
     assert list(response.matched_orders) == [1, 2, 3]
-    assert [list(d.token_ids) for d in response.distributions] == [[2], [3], [9]]
-    assert [list(d.probs) for d in response.distributions] == [[1.0]] * 3
+    assert not response.distributions  # greedy: point masses at the tokens, not sent
+    assert list(response.draft_path_probs) == pytest.approx([0.75, 0.75, 0.75])  # 3 of 4, then sure
 
 
 def test_propose_defaults_are_greedy_with_mixing(stub) -> None:
@@ -220,7 +220,7 @@ def test_grpcurl_list_describe_and_propose(server: DraftServer) -> None:
     body = json.loads(called.stdout)
     assert body["draft_token_ids"] == [2, 3, 9]
     assert body["matched_orders"] == [1, 2, 3]
-    assert body["distributions"][0] == {"token_ids": [2], "probs": [1]}
+    assert "distributions" not in body  # greedy drafts: point masses, not sent
 
     health = grpcurl("-plaintext", address, "grpc.health.v1.Health/Check")
     assert json.loads(health.stdout) == {"status": "SERVING"}
