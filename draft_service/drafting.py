@@ -22,18 +22,15 @@ Terms:
   distribution it was drawn from; ``sampling`` draws from q with a numpy Generator and reports q.
 - *running probability* of draft token d_i: q(d_1) * ... * q(d_i), with q the mixed distribution
   (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
-  estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
-  before position i (i >= 2) when q(d_1) * ... * q(d_{i-1}) * max q_i is below it (*adaptive
-  length*): for ``greedy`` that is d_i's running probability; for ``sampling`` it is decided
-  before d_i is drawn, so that d_i is a plain draw from the q it reports (exactness).
+  estimate that the draft survives to position i.
 - *outcome* of verifying a draft d_1..d_k: the verifier accepts d_1..d_j, then emits one token t
   (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
   drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
   draft call after verification when the outcome is one of them.
-- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, no min_draft_prob)
-  the draft is a tree of up to tree_nodes tokens, at most k deep, grown best-first by path
-  probability q(t_1) * ... * q(t_d) under the mixed q. ``greedy``: each node offers its
-  TREE_WIDTH likeliest successors (each q a point mass); the greedy chain is its first branch.
+- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0) the draft is a tree of up to
+  tree_nodes tokens, at most k deep, grown best-first by path probability q(t_1) * ... * q(t_d)
+  under the mixed q. ``greedy``: each node offers its TREE_WIDTH likeliest successors (each q a
+  point mass); the greedy chain is its first branch.
   ``sampling``: each node's children are TREE_WIDTH draws from its q *without replacement*
   (fewer where q has fewer tokens or the budget ends; how many is fixed before drawing), child
   i reporting q_i = q without the earlier children, renormalised: what the verifier's recursive

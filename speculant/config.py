@@ -96,13 +96,10 @@ class DraftConfig(BaseSettings):
     ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o`` and
     q = sum_o softmax(score/mix_temperature)_o * P_o) or "backoff" (the highest matching order
     alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says.
-    ``min_draft_prob`` (0 = off) ends a draft before the first position i where
-    q(d_1)*...*q(d_{i-1})*max q_i falls below it (for greedy drafts: d_i's running probability);
-    the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
-    ``tree_nodes`` (default 12; 0 = a chain of k) drafts a tree of up to that many tokens, k
-    levels deep, unless min_draft_prob is set (see draft_service.drafting).
+    ``tree_nodes`` (default 64; 0 = a chain of k) drafts a tree of up to that many tokens, k
+    levels deep (see draft_service.drafting).
     ``adaptive_k`` (default off) lets the coordinator set each round's draft length from the
     request's acceptance history, between 1 and k (see gateway.rounds.adaptive_k).
     ``draft_size`` "cost" (default) sizes each round's draft by the verifier's cost profile, k
@@ -125,7 +122,6 @@ class DraftConfig(BaseSettings):
     entropy_penalty: float = Field(0.5, ge=0.0, le=MAX_MIXING_WEIGHT)
     mixing: MixingName = "witten-bell"
     escape_weight: float = Field(8.0, gt=0.0, le=MAX_MIXING_WEIGHT)
-    min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
     overlay_weight: float = Field(DEFAULT_OVERLAY_WEIGHT, ge=0.0, le=MAX_MIXING_WEIGHT)
     tree_nodes: int = Field(DEFAULT_TREE_NODES, ge=0, le=MAX_DRAFT_K)
     adaptive_k: bool = False

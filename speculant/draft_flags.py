@@ -42,10 +42,6 @@ _FLAGS: dict[str, tuple[str, dict[str, object]]] = {
         "overlay_weight",
         {"type": float, "help": "weight of the request's own context n-grams (0 = off)"},
     ),
-    "--min-draft-prob": (
-        "min_draft_prob",
-        {"type": float, "help": "end a draft where its running probability falls below this"},
-    ),
     "--draft-size": (
         "draft_size",
         {

@@ -40,7 +40,7 @@ def test_a_full_acceptance_grows_up_to_k_max() -> None:
 
 
 def test_a_short_draft_fully_accepted_keeps_k() -> None:
-    """The drafter stopped early (dead end, min_draft_prob): k was not the limit."""
+    """The drafter stopped early (a dead end): k was not the limit."""
     assert next_draft_length(6, drafted=2, accepted=2, k_max=8) == 6
     assert next_draft_length(6, drafted=0, accepted=0, k_max=8) == 6  # an empty draft
 

@@ -1,7 +1,7 @@
 """Adaptive draft length: each round's k from the request's acceptance history.
 
 Terms: a round asks the drafter for up to k tokens (the *current* length), the drafter returns
-``drafted`` <= k of them (a draft ends early at a dead end or at min_draft_prob), and the
+``drafted`` <= k of them (a draft ends early at a dead end), and the
 verifier keeps the first ``accepted`` of them. Drafted tokens after the first rejection are
 *wasted*: the verifier paid for them and threw them away. The rule (additive increase,
 multiplicative decrease, in the spirit of TCP's congestion window):

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes", "request_id", "graph", "tenant", "graph_id")
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes", "request_id", "graph", "tenant", "graph_id")
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -19,7 +19,6 @@ class ProposeRequest(_message.Message):
     ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MIXING_FIELD_NUMBER: _ClassVar[int]
-    MIN_DRAFT_PROB_FIELD_NUMBER: _ClassVar[int]
     ESCAPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     OVERLAY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROUND_DRAFTS_FIELD_NUMBER: _ClassVar[int]
@@ -40,7 +39,6 @@ class ProposeRequest(_message.Message):
     entropy_penalty: float
     seed: int
     mixing: str
-    min_draft_prob: float
     escape_weight: float
     overlay_weight: float
     next_round_drafts: int
@@ -51,7 +49,7 @@ class ProposeRequest(_message.Message):
     graph: str
     tenant: str
     graph_id: str
-    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ..., graph: _Optional[str] = ..., tenant: _Optional[str] = ..., graph_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ..., graph: _Optional[str] = ..., tenant: _Optional[str] = ..., graph_id: _Optional[str] = ...) -> None: ...
 
 class NextRoundDraft(_message.Message):
     __slots__ = ("accepted_count", "next_token_id", "draft_token_ids", "distributions", "matched_orders", "draft_sources", "draft_path_probs")
