@@ -146,13 +146,6 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         f"{DEFAULT_OVERLAY_WEIGHT:g}, DraftConfig's)",
     )
     p.add_argument(
-        "--adaptive-k",
-        dest="adaptive_ks",
-        type=_csv(_on_off),
-        default=(False,),
-        help="adaptive draft length: off, on, or off,on to compare side by side (default off)",
-    )
-    p.add_argument(
         "--draft-size",
         dest="draft_sizes",
         type=_csv(_draft_size),

@@ -297,7 +297,6 @@ class ServiceStack:
                 strategy=strategy,
                 attentive_mix=variant.mix,
                 tree_nodes=variant.tree_nodes,
-                adaptive_k=variant.adaptive_k,
                 overlay_weight=variant.overlay_weight,
                 draft_size=variant.draft_size,
             ),

@@ -60,8 +60,6 @@ class BenchSettings:
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
     # context overlay weights (0 = off), embedded and services; default: DraftConfig's
     overlay_weights: tuple[float, ...] = (DEFAULT_OVERLAY_WEIGHT,)
-    # adaptive draft length off / on (see gateway.rounds.adaptive_k), embedded and services
-    adaptive_ks: tuple[bool, ...] = (False,)
     # draft sizes "cost" / "fixed" (see gateway.rounds.draft_sizing) and the cost profiles sizing
     # uses ("measured", "flat" or a file), embedded and services
     draft_sizes: tuple[str, ...] = (DEFAULT_DRAFT_SIZE,)
@@ -92,7 +90,6 @@ class Variant:
     mix: bool | None = None
     next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
     tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
-    adaptive_k: bool = False  # draft length from the acceptance history
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
     graph: str = ""  # "" = settings.graph, else one of settings.compare_graphs
     learn: bool = False  # drafts from a live layer warmed up on other prompts
@@ -110,8 +107,6 @@ class Variant:
             name += f" tree={self.tree_nodes}"
         if self.overlay_weight != DEFAULT_OVERLAY_WEIGHT:
             name += f" ov={self.overlay_weight:g}"
-        if self.adaptive_k:
-            name += " adaptive"
         if self.draft_size != DEFAULT_DRAFT_SIZE:
             name += f" {self.draft_size}"
         elif self.verify_cost != DEFAULT_VERIFY_COST:
@@ -172,14 +167,13 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                     mix,
                     next_round_drafts=prep,
                     tree_nodes=tree,
-                    adaptive_k=adaptive,
                     overlay_weight=overlay,
                     graph=graph,
                     learn=learn,
                     draft_size=size,
                     verify_cost=cost,
                 )
-                for graph, learn, (size, cost), k, mix, tree, overlay, prep, adaptive in (
+                for graph, learn, (size, cost), k, mix, tree, overlay, prep in (
                     itertools.product(
                         ("", *settings.compare_graphs),
                         settings.learns,
@@ -189,7 +183,6 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                         settings.tree_nodes,
                         settings.overlay_weights,
                         preps,
-                        settings.adaptive_ks,
                     )
                 )
             )

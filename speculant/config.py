@@ -100,8 +100,6 @@ class DraftConfig(BaseSettings):
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
     ``tree_nodes`` (default 64; 0 = a chain of k) drafts a tree of up to that many tokens, k
     levels deep (see draft_service.drafting).
-    ``adaptive_k`` (default off) lets the coordinator set each round's draft length from the
-    request's acceptance history, between 1 and k (see gateway.rounds.adaptive_k).
     ``draft_size`` "cost" (default) sizes each round's draft by the verifier's cost profile, k
     and tree_nodes being limits, and verifies the best-first part that pays (possibly none:
     a plain decoding step); "fixed" verifies every drafted token (see gateway.rounds.draft_sizing).
@@ -124,7 +122,6 @@ class DraftConfig(BaseSettings):
     escape_weight: float = Field(8.0, gt=0.0, le=MAX_MIXING_WEIGHT)
     overlay_weight: float = Field(DEFAULT_OVERLAY_WEIGHT, ge=0.0, le=MAX_MIXING_WEIGHT)
     tree_nodes: int = Field(DEFAULT_TREE_NODES, ge=0, le=MAX_DRAFT_K)
-    adaptive_k: bool = False
     draft_size: Literal["cost", "fixed"] = "cost"
 
 

@@ -72,14 +72,6 @@ def add_draft_default_arguments(
             flag, dest=f"draft_{name}", default=None, **{**options, "help": help_text}
         )
     group.add_argument(
-        "--adaptive-k",
-        dest="draft_adaptive_k",
-        action="store_const",
-        const=True,
-        default=None,
-        help="adapt each round's draft length to the request's acceptance history",
-    )
-    group.add_argument(
         "--no-attentive-mix",
         dest="draft_attentive_mix",
         action="store_const",
@@ -89,7 +81,7 @@ def add_draft_default_arguments(
     )
 
 
-_NAMES = [name for name, _ in _FLAGS.values()] + ["adaptive_k", "attentive_mix"]
+_NAMES = [name for name, _ in _FLAGS.values()] + ["attentive_mix"]
 
 
 def given_draft_defaults(args: argparse.Namespace) -> dict[str, object]:
@@ -122,8 +114,6 @@ def draft_default_argv(args: argparse.Namespace) -> list[str]:
     for flag, (name, _) in _FLAGS.items():
         if name in given:
             argv += [flag, str(given[name])]
-    if given.get("adaptive_k"):
-        argv.append("--adaptive-k")
     if given.get("attentive_mix") is False:
         argv.append("--no-attentive-mix")
     return argv

@@ -56,8 +56,6 @@ class DraftParams:
     mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
     ``tree_nodes`` (0..64; 0 = a chain) drafts a tree of up to that many tokens when
     :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
-    ``adaptive_k`` (a gateway-side choice): the coordinator adapts each round's draft length to
-    the request's acceptance history, between 1 and k (see :mod:`gateway.rounds.adaptive_k`).
     ``draft_size`` (a gateway-side choice): "cost" sizes each round's draft by the verifier's
     cost profile, with k and tree_nodes as limits, and verifies its best-first part that pays
     (possibly none); "fixed" verifies every drafted token (see :mod:`gateway.rounds.draft_sizing`).
@@ -77,13 +75,11 @@ class DraftParams:
     escape_weight: float | None = None
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT
     tree_nodes: int = DEFAULT_TREE_NODES
-    adaptive_k: bool = False
     draft_size: DraftSizeName = "cost"
 
     @property
     def drafts_tree(self) -> bool:
-        """Whether drafts are trees: tree_nodes > 0 (adaptive_k sets a tree's depth; the
-        overlay applies to both)."""
+        """Whether drafts are trees: tree_nodes > 0 (the overlay applies to chains and trees)."""
         return self.tree_nodes > 0
 
     @property

@@ -47,9 +47,8 @@ def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
 
 
 # The drafting fields DraftOptions and ProposeRequest carry under DraftParams' names (strategy,
-# an enum, apart); adaptive_k and draft_size are the gateway's choices, not sent to the draft
-# service.
-GATEWAY_SIDE_FIELDS = ("adaptive_k", "draft_size")
+# an enum, apart); draft_size is the gateway's choice, not sent to the draft service.
+GATEWAY_SIDE_FIELDS = ("draft_size",)
 _OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
 _PROPOSE_FIELDS = tuple(name for name in _OPTION_FIELDS if name not in GATEWAY_SIDE_FIELDS)
 

@@ -65,6 +65,11 @@ Check = Callable[[], tuple[int, dict | None]]
             {"prompt": PROMPT, "speculant": {"min_draft_prob": 0.1}},
             "speculant.min_draft_prob",
         ),
+        (
+            "completions",
+            {"prompt": PROMPT, "speculant": {"adaptive_k": True}},
+            "speculant.adaptive_k",
+        ),
         ("completions", {"prompt": ["a", 5]}, "prompt[1]"),
         ("completions", {"prompt": []}, "prompt"),
         ("completions", {"prompt": [1, -4]}, "prompt[1]"),

@@ -12,8 +12,7 @@ With ``draft.draft_size`` "cost" (the default) each round's draft is sized by th
 cost profile and calibrated acceptance (:mod:`gateway.rounds.draft_sizing`): the drafter is asked
 for a budget of nodes, and only the best-first part of its draft that pays is verified (possibly
 nothing: then the round is a plain decoding step). With "fixed" every drafted token is
-verified. With ``draft.adaptive_k`` the draft length follows the request's acceptance
-(:mod:`gateway.rounds.adaptive_k`). A constrained request's drafts know its grammar
+verified. A constrained request's drafts know its grammar
 (:mod:`gateway.rounds.constrained`). Drafts are only an optimisation: if the drafter fails, the
 round goes on with an empty draft and the output is unchanged.
 """
@@ -36,7 +35,6 @@ from gateway.interfaces import (
     PreparingDraftSource,
     TargetVerifier,
 )
-from gateway.rounds.adaptive_k import next_draft_length
 from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
@@ -80,7 +78,6 @@ class _Run:
     stats: GenerationStats
     output: OutputBuffer
     sizer: RequestSizer | None
-    draft_length: int  # with draft.adaptive_k: set round by round
     constrained: ConstrainedDrafts | None  # with a constraint: its drafting
     drafter: DraftSource  # this request's (bound to its graph and tenant by the engine)
     learner: GenerationLearner | None  # gets the finished generation
@@ -179,7 +176,6 @@ class Coordinator:
                 self.tokenizer, request, self.eos_token_ids, self.max_context_length
             ),
             sizer=self._sizer(request.draft, graph),
-            draft_length=request.draft.k,
             constrained=self._constrained(request),  # compiled before any verifier work
             drafter=drafter or self.drafter,
             learner=learner or self.learner,
@@ -223,7 +219,7 @@ class Coordinator:
         depth = run.output.remaining - 1  # draft positions that can still be emitted
         forced = run.constrained.forced(depth) if run.constrained is not None else ([], [])
         certain = forced[0]  # tokens the target emits for certain: the drafter goes on after them
-        k = min(run.draft_length, depth - len(certain))
+        k = min(request.draft.k, depth - len(certain))
         params = request.draft
         if sizer is not None:  # this round's budget (None: no draft)
             planned = clock.timed("sizer", sizer.plan, params, k)
@@ -265,7 +261,7 @@ class Coordinator:
         run.prepared = {(d.accepted_count, d.next_token): d.proposal for d in prepared}
         stats.draft_seconds += draft_s
         stats.verify_seconds += verify_s
-        start = self._take(run, proposal, result, k)
+        start = self._take(run, proposal, result)
         if sizer is not None:
             timings = (draft_s, verify_s, time.perf_counter() - round_started)
             observed = drafted if k > 0 else None  # None: the drafter was not asked
@@ -291,10 +287,10 @@ class Coordinator:
             raise
         return result, time.perf_counter() - t0
 
-    def _take(self, run: _Run, proposal: DraftProposal, result: VerifyResult, k: int) -> int:
+    def _take(self, run: _Run, proposal: DraftProposal, result: VerifyResult) -> int:
         """Count the round and take its tokens into the output and context; returns the
         context length the draft continued."""
-        stats, request = run.stats, run.request
+        stats = run.stats
         run.outcome = (result.accepted_count, result.token_ids[-1])
         positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
         stats.record_round(
@@ -303,10 +299,6 @@ class Coordinator:
             proposal.accepted_sources(result),
             positions,
         )
-        if request.draft.adaptive_k and k > 0:
-            run.draft_length = next_draft_length(
-                k, positions, result.accepted_count, request.draft.k
-            )
         before, start = len(run.output.token_ids), len(run.context)
         run.output.add(result.token_ids, result.logprobs)
         run.context.extend(run.output.token_ids[before:])
