@@ -32,7 +32,6 @@ from bench.settings import (
 )
 from gateway.launch.cli import add_sampling_arguments
 from gateway.launch.cli_options import check_verify_cost, sampling_options
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
 from speculant.draft_params import DRAFT_SIZES
 from speculant.errors import SpeculantError
 from speculant.prompt_records import PromptRecord, PromptsError
@@ -122,13 +121,6 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--device", choices=["cpu", "auto", "cuda"], default="cpu", help="where the model runs"
-    )
-    p.add_argument(
-        "--next-round-drafts",
-        type=_csv(int),
-        default=(DEFAULT_NEXT_ROUND_DRAFTS,),
-        help="services: the gateway's --next-round-drafts; several (e.g. 0,12) run one gateway "
-        f"each, side by side (default {DEFAULT_NEXT_ROUND_DRAFTS})",
     )
     p.add_argument(
         "--tree-nodes",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
+from speculant.config import DraftConfig
 from speculant.prompt_records import PromptRecord, PromptsError
 from speculant.prompt_records import load_prompts as load_prompt_records
 
@@ -54,8 +54,6 @@ class BenchSettings:
     torch_threads: int = 1
     device: str = "cpu"
     startup_timeout_s: float = 300.0
-    # services only: one gateway per value (see serve-gateway --next-round-drafts)
-    next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
     # draft tree sizes (0 = chain), embedded and services; default: DraftConfig's
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
     # context overlay weights (0 = off), embedded and services; default: DraftConfig's
@@ -88,7 +86,6 @@ class Variant:
     system: str
     k: int | None = None
     mix: bool | None = None
-    next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
     tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
     graph: str = ""  # "" = settings.graph, else one of settings.compare_graphs
@@ -111,8 +108,6 @@ class Variant:
             name += f" {self.draft_size}"
         elif self.verify_cost != DEFAULT_VERIFY_COST:
             name += f" cost={Path(self.verify_cost).name}"
-        if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
-            name += f" prep={self.next_round_drafts}"
         if self.graph:
             name += f" graph={Path(self.graph).name}"
         if self.learn:
@@ -125,10 +120,9 @@ class Variant:
         return self.graph, self.learn
 
     @property
-    def gateway_key(self) -> tuple[str, bool, int, str]:
-        """The services variants one gateway serves: its draft tier, --next-round-drafts and
-        --verify-cost."""
-        return (*self.draft_tier, self.next_round_drafts or 0, self.verify_cost)
+    def gateway_key(self) -> tuple[str, bool, str]:
+        """The services variants one gateway serves: its draft tier and --verify-cost."""
+        return (*self.draft_tier, self.verify_cost)
 
 
 @dataclass
@@ -154,7 +148,6 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
         elif system == "hf-lookup":
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
         else:  # embedded, services: one row per draft shape (and gateway, for services)
-            preps = settings.next_round_drafts if system == "services" else (None,)
             sizes = [
                 (size, cost)
                 for size in settings.draft_sizes
@@ -165,7 +158,6 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                     system,
                     k,
                     mix,
-                    next_round_drafts=prep,
                     tree_nodes=tree,
                     overlay_weight=overlay,
                     graph=graph,
@@ -173,7 +165,7 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                     draft_size=size,
                     verify_cost=cost,
                 )
-                for graph, learn, (size, cost), k, mix, tree, overlay, prep in (
+                for graph, learn, (size, cost), k, mix, tree, overlay in (
                     itertools.product(
                         ("", *settings.compare_graphs),
                         settings.learns,
@@ -182,7 +174,6 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                         settings.mixes,
                         settings.tree_nodes,
                         settings.overlay_weights,
-                        preps,
                     )
                 )
             )

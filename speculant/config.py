@@ -41,13 +41,6 @@ DEFAULT_OVERLAY_WEIGHT = 64.0
 # overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
 MAX_MIXING_WEIGHT = 1e6
 MIN_MIX_TEMPERATURE = 1e-6
-# Drafts the draft service prepares each round for the likeliest outcomes of the verification,
-# while the verifier runs (the gateway's --next-round-drafts; see gateway.rounds.coordinator). On
-# the tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
-# on a 2-core host the extra drafting competes with the verifier and the gateway for CPU and
-# costs more than the waits it saves, pinned or not (see docs/benchmarks.md), so it
-# is off by default; it can only pay where the draft service has spare CPU (not measured).
-DEFAULT_NEXT_ROUND_DRAFTS = 0
 # How often the draft service looks for a newly published graph (draft_service.reload), and how
 # often the gateway resolves dns:NAME:PORT draft replicas again (gateway.backends.draft_client), in
 # seconds.
