@@ -89,9 +89,6 @@ def register(
         help="mixing mode",
     )
     bench.add_argument(
-        "--min-draft-prob", type=float, default=0.0, help="adaptive draft length (0 = off)"
-    )
-    bench.add_argument(
         "--context-len", type=int, default=32, help="maximum context length in tokens"
     )
     _add_workers(bench)

@@ -58,7 +58,6 @@ class BenchOptions:
     strategy: str = "greedy"
     attentive_mix: bool = True
     mixing: str = "witten-bell"
-    min_draft_prob: float = 0.0
     tree_nodes: int = DEFAULT_TREE_NODES  # 0 = chains of k
     context_len: int = 32
     workers: int = 8
@@ -296,7 +295,6 @@ def run_bench(options: BenchOptions) -> dict:
         strategy=options.strategy,
         attentive_mix=options.attentive_mix,
         mixing=options.mixing,
-        min_draft_prob=options.min_draft_prob,
         tree_nodes=options.tree_nodes,
     ).validate()
     graph = NGramGraph.open(options.graph)
@@ -317,7 +315,7 @@ def run_bench(options: BenchOptions) -> dict:
         graph.close()
     label = (
         f"in-process Propose (k={params.k}, {params.strategy}, mixing={params.effective_mixing}"
-        f", min_draft_prob={params.min_draft_prob:g}, tree_nodes={params.tree_nodes}"
+        f", tree_nodes={params.tree_nodes}"
     )
     measured = (("no cache", in_process), ("step cache on", cached), ("Python path", python))
     for name, figures in measured:

@@ -32,7 +32,6 @@ from bench.settings import (
 )
 from gateway.launch.cli import add_sampling_arguments
 from gateway.launch.cli_options import check_verify_cost, sampling_options
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS
 from speculant.draft_params import DRAFT_SIZES
 from speculant.errors import SpeculantError
 from speculant.prompt_records import PromptRecord, PromptsError
@@ -131,13 +130,6 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "CPU)",
     )
     p.add_argument(
-        "--next-round-drafts",
-        type=_csv(int),
-        default=(DEFAULT_NEXT_ROUND_DRAFTS,),
-        help="services: the gateway's --next-round-drafts; several (e.g. 0,12) run one gateway "
-        f"each, side by side (default {DEFAULT_NEXT_ROUND_DRAFTS})",
-    )
-    p.add_argument(
         "--tree-nodes",
         type=_csv(int),
         default=(DEFAULT_TREE_NODES,),
@@ -151,13 +143,6 @@ def register_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         default=(DEFAULT_OVERLAY_WEIGHT,),
         help="context overlay weights to compare, e.g. 0,4 (0 = off; default "
         f"{DEFAULT_OVERLAY_WEIGHT:g}, DraftConfig's)",
-    )
-    p.add_argument(
-        "--adaptive-k",
-        dest="adaptive_ks",
-        type=_csv(_on_off),
-        default=(False,),
-        help="adaptive draft length: off, on, or off,on to compare side by side (default off)",
     )
     p.add_argument(
         "--draft-size",

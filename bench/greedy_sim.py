@@ -32,7 +32,6 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from draft_service.drafting import Drafter
-from gateway.rounds.adaptive_k import next_draft_length
 from gateway.rounds.draft_sizing import SizingModel
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
@@ -100,7 +99,7 @@ def simulate(
     sizing: SizingModel | None = None,
 ) -> SimResult:
     """The rounds the coordinator takes for trace at temperature 0 with these greedy drafts,
-    chains or trees (params.adaptive_k included); window: the context tokens the drafter sees
+    chains or trees; window: the context tokens the drafter sees
     (the graph's max order; the whole context with an overlay). sizing: replay draft_size
     "cost" with this model's cost profile (see the module docstring); None: every drafted token
     is verified."""
@@ -122,9 +121,8 @@ def simulate(
         return result  # the first token was EOS
     done = 1
     context = list(trace.prompt_ids) + emitted[:1]
-    length = params.k
     while done < total and done < limit:
-        k = min(length, limit - done - 1)
+        k = min(params.k, limit - done - 1)
         ask = params
         if sizer is not None:  # this round's budget (None: no draft)
             planned = sizer.plan(params, k)
@@ -142,9 +140,6 @@ def simulate(
         if sizer is not None:
             assert sizing is not None
             _observe(sizer, sizing.profile, drafted, k, proposal, path, start, context)
-        if params.adaptive_k and k > 0:
-            positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
-            length = next_draft_length(k, positions, accepted, params.k)
     if sizer is not None:
         sizer.finish()
     result.tokens = min(done, len(emitted))

@@ -243,7 +243,6 @@ class InProcessSystems:
             strategy=self.settings.strategy,
             attentive_mix=bool(variant.mix),
             tree_nodes=variant.tree_nodes,
-            adaptive_k=variant.adaptive_k,
             overlay_weight=variant.overlay_weight,
             draft_size=variant.draft_size,
         )

@@ -1,15 +1,14 @@
-"""Measure mixing modes and adaptive draft lengths end to end (embedded, against HF generate).
+"""Measure mixing modes end to end (embedded, against HF generate).
 
     python -m bench.mixing --graph G --model M [--k 8]
-        [--mixing seed,backoff,witten-bell] [--escape-weight 1,8] [--min-draft-prob 0,0.1]
+        [--mixing seed,backoff,witten-bell] [--escape-weight 1,8]
         [--overlay-weight 0,1,4] [--tree-nodes 0,12]
         [--limit N] [--json OUT]
 
 Every prompt runs through Hugging Face ``generate`` (the baseline) and through one embedded
-coordinator per variant (mixing x escape_weight (witten-bell only) x min_draft_prob x
-overlay_weight x tree_nodes, each with
-its own Drafter so that step caches are not shared), in an order rotated prompt by prompt, after
-a warm-up prompt. The figures are
+coordinator per variant (mixing x escape_weight (witten-bell only) x overlay_weight x
+tree_nodes, each with its own Drafter so that step caches are not shared), in an order rotated
+prompt by prompt, after a warm-up prompt. The figures are
 those of ``speculant bench generate`` (:mod:`bench.generate`, whose helpers this reuses):
 
 - tau = generated tokens / verifier forwards (prefill included); ``tau`` is the total ratio;
@@ -44,11 +43,10 @@ from speculant.draft_params import DraftParams
 
 @dataclass(frozen=True)
 class MixVariant:
-    """One embedded row: k, mixing mode, escape weight and adaptive-length threshold."""
+    """One embedded row: k, mixing mode, escape weight, overlay weight and tree size."""
 
     k: int
     mixing: str
-    min_draft_prob: float
     escape_weight: float = 1.0
     overlay_weight: float = 0.0
     tree_nodes: int = DEFAULT_TREE_NODES
@@ -60,14 +58,13 @@ class MixVariant:
             mode = f"wb b={self.escape_weight:g}"
         overlay = f" ov={self.overlay_weight:g}" if self.overlay_weight else ""
         tree = f" tree={self.tree_nodes}" if self.params().drafts_tree else ""
-        return f"k={self.k} {mode} p>={self.min_draft_prob:g}{overlay}{tree}"
+        return f"k={self.k} {mode}{overlay}{tree}"
 
     def params(self) -> DraftParams:
         return DraftParams(
             k=self.k,
             mixing=self.mixing,
             escape_weight=self.escape_weight,
-            min_draft_prob=self.min_draft_prob,
             overlay_weight=self.overlay_weight,
             tree_nodes=self.tree_nodes,
         ).validate()
@@ -173,7 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", default=str(default_prompts_path()))
     p.add_argument("--k", type=_csv(int), default=[8])
     p.add_argument("--mixing", type=_csv(str), default=list(MIXING_MODES))
-    p.add_argument("--min-draft-prob", type=_csv(float), default=[0.0])
     p.add_argument("--escape-weight", type=_csv(float), default=[1.0], help="witten-bell only")
     p.add_argument(
         "--overlay-weight", type=_csv(float), default=[0.0], help="context overlay (0 = off)"
@@ -199,16 +195,15 @@ def main(argv: list[str] | None = None) -> int:
         systems=("hf", "embedded"),
     )
     variants = [
-        MixVariant(k, mixing, threshold, weight, overlay, tree)
+        MixVariant(k, mixing, weight, overlay, tree)
         for k in args.k
         for mixing in args.mixing
         for weight in (args.escape_weight if mixing == "witten-bell" else [1.0])
-        for threshold in args.min_draft_prob
         for overlay in args.overlay_weight
         for tree in args.tree_nodes
     ]
     for variant in variants:
-        variant.params()  # fail fast on a bad mode or threshold
+        variant.params()  # fail fast on a bad mode
     result = run(settings, variants)
     print(format_table(result["summary"]))
     if args.json:

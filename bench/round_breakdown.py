@@ -55,7 +55,7 @@ def services_overhead(
     names = {v.name for v in variants}
     out: dict[str, dict[str, Any]] = {}
     for variant in variants:
-        twin = replace(variant, system="embedded", next_round_drafts=None).name
+        twin = replace(variant, system="embedded").name
         if variant.system != "services" or twin not in names:
             continue
         served, embedded = (

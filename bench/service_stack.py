@@ -44,7 +44,7 @@ class ServiceStack:
     """The services as child processes on free localhost ports; stop() ends them all.
 
     "bench" mode: one verifier; per draft tier (graph, learn) one draft service; per tier and
-    --next-round-drafts value one gateway that measures (it reports nothing to the draft tier,
+    --verify-cost profile one gateway that measures (it reports nothing to the draft tier,
     so no measured prompt ever drafts from another variant's output of itself). A learning tier
     also gets a warm-up gateway that reports its generations (see warm_up_learning).
     "up" / "serve" mode: the one stack `speculant up` (or the serve-* commands) starts with
@@ -55,8 +55,8 @@ class ServiceStack:
         self.log_dir = log_dir
         self.children: list[ServiceProcess] = []
         self.channels: list[Any] = []
-        # Variant.gateway_key (graph, learn, prep, verify cost) -> its gateway's stub
-        self.stubs: dict[tuple[str, bool, int, str], Any] = {}
+        # Variant.gateway_key (graph, learn, verify cost) -> its gateway's stub
+        self.stubs: dict[tuple[str, bool, str], Any] = {}
         self.drafts: dict[tuple[str, bool], ServiceProcess] = {}
         self.verifier: ServiceProcess | None = None
         self.notes: list[str] = []  # what `up` chose for this host (services_as "up")
@@ -124,7 +124,7 @@ class ServiceStack:
                 self._wait_ready(by_name["draft"])
                 self._wait_ready(by_name["verifier"])
         self._wait_ready(by_name["gateway"])
-        self.stubs[("", False, 0, "measured")] = self._gateway_stub(by_name["gateway"].address)
+        self.stubs[("", False, "measured")] = self._gateway_stub(by_name["gateway"].address)
 
     def _wait_ready(self, child: ServiceProcess) -> None:
         from speculant.health import wait_until_serving
@@ -158,10 +158,9 @@ class ServiceStack:
         return [*args, "--learn-log", str(self.log_dir / f"learned-{index}.jsonl")]
 
     @staticmethod
-    def _tier_name(kind: str, tier: tuple[str, bool], prep: int | None = None) -> str:
+    def _tier_name(kind: str, tier: tuple[str, bool]) -> str:
         graph, learn = tier
-        name = kind + (f" graph={Path(graph).name}" if graph else "") + (" learn" if learn else "")
-        return name + (f" prep={prep}" if prep is not None else "")
+        return kind + (f" graph={Path(graph).name}" if graph else "") + (" learn" if learn else "")
 
     def start(self) -> None:
         s = self.settings
@@ -184,28 +183,26 @@ class ServiceStack:
         for child in [*self.drafts.values(), self.verifier]:
             self._pin(child)
         for tier, draft in self.drafts.items():
-            for prep in s.next_round_drafts:
-                for verify_cost in s.verify_costs:
-                    several = len(s.next_round_drafts) > 1
-                    name = self._tier_name("gateway", tier, prep if several else None)
-                    if len(s.verify_costs) > 1:
-                        name += f" cost={Path(verify_cost).name}"
-                    extra = ["--no-learn", "--verify-cost", verify_cost]
-                    self.stubs[(*tier, prep, verify_cost)] = self._gateway(name, draft, extra, prep)
+            for verify_cost in s.verify_costs:
+                name = self._tier_name("gateway", tier)
+                if len(s.verify_costs) > 1:
+                    name += f" cost={Path(verify_cost).name}"
+                extra = ["--no-learn", "--verify-cost", verify_cost]
+                self.stubs[(*tier, verify_cost)] = self._gateway(name, draft, extra)
 
     def _pin(self, child: ServiceProcess) -> None:
         if self._split is not None:
             cores = self._split.model if child is self.verifier else self._split.other
             pin_process(child.process.pid, cores)
 
-    def _gateway(self, name: str, draft: ServiceProcess, extra: list[str], prep: int) -> Any:
+    def _gateway(self, name: str, draft: ServiceProcess, extra: list[str]) -> Any:
         """Start a gateway on draft and the verifier; its stub."""
         assert self.verifier is not None
         gateway = self._spawn(
             name,
             [
                 *("serve-gateway", "--draft", draft.address, "--verifier", self.verifier.address),
-                *("--next-round-drafts", str(prep), *extra),
+                *extra,
             ],
         )
         self._wait_ready(gateway)
@@ -227,7 +224,7 @@ class ServiceStack:
         from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc, gateway_pb2
 
         draft = self.drafts[tier]
-        stub = self._gateway(self._tier_name("gateway warm-up", tier), draft, [], 0)
+        stub = self._gateway(self._tier_name("gateway warm-up", tier), draft, [])
         for i, prompt in enumerate(prompts):
             request = gateway_pb2.GenerateRequest(
                 prompt=prompt,
@@ -299,7 +296,6 @@ class ServiceStack:
                 strategy=strategy,
                 attentive_mix=variant.mix,
                 tree_nodes=variant.tree_nodes,
-                adaptive_k=variant.adaptive_k,
                 overlay_weight=variant.overlay_weight,
                 draft_size=variant.draft_size,
             ),

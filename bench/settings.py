@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from speculant.config import DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
+from speculant.config import DraftConfig
 from speculant.prompt_records import PromptRecord, PromptsError
 from speculant.prompt_records import load_prompts as load_prompt_records
 
@@ -55,14 +55,10 @@ class BenchSettings:
     device: str = "cpu"
     dtype: str = "auto"  # the verifier's weights (auto: the checkpoint's on a GPU, else float32)
     startup_timeout_s: float = 300.0
-    # services only: one gateway per value (see serve-gateway --next-round-drafts)
-    next_round_drafts: tuple[int, ...] = (DEFAULT_NEXT_ROUND_DRAFTS,)
     # draft tree sizes (0 = chain), embedded and services; default: DraftConfig's
     tree_nodes: tuple[int, ...] = (DEFAULT_TREE_NODES,)
     # context overlay weights (0 = off), embedded and services; default: DraftConfig's
     overlay_weights: tuple[float, ...] = (DEFAULT_OVERLAY_WEIGHT,)
-    # adaptive draft length off / on (see gateway.rounds.adaptive_k), embedded and services
-    adaptive_ks: tuple[bool, ...] = (False,)
     # draft sizes "cost" / "fixed" (see gateway.rounds.draft_sizing) and the cost profiles sizing
     # uses ("measured", "flat" or a file), embedded and services
     draft_sizes: tuple[str, ...] = (DEFAULT_DRAFT_SIZE,)
@@ -91,9 +87,7 @@ class Variant:
     system: str
     k: int | None = None
     mix: bool | None = None
-    next_round_drafts: int | None = None  # services: the gateway's --next-round-drafts
     tree_nodes: int = DEFAULT_TREE_NODES  # draft tree size (0 = a chain)
-    adaptive_k: bool = False  # draft length from the acceptance history
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT  # context overlay (0 = off)
     graph: str = ""  # "" = settings.graph, else one of settings.compare_graphs
     learn: bool = False  # drafts from a live layer warmed up on other prompts
@@ -111,14 +105,10 @@ class Variant:
             name += f" tree={self.tree_nodes}"
         if self.overlay_weight != DEFAULT_OVERLAY_WEIGHT:
             name += f" ov={self.overlay_weight:g}"
-        if self.adaptive_k:
-            name += " adaptive"
         if self.draft_size != DEFAULT_DRAFT_SIZE:
             name += f" {self.draft_size}"
         elif self.verify_cost != DEFAULT_VERIFY_COST:
             name += f" cost={Path(self.verify_cost).name}"
-        if self.next_round_drafts not in (None, DEFAULT_NEXT_ROUND_DRAFTS):
-            name += f" prep={self.next_round_drafts}"
         if self.graph:
             name += f" graph={Path(self.graph).name}"
         if self.learn:
@@ -131,10 +121,9 @@ class Variant:
         return self.graph, self.learn
 
     @property
-    def gateway_key(self) -> tuple[str, bool, int, str]:
-        """The services variants one gateway serves: its draft tier, --next-round-drafts and
-        --verify-cost."""
-        return (*self.draft_tier, self.next_round_drafts or 0, self.verify_cost)
+    def gateway_key(self) -> tuple[str, bool, str]:
+        """The services variants one gateway serves: its draft tier and --verify-cost."""
+        return (*self.draft_tier, self.verify_cost)
 
 
 @dataclass
@@ -160,7 +149,6 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
         elif system == "hf-lookup":
             rows.append(Variant("hf-lookup", k=max(settings.ks)))
         else:  # embedded, services: one row per draft shape (and gateway, for services)
-            preps = settings.next_round_drafts if system == "services" else (None,)
             sizes = [
                 (size, cost)
                 for size in settings.draft_sizes
@@ -171,16 +159,14 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                     system,
                     k,
                     mix,
-                    next_round_drafts=prep,
                     tree_nodes=tree,
-                    adaptive_k=adaptive,
                     overlay_weight=overlay,
                     graph=graph,
                     learn=learn,
                     draft_size=size,
                     verify_cost=cost,
                 )
-                for graph, learn, (size, cost), k, mix, tree, overlay, prep, adaptive in (
+                for graph, learn, (size, cost), k, mix, tree, overlay in (
                     itertools.product(
                         ("", *settings.compare_graphs),
                         settings.learns,
@@ -189,8 +175,6 @@ def variants_for(settings: BenchSettings) -> list[Variant]:
                         settings.mixes,
                         settings.tree_nodes,
                         settings.overlay_weights,
-                        preps,
-                        settings.adaptive_ks,
                     )
                 )
             )

@@ -79,7 +79,6 @@ def per_prompt_values(records: list[RunRecord], reference: list[RunRecord] | Non
             "accepted_from_graph",
             "accepted_from_overlay",
             "accepted_from_both",
-            "prepared_drafts_used",
             "wasted_draft_tokens",
             "accepted_from_grammar",
         ):

@@ -3,9 +3,6 @@
 At each position: the successor counts after the tail (:mod:`draft_service.successors`), mixed
 into q; ``greedy`` drafts argmax q and reports a point mass (the distribution it was drawn
 from), ``sampling`` draws from q and reports q. A dead end (no order matches) ends the draft.
-*Adaptive length* (min_draft_prob > 0): the draft ends before position i (i >= 2) when the
-running probability q(d_1) * ... * q(d_{i-1}) * max q_i falls below min_draft_prob (see
-:func:`too_unlikely` for why sampled drafts decide it before drawing).
 """
 
 from __future__ import annotations
@@ -49,13 +46,12 @@ class ChainDrafter:
         cache = self.cache.entries if greedy and self.cache.enabled else None
         remember = self.cache.remember
         key_of_mix = mix_key(params)
-        min_prob = params.min_draft_prob
         running = 1.0  # q(d_1) * ... * q(d_i) so far
         for _ in range(params.k):
             found = overlay_successors(overlay, tail)
             learned, signature = successors.learned(tail)
             if not greedy:
-                drawn = self.sampled_step(tail, params, found, learned, running, proposal, rng)
+                drawn = self.sampled_step(tail, params, found, learned, rng)
                 if drawn is None:
                     break
                 token, dist, prob, order, source = drawn
@@ -80,8 +76,6 @@ class ChainDrafter:
                 if order == 0:
                     break  # dead end: a partial (possibly empty) draft
                 dist, source = point_mass(token), "graph"
-            if greedy and running * prob < min_prob and proposal.token_ids:
-                break  # adaptive length: d_i is too unlikely to survive verification
             running *= prob
             proposal.token_ids.append(token)
             proposal.distributions.append(dist)
@@ -97,31 +91,17 @@ class ChainDrafter:
         params: DraftParams,
         found: tuple,
         learned: tuple,
-        running: float,
-        proposal: DraftProposal,
         rng: np.random.Generator,
     ) -> tuple[int, SparseDistribution, float, int, str] | None:
         """One sampled draft after tail: (token, q, q(token), matched order, source), or None
-        where the draft ends (a dead end, or too unlikely: see :func:`too_unlikely`)."""
+        at a dead end."""
         successors = self.successors
         orders, ids_list, counts_list, source_of = successors.counts(tail, params, found, learned)
         if not orders:
             return None
         ids, q = successors.mixer.mix(orders, ids_list, counts_list, params)
-        if too_unlikely(running, q, params.min_draft_prob, proposal):
-            return None
         token, dist, prob = sample(ids, q, rng)
         return token, dist, prob, orders[0], source_of(token)
-
-
-def too_unlikely(running: float, q: np.ndarray, min_prob: float, proposal: DraftProposal) -> bool:
-    """Adaptive length for a sampled draft: whether the draft ends before the next position,
-    decided *before* sampling it, from the running probability so far and max q (the
-    likeliest token's chance), never from the token drawn. So the token drafted at a position
-    is always a plain draw from the q it reports: cutting the draft after a draw (when the
-    drawn token's q is small) would make it a draw from q restricted to its likelier tokens,
-    and the verifier, correcting against q, would no longer sample the target distribution."""
-    return bool(proposal.token_ids) and running * float(q.max()) < min_prob
 
 
 def sample(

@@ -2,8 +2,7 @@
 
 :class:`Drafter` is the facade: it checks a request, resolves its parameters and hands it to
 the chain (:mod:`draft_service.chain`) or tree (:mod:`draft_service.tree`) drafter, which read
-successor counts (:mod:`draft_service.successors`) and keep steps (:mod:`draft_service.step_cache`);
-:mod:`draft_service.next_round` picks the outcomes to prepare next-round drafts for.
+successor counts (:mod:`draft_service.successors`) and keep steps (:mod:`draft_service.step_cache`).
 
 Terms:
 - *backoff*: at each draft position, look up the last n tokens of the context for
@@ -22,18 +21,11 @@ Terms:
   distribution it was drawn from; ``sampling`` draws from q with a numpy Generator and reports q.
 - *running probability* of draft token d_i: q(d_1) * ... * q(d_i), with q the mixed distribution
   (for ``greedy`` the mass of argmax q before it is reported as a point mass): the drafter's own
-  estimate that the draft survives to position i. With ``min_draft_prob`` > 0 the draft ends
-  before position i (i >= 2) when q(d_1) * ... * q(d_{i-1}) * max q_i is below it (*adaptive
-  length*): for ``greedy`` that is d_i's running probability; for ``sampling`` it is decided
-  before d_i is drawn, so that d_i is a plain draw from the q it reports (exactness).
-- *outcome* of verifying a draft d_1..d_k: the verifier accepts d_1..d_j, then emits one token t
-  (a correction t != d_{j+1}, or the bonus token when j = k). ``next_round_drafts`` prepares the
-  drafts of the likeliest outcomes while the verifier runs, so a gateway need not wait for a
-  draft call after verification when the outcome is one of them.
-- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0, no min_draft_prob)
-  the draft is a tree of up to tree_nodes tokens, at most k deep, grown best-first by path
-  probability q(t_1) * ... * q(t_d) under the mixed q. ``greedy``: each node offers its
-  TREE_WIDTH likeliest successors (each q a point mass); the greedy chain is its first branch.
+  estimate that the draft survives to position i.
+- *draft tree*: with ``params.drafts_tree`` (tree_nodes > 0) the draft is a tree of up to
+  tree_nodes tokens, at most k deep, grown best-first by path probability q(t_1) * ... * q(t_d)
+  under the mixed q. ``greedy``: each node offers its TREE_WIDTH likeliest successors (each q a
+  point mass); the greedy chain is its first branch.
   ``sampling``: each node's children are TREE_WIDTH draws from its q *without replacement*
   (fewer where q has fewer tokens or the budget ends; how many is fixed before drawing), child
   i reporting q_i = q without the earlier children, renormalised: what the verifier's recursive
@@ -62,7 +54,6 @@ from draft_service.chain import ChainDrafter
 from draft_service.greedy_kernels import CompiledDrafts
 from draft_service.live_layer import LiveLayer
 from draft_service.mixing import Mixer
-from draft_service.next_round import likeliest_outcomes
 from draft_service.overlay import ContextIndexCache
 from draft_service.step_cache import DEFAULT_CACHE_SIZE, StepCache
 from draft_service.successors import Successors
@@ -71,7 +62,7 @@ from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import encode_context, tail_key
 from speculant.graph_reader import NGramGraph
-from speculant.types import DraftProposal, NextRoundDraft, SparseDistribution
+from speculant.types import DraftProposal, SparseDistribution
 
 
 class Drafter:
@@ -180,28 +171,6 @@ class Drafter:
         finally:
             if overlay is not None:  # it may serve this request's next round
                 self._overlays.checkin(overlay)
-
-    def next_round_drafts(
-        self,
-        context_ids: Sequence[int],
-        draft: Sequence[int],
-        params: DraftParams,
-        seed: int | None,
-        limit: int,
-    ) -> list[NextRoundDraft]:
-        """Drafts for the `limit` likeliest outcomes of verifying `draft` after context_ids,
-        likeliest first (:func:`draft_service.next_round.likeliest_outcomes`).
-
-        Each draft is ``propose(context_ids + d_1..d_j + [t], params, seed)``: exactly what a
-        call made after verification returns, so using one never changes the output.
-        """
-        params = self._checked(context_ids, params, seed)  # once, not once per outcome
-        context = [int(t) for t in context_ids]
-        draft = [int(t) for t in draft]
-        return [
-            NextRoundDraft(j, token, self._propose(context + draft[:j] + [token], params, seed))
-            for j, token in likeliest_outcomes(self.graph, context, draft, limit)
-        ]
 
     def next_distribution(
         self, context_ids: Sequence[int], params: DraftParams

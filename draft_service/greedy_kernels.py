@@ -744,12 +744,8 @@ class CompiledDrafts:
     @staticmethod
     def serves(params: DraftParams) -> bool:
         """Whether the kernels draft these (resolved) params: greedy, witten-bell or backoff
-        mixing, no min_draft_prob."""
-        return (
-            params.strategy == "greedy"
-            and params.min_draft_prob == 0
-            and params.effective_mixing in ("witten-bell", "backoff")
-        )
+        mixing."""
+        return params.strategy == "greedy" and params.effective_mixing in ("witten-bell", "backoff")
 
     def propose(
         self,

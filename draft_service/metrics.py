@@ -3,7 +3,6 @@
 - ``speculant_draft_proposals_total``: drafts proposed (one per Propose request, or per
   ProposeStream message);
 - ``speculant_draft_tokens_total``: draft tokens in them;
-- ``speculant_draft_next_round_drafts_total``: next-round drafts prepared;
 - ``speculant_draft_learned_tokens_total``: tokens of reported generations learned (Learn);
 - ``speculant_draft_live_layer_bytes``: the live layer's estimated memory;
 - ``speculant_draft_graph_readers``: threads that have read the graphs (a format 1 graph keeps
@@ -38,11 +37,6 @@ class DraftMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.proposals = Counter("speculant_draft_proposals", "Drafts proposed", registry=registry)
         self.tokens = Counter("speculant_draft_tokens", "Draft tokens proposed", registry=registry)
-        self.next_round_drafts = Counter(
-            "speculant_draft_next_round_drafts",
-            "Next-round drafts prepared while the client verifies",
-            registry=registry,
-        )
         self.learned_tokens = Counter(
             "speculant_draft_learned_tokens",
             "Tokens of reported generations learned into the live layer",
@@ -68,11 +62,9 @@ class DraftMetrics:
         """Report each graph's resident bytes, bytes and tokens at every scrape."""
         self.registry.register(_GraphCollector(statuses))
 
-    def observe(self, draft_tokens: int, next_round_drafts: int = 0) -> None:
+    def observe(self, draft_tokens: int) -> None:
         self.proposals.inc()
         self.tokens.inc(draft_tokens)
-        if next_round_drafts:
-            self.next_round_drafts.inc(next_round_drafts)
 
     def observe_learned(self, tokens: int, live_bytes: int) -> None:
         self.learned_tokens.inc(tokens)

@@ -32,20 +32,17 @@ from speculant.graph_catalog import NO_GRAPH, CatalogFile, GraphSpec, graph_name
 from speculant.graph_reader import NGramGraph, folder_bytes
 from speculant.grpc_server import CallLimit, map_errors, map_stream_errors
 from speculant.request_context import clean_request_id, request_id_scope
-from speculant.types import DraftProposal, NextRoundDraft
+from speculant.types import DraftProposal
 from speculant.v1 import admin_pb2, admin_pb2_grpc, draft_pb2, draft_pb2_grpc
 from speculant.wire import (
     draft_params_from_pb,
     graph_status_to_pb,
     live_stats_to_pb,
-    next_round_to_pb,
     proposal_to_pb,
 )
 
 # The service's logger (not this module's name): its lines are filtered on it.
 log = logging.getLogger("draft_service.server")
-
-MAX_NEXT_ROUND_DRAFTS = 64
 
 
 def check_context_length(request: draft_pb2.ProposeRequest, limit: int) -> None:
@@ -88,22 +85,12 @@ def graph_info_to_pb(graph: NGramGraph, name: str = "") -> draft_pb2.GetGraphInf
     )
 
 
-def next_round_request(request: draft_pb2.ProposeRequest) -> tuple[int, int | None]:
-    """(how many next-round drafts to prepare, their seed) from a ProposeRequest."""
-    count = request.next_round_drafts if request.HasField("next_round_drafts") else 0
-    if not 0 <= count <= MAX_NEXT_ROUND_DRAFTS:
-        raise InvalidArgumentError(
-            "next_round_drafts", f"must be in 0..{MAX_NEXT_ROUND_DRAFTS}, got {count}"
-        )
-    return count, request.next_round_seed if request.HasField("next_round_seed") else None
-
-
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     """Answers Propose and GetGraphInfo from the catalog's graphs; UNAVAILABLE until they are
     open.
 
     A graph may be replaced while serving (hot reload, AddGraph): each Propose call, each
-    request on a ProposeStream (its draft and its next-round drafts) and each GetGraphInfo call
+    request on a ProposeStream and each GetGraphInfo call
     is answered wholly from one graph: the build its request pins (graph_id) while that
     lingers, else the one its name serves when it arrives. Each proposal is logged (DEBUG)
     under the request id it names (ProposeRequest.request_id, else the call's).
@@ -168,20 +155,17 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             raise UnavailableError(STILL_OPENING)
         loaded.drafter = drafter
 
-    def _served(
-        self, request: draft_pb2.ProposeRequest, proposal: DraftProposal, next_round: int
-    ) -> None:
+    def _served(self, request: draft_pb2.ProposeRequest, proposal: DraftProposal) -> None:
         """Log and count one proposal (DEBUG: one line per round)."""
         log.debug(
-            "proposed %d draft tokens for %d context tokens (graph %s, k=%s, %d next-round drafts)",
+            "proposed %d draft tokens for %d context tokens (graph %s, k=%s)",
             len(proposal.token_ids),
             len(request.context_token_ids),
             request.graph or "default",
             request.k if request.HasField("k") else "default",
-            next_round,
         )
         if self.metrics is not None:
-            self.metrics.observe(len(proposal.token_ids), next_round)
+            self.metrics.observe(len(proposal.token_ids))
 
     def _use(self, request: draft_pb2.ProposeRequest):
         """The (loaded graph, drafter) the request drafts with (see GraphCatalog.use)."""
@@ -195,31 +179,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             _, drafter = used
             check_context_length(request, self.max_context_tokens)
             params, seed = draft_params_from_pb(request, self.defaults)
-            count, next_seed = next_round_request(request)
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-            response = (
-                draft_pb2.ProposeResponse(graph_id=proposal.graph_id)
-                if count and request.next_round_only
-                else proposal_to_pb(proposal, params.strategy == "greedy")
-            )
-            drafts: list[NextRoundDraft] = []
-            if count:
-                drafts = drafter.next_round_drafts(
-                    request.context_token_ids, proposal.token_ids, params, next_seed, count
-                )
-                response.MergeFrom(next_round_to_pb(drafts, params.strategy == "greedy"))
-            self._served(request, proposal, len(drafts))
-            return response
+            self._served(request, proposal)
+            return proposal_to_pb(proposal, params.strategy == "greedy")
 
     @map_stream_errors
     def ProposeStream(
         self, requests: Iterator[draft_pb2.ProposeRequest], context: grpc.ServicerContext
     ) -> Iterator[draft_pb2.ProposeResponse]:
-        """Propose for each request on the stream, in order (a bad request ends the stream).
-
-        A request with next_round_drafts gets its draft first, then a second response with the
-        prepared drafts, computed while the client is busy verifying the first.
-        """
+        """Propose for each request on the stream, in order (a bad request ends the stream)."""
         if self.catalog.current(self.catalog.default_name) is None:
             raise UnavailableError(STILL_OPENING)
         with self.streams.hold():
@@ -232,21 +200,10 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
             with request_id_scope(clean_request_id(request.request_id)):
                 check_context_length(request, self.max_context_tokens)
                 params, seed = draft_params_from_pb(request, self.defaults)
-                count, next_seed = next_round_request(request)
                 with self._use(request) as (_, drafter):
                     proposal = drafter.propose(request.context_token_ids, params, seed=seed)
-                    if not count:
-                        self._served(request, proposal, 0)
-                        yield proposal_to_pb(proposal, params.strategy == "greedy")
-                        continue
-                    if not request.next_round_only:
-                        yield proposal_to_pb(proposal, params.strategy == "greedy")
-                    # Prepared after the draft went out, while the client verifies it.
-                    drafts = drafter.next_round_drafts(
-                        request.context_token_ids, proposal.token_ids, params, next_seed, count
-                    )
-                    self._served(request, proposal, len(drafts))
-                    yield next_round_to_pb(drafts, params.strategy == "greedy")
+                    self._served(request, proposal)
+                    yield proposal_to_pb(proposal, params.strategy == "greedy")
 
     @map_errors
     def GetGraphInfo(

@@ -70,8 +70,8 @@ class Successors:
         """(argmax q, matched order, q(argmax)) after tail from the graph alone; DEAD_END where
         no order matches.
 
-        with_prob=False may leave q(argmax) NaN (not needed without min_draft_prob: saves a
-        numpy sum per backoff step); such a cached step is recomputed when it is needed.
+        with_prob=False may leave q(argmax) NaN (for a caller that needs no path probabilities:
+        saves a numpy sum per backoff step); such a cached step is recomputed when it is needed.
         """
         mode = params.effective_mixing
         match = self.graph.match

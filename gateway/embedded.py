@@ -186,7 +186,6 @@ class SpeculativeDecoder:
             tier,
             LocalBackendVerifier(self.verifier),
             draft_defaults=self.draft_config,
-            next_round_drafts=0,  # nothing drafts while this process verifies
             learner=tier if learn else None,
             # "measured": the verifier's own profile, refreshed as it verifies
             verify_cost=self.verifier.cost_profile if verify_cost == "measured" else verify_cost,

@@ -42,7 +42,6 @@ from gateway.metrics import GatewayMetrics
 from gateway.request_defaults import SLACK, PromptLimits, RequestDefaults, max_token_chars
 from gateway.rounds.coordinator import Coordinator
 from speculant.config import (
-    DEFAULT_NEXT_ROUND_DRAFTS,
     MAX_DRAFT_CONTEXT,
     DraftConfig,
     GenerationConfig,
@@ -101,7 +100,6 @@ class GenerationEngine:
         draft_defaults: DraftConfig | None = None,
         generation_defaults: GenerationConfig | None = None,
         max_concurrent: int = 64,
-        next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
         metrics: GatewayMetrics | None = None,
         learner: TierLearner | None = None,
         verify_cost: str | CostProfile = "measured",
@@ -112,8 +110,7 @@ class GenerationEngine:
         """tokenizer_name: the prompts' tokenizer (default: the verifier's, by its name).
         draft_defaults, generation_defaults: for the fields a request leaves unset.
         max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
-        next_round_drafts: drafts the draft service prepares for the next round while the
-        verifier runs (see Coordinator; 0 = off). metrics: count generations in it.
+        metrics: count generations in it.
         learner: gets every finished generation with its graph and tenant
         (gateway.backends.draft_client.LearnReporter; None: the draft tier learns nothing from
         this gateway). verify_cost: the cost profile
@@ -123,8 +120,6 @@ class GenerationEngine:
         log_generations: log one line per finished generation (a server's access log).
         chat_template: the chat template (Jinja text) every chat request is rendered with
         (None: the tokenizer's; see gateway.request_defaults)."""
-        if next_round_drafts < 0:
-            raise ValueError(f"next_round_drafts must be >= 0, got {next_round_drafts}")
         self.drafter = drafter
         self.verifier = verifier
         self.tokenizer_name = tokenizer_name
@@ -134,7 +129,6 @@ class GenerationEngine:
             chat_template,
         )
         self.max_concurrent = max_concurrent
-        self.next_round_drafts = next_round_drafts
         self.metrics = metrics
         self.learner = learner
         self.verify_cost = verify_cost
@@ -321,7 +315,6 @@ class GenerationEngine:
             draft_context_window=(
                 _context_window(graph, self._graph_names) if graph is not None else 1
             ),
-            next_round_drafts=self.next_round_drafts if graph is not None else 0,
             learner=learner,
             verify_cost=(
                 self.verify_cost

@@ -149,7 +149,6 @@ class GenerationStats:
     accepted_from_overlay: int = 0
     accepted_from_both: int = 0
     accepted_from_grammar: int = 0  # drafts the constraint forced (gateway.rounds.constrained)
-    prepared_drafts_used: int = 0  # rounds whose draft was prepared during the last verify
     unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.rounds.draft_sizing)
     rounds_without_draft: int = 0  # Verify rounds with no draft token (plain decoding steps)
     # each Verify round's seconds by part (gateway.rounds.round_times)
@@ -231,7 +230,6 @@ class GenerationStats:
             "accepted_from_overlay": self.accepted_from_overlay,
             "accepted_from_both": self.accepted_from_both,
             "accepted_from_grammar": self.accepted_from_grammar,
-            "prepared_drafts_used": self.prepared_drafts_used,
             "wasted_draft_tokens": self.wasted_draft_tokens,
             "unverified_draft_tokens": self.unverified_draft_tokens,
             "rounds_without_draft": self.rounds_without_draft,

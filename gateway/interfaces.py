@@ -1,8 +1,7 @@
 """The interfaces (Protocols) the coordinator and the gateway drive.
 
-Two carry a round: a drafter (DraftSource, with DraftCall and PreparingDraftSource for drafts
-prepared while the verifier runs) and a verifier (TargetVerifier). Each has an in-process
-implementation (embedded mode: draft_service.drafting.Drafter and
+Two carry a round: a drafter (DraftSource) and a verifier (TargetVerifier). Each has an
+in-process implementation (embedded mode: draft_service.drafting.Drafter and
 verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.backends.draft_client,
 gateway.backends.verifier_client), so the same round logic runs in one process or across services.
 The engine (gateway.engine) drives them as a draft tier and a verifier it can check
@@ -14,7 +13,7 @@ TierLearner / GenerationLearner are what learn from finished generations.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from speculant.draft_params import DraftParams
 from speculant.sampling_controls import SessionOptions
@@ -22,7 +21,6 @@ from speculant.types import (
     DraftProposal,
     DraftTarget,
     ModelInfo,
-    NextRoundDraft,
     SparseDistribution,
     VerifyResult,
 )
@@ -34,42 +32,6 @@ class DraftSource(Protocol):
     def propose(
         self, context_ids: Sequence[int], params: DraftParams, seed: int | None = None
     ) -> DraftProposal: ...
-
-
-class DraftCall(Protocol):
-    """A draft request in flight: its draft, then the next round's drafts that the drafter
-    prepared meanwhile (see draft_service.drafting, *outcome*)."""
-
-    def proposal(self) -> DraftProposal:
-        """Wait for the draft (raises like DraftSource.propose)."""
-        ...
-
-    def next_round(self) -> list[NextRoundDraft]:
-        """Wait for the prepared next-round drafts; [] when there are none (never raises)."""
-        ...
-
-    def discard(self) -> None:
-        """Give up on the call (e.g. the verifier failed): free what it holds."""
-        ...
-
-
-@runtime_checkable
-class PreparingDraftSource(DraftSource, Protocol):
-    """A drafter that prepares the next round's drafts while this round's draft is verified
-    (a draft service: the work runs in its process while the verifier runs in another)."""
-
-    def start(
-        self,
-        context_ids: Sequence[int],
-        params: DraftParams,
-        seed: int | None,
-        next_round_drafts: int,
-        next_round_seed: int | None,
-        draft_known: bool = False,
-    ) -> DraftCall:
-        """Send the request and return at once. draft_known: the caller already holds this
-        round's draft (prepared in the last round) and wants only the next round's drafts."""
-        ...
 
 
 class TargetVerifier(Protocol):
@@ -120,9 +82,9 @@ class RequestDrafter(DraftSource, Protocol):
 
 
 class RemoteDraftTier(DraftSource, Protocol):
-    """A draft tier as the engine drives it: the draft services (gateway.backends.draft_client,
-    which can also prepare next-round drafts) or the graph catalog in this process
-    (gateway.embedded). Its own propose drafts from the default graph for the default tenant."""
+    """A draft tier as the engine drives it: the draft services (gateway.backends.draft_client)
+    or the graph catalog in this process (gateway.embedded). Its own propose drafts from the
+    default graph for the default tenant."""
 
     def graph_info(self, timeout_s: float = 5.0, graph: str = "") -> DraftTierGraph:
         """A graph's meta (empty: the default graph) from the first replica that answers

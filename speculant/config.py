@@ -41,13 +41,6 @@ DEFAULT_OVERLAY_WEIGHT = 64.0
 # overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
 MAX_MIXING_WEIGHT = 1e6
 MIN_MIX_TEMPERATURE = 1e-6
-# Drafts the draft service prepares each round for the likeliest outcomes of the verification,
-# while the verifier runs (the gateway's --next-round-drafts; see gateway.rounds.coordinator). On
-# the tinystories dev prompts the outcome is one of the 4 / 12 likeliest in 27% / 43% of rounds, but
-# on a 2-core host the extra drafting competes with the verifier and the gateway for CPU and
-# costs more than the waits it saves, pinned or not (see docs/benchmarks.md), so it
-# is off by default; it can only pay where the draft service has spare CPU (not measured).
-DEFAULT_NEXT_ROUND_DRAFTS = 0
 # How often the draft service looks for a newly published graph (draft_service.reload), and how
 # often the gateway resolves dns:NAME:PORT draft replicas again (gateway.backends.draft_client), in
 # seconds.
@@ -96,15 +89,10 @@ class DraftConfig(BaseSettings):
     ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o`` and
     q = sum_o softmax(score/mix_temperature)_o * P_o) or "backoff" (the highest matching order
     alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says.
-    ``min_draft_prob`` (0 = off) ends a draft before the first position i where
-    q(d_1)*...*q(d_{i-1})*max q_i falls below it (for greedy drafts: d_i's running probability);
-    the first token is always drafted.
     ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
     tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
-    ``tree_nodes`` (default 12; 0 = a chain of k) drafts a tree of up to that many tokens, k
-    levels deep, unless min_draft_prob is set (see draft_service.drafting).
-    ``adaptive_k`` (default off) lets the coordinator set each round's draft length from the
-    request's acceptance history, between 1 and k (see gateway.rounds.adaptive_k).
+    ``tree_nodes`` (default 64; 0 = a chain of k) drafts a tree of up to that many tokens, k
+    levels deep (see draft_service.drafting).
     ``draft_size`` "cost" (default) sizes each round's draft by the verifier's cost profile, k
     and tree_nodes being limits, and verifies the best-first part that pays (possibly none:
     a plain decoding step); "fixed" verifies every drafted token (see gateway.rounds.draft_sizing).
@@ -125,10 +113,8 @@ class DraftConfig(BaseSettings):
     entropy_penalty: float = Field(0.5, ge=0.0, le=MAX_MIXING_WEIGHT)
     mixing: MixingName = "witten-bell"
     escape_weight: float = Field(8.0, gt=0.0, le=MAX_MIXING_WEIGHT)
-    min_draft_prob: float = Field(0.0, ge=0.0, le=1.0)
     overlay_weight: float = Field(DEFAULT_OVERLAY_WEIGHT, ge=0.0, le=MAX_MIXING_WEIGHT)
     tree_nodes: int = Field(DEFAULT_TREE_NODES, ge=0, le=MAX_DRAFT_K)
-    adaptive_k: bool = False
     draft_size: Literal["cost", "fixed"] = "cost"
 
 

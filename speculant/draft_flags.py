@@ -42,10 +42,6 @@ _FLAGS: dict[str, tuple[str, dict[str, object]]] = {
         "overlay_weight",
         {"type": float, "help": "weight of the request's own context n-grams (0 = off)"},
     ),
-    "--min-draft-prob": (
-        "min_draft_prob",
-        {"type": float, "help": "end a draft where its running probability falls below this"},
-    ),
     "--draft-size": (
         "draft_size",
         {
@@ -76,14 +72,6 @@ def add_draft_default_arguments(
             flag, dest=f"draft_{name}", default=None, **{**options, "help": help_text}
         )
     group.add_argument(
-        "--adaptive-k",
-        dest="draft_adaptive_k",
-        action="store_const",
-        const=True,
-        default=None,
-        help="adapt each round's draft length to the request's acceptance history",
-    )
-    group.add_argument(
         "--no-attentive-mix",
         dest="draft_attentive_mix",
         action="store_const",
@@ -93,7 +81,7 @@ def add_draft_default_arguments(
     )
 
 
-_NAMES = [name for name, _ in _FLAGS.values()] + ["adaptive_k", "attentive_mix"]
+_NAMES = [name for name, _ in _FLAGS.values()] + ["attentive_mix"]
 
 
 def given_draft_defaults(args: argparse.Namespace) -> dict[str, object]:
@@ -126,8 +114,6 @@ def draft_default_argv(args: argparse.Namespace) -> list[str]:
     for flag, (name, _) in _FLAGS.items():
         if name in given:
             argv += [flag, str(given[name])]
-    if given.get("adaptive_k"):
-        argv.append("--adaptive-k")
     if given.get("attentive_mix") is False:
         argv.append("--no-attentive-mix")
     return argv

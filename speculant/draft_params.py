@@ -51,16 +51,11 @@ class DraftParams:
     ``mixing`` ("seed", "backoff", "witten-bell") picks how the matching orders are combined into
     q; ``attentive_mix=False`` forces "backoff" (see :attr:`effective_mixing`). ``escape_weight``
     (> 0, 1 = classic) scales the mass each order lends to the lower ones under "witten-bell".
-    ``min_draft_prob`` in [0, 1] (0 = off) stops a draft before the first position i whose best
-    running probability q(d_1)*...*q(d_{i-1})*max q_i is below it (the first token is always
-    drafted; decided before d_i is drawn, so sampled drafts stay exact).
     ``overlay_weight`` (finite, >= 0; 0 = off) adds the request's own context as a second source:
     at every order o the successor counts become c_graph,o + overlay_weight * c_context,o before
     mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
     ``tree_nodes`` (0..64; 0 = a chain) drafts a tree of up to that many tokens when
     :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
-    ``adaptive_k`` (a gateway-side choice): the coordinator adapts each round's draft length to
-    the request's acceptance history, between 1 and k (see :mod:`gateway.rounds.adaptive_k`).
     ``draft_size`` (a gateway-side choice): "cost" sizes each round's draft by the verifier's
     cost profile, with k and tree_nodes as limits, and verifies its best-first part that pays
     (possibly none); "fixed" verifies every drafted token (see :mod:`gateway.rounds.draft_sizing`).
@@ -78,17 +73,14 @@ class DraftParams:
     entropy_penalty: float | None = None
     mixing: MixingName | None = None
     escape_weight: float | None = None
-    min_draft_prob: float = 0.0
     overlay_weight: float = DEFAULT_OVERLAY_WEIGHT
     tree_nodes: int = DEFAULT_TREE_NODES
-    adaptive_k: bool = False
     draft_size: DraftSizeName = "cost"
 
     @property
     def drafts_tree(self) -> bool:
-        """Whether drafts are trees: tree_nodes > 0 and no min_draft_prob (drafts cut by
-        min_draft_prob are chains; adaptive_k sets a tree's depth; the overlay applies to both)."""
-        return self.tree_nodes > 0 and self.min_draft_prob == 0
+        """Whether drafts are trees: tree_nodes > 0 (the overlay applies to chains and trees)."""
+        return self.tree_nodes > 0
 
     @property
     def effective_mixing(self) -> str:
@@ -155,10 +147,6 @@ class DraftParams:
         if self.mixing is not None and self.mixing not in MIXING_MODES:
             raise InvalidArgumentError(
                 "mixing", f"must be one of {', '.join(MIXING_MODES)}, got {self.mixing!r}"
-            )
-        if not 0.0 <= self.min_draft_prob <= 1.0:  # NaN fails too
-            raise InvalidArgumentError(
-                "min_draft_prob", f"must be a number in [0, 1], got {self.min_draft_prob}"
             )
         if not 0 <= self.overlay_weight <= top:
             raise InvalidArgumentError(

@@ -116,18 +116,6 @@ class DraftProposal:
 
 
 @dataclass
-class NextRoundDraft:
-    """A draft prepared for one *outcome* of verifying the current round's draft d_1..d_k: the
-    verifier accepts d_1..d_j (j = accepted_count) and then emits next_token (a correction, or
-    the bonus token when j = k). `proposal` is exactly what the drafter proposes for the context
-    that outcome leads to, so using it changes nothing but the time spent waiting for it."""
-
-    accepted_count: int
-    next_token: int
-    proposal: DraftProposal
-
-
-@dataclass
 class VerifyResult:
     """Outcome of one verification: accepted_count drafts kept, then one corrected/bonus token."""
 

@@ -6,7 +6,7 @@ messages, GenerateRequest and its answers, are converted by its gRPC door,
 Drafts: a gateway turns a context and DraftParams into a ProposeRequest
 (:func:`propose_request_to_pb`), the draft service reads them back
 (:func:`draft_params_from_pb`, unset fields taking its defaults) and answers with a
-ProposeResponse (:func:`proposal_to_pb`, :func:`next_round_to_pb`), which the gateway decodes
+ProposeResponse (:func:`proposal_to_pb`), which the gateway decodes
 (:func:`proposal_from_pb`). A client's DraftOptions are read as the fields it sets
 (:func:`draft_fields_from_pb`), which the gateway puts over its defaults. q's travel as
 SparseDistribution messages.
@@ -31,7 +31,6 @@ from speculant.types import (
     GraphStatus,
     LiveStats,
     ModelInfo,
-    NextRoundDraft,
     SparseDistribution,
     TokenLogprobs,
     VerifierStats,
@@ -47,9 +46,8 @@ def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:
 
 
 # The drafting fields DraftOptions and ProposeRequest carry under DraftParams' names (strategy,
-# an enum, apart); adaptive_k and draft_size are the gateway's choices, not sent to the draft
-# service.
-GATEWAY_SIDE_FIELDS = ("adaptive_k", "draft_size")
+# an enum, apart); draft_size is the gateway's choice, not sent to the draft service.
+GATEWAY_SIDE_FIELDS = ("draft_size",)
 _OPTION_FIELDS = tuple(f.name for f in fields(DraftParams) if f.name != "strategy")
 _PROPOSE_FIELDS = tuple(name for name in _OPTION_FIELDS if name not in GATEWAY_SIDE_FIELDS)
 
@@ -107,57 +105,35 @@ def is_greedy_request(request: draft_pb2.ProposeRequest) -> bool:
     return request.strategy == common_pb2.DRAFT_STRATEGY_GREEDY
 
 
-def _fill_draft(
-    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft,
-    proposal: DraftProposal,
-    with_distributions: bool = True,
-) -> None:
-    message.draft_token_ids.extend(proposal.token_ids)
-    message.matched_orders.extend(proposal.matched_orders)
-    message.draft_sources.extend(proposal.sources)
-    message.draft_path_probs.extend(proposal.path_probs)
-    if isinstance(message, draft_pb2.ProposeResponse):
-        message.draft_parents.extend(proposal.parents)
-        message.draft_seconds = proposal.seconds
-        message.graph_id = proposal.graph_id
-    for dist in proposal.distributions if with_distributions else ():
-        message.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
-
-
 def proposal_to_pb(proposal: DraftProposal, greedy: bool = False) -> draft_pb2.ProposeResponse:
     """The ProposeResponse carrying a DraftProposal (token ids, q per token, matched orders);
     greedy drafts without their q's (point masses at their tokens, see draft.proto)."""
-    response = draft_pb2.ProposeResponse()
-    _fill_draft(response, proposal, with_distributions=not greedy)
+    response = draft_pb2.ProposeResponse(
+        draft_token_ids=proposal.token_ids,
+        matched_orders=proposal.matched_orders,
+        draft_sources=proposal.sources,
+        draft_path_probs=proposal.path_probs,
+        draft_parents=proposal.parents,
+        draft_seconds=proposal.seconds,
+        graph_id=proposal.graph_id,
+    )
+    for dist in () if greedy else proposal.distributions:
+        response.distributions.add(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())
     return response
 
 
-def next_round_to_pb(drafts: list[NextRoundDraft], greedy: bool) -> draft_pb2.ProposeResponse:
-    """A ProposeResponse carrying only prepared next-round drafts (greedy ones without their
-    point-mass q's, see NextRoundDraft in draft.proto)."""
-    response = draft_pb2.ProposeResponse()
-    for draft in drafts:
-        message = response.next_round.add(
-            accepted_count=draft.accepted_count, next_token_id=draft.next_token
-        )
-        _fill_draft(message, draft.proposal, with_distributions=not greedy)
-    return response
-
-
-def proposal_from_pb(
-    message: draft_pb2.ProposeResponse | draft_pb2.NextRoundDraft, greedy: bool
-) -> DraftProposal:
-    """The DraftProposal in a ProposeResponse or a NextRoundDraft. Greedy drafts' q's are point
-    masses at their tokens, which the verifier assumes anyway: not decoded (distributions=[])."""
+def proposal_from_pb(message: draft_pb2.ProposeResponse, greedy: bool) -> DraftProposal:
+    """The DraftProposal in a ProposeResponse. Greedy drafts' q's are point masses at their
+    tokens, which the verifier assumes anyway: not decoded (distributions=[])."""
     return DraftProposal(
         token_ids=list(message.draft_token_ids),
         distributions=[] if greedy else [sparse_from_pb(d) for d in message.distributions],
         matched_orders=list(message.matched_orders),
         sources=list(message.draft_sources),
-        parents=list(getattr(message, "draft_parents", ())),
+        parents=list(message.draft_parents),
         path_probs=list(message.draft_path_probs),
-        seconds=getattr(message, "draft_seconds", 0.0),
-        graph_id=getattr(message, "graph_id", ""),
+        seconds=message.draft_seconds,
+        graph_id=message.graph_id,
     )
 
 

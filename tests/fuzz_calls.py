@@ -238,7 +238,6 @@ DRAFT_OPTIONS = {
     "reliability_weight": st.floats(0.0, 4.0),
     "entropy_penalty": st.floats(0.0, 4.0),
     "mixing": st.sampled_from(["seed", "backoff", "witten-bell"]),
-    "min_draft_prob": st.floats(0.0, 1.0),
     "escape_weight": st.floats(0.01, 10.0),
     "seed": st.integers(0, 2**64 - 1),
 }

@@ -12,7 +12,7 @@ def test_defaults_match_the_design():
     draft = DraftConfig()
     # the drafts' limits (a tree of up to 64 nodes, 16 deep), sized round by round by cost
     assert (draft.k, draft.strategy, draft.attentive_mix) == (16, "greedy", True)
-    assert (draft.tree_nodes, draft.overlay_weight, draft.min_draft_prob) == (64, 64.0, 0.0)
+    assert (draft.tree_nodes, draft.overlay_weight) == (64, 64.0)
     assert draft.draft_size == "cost"
     assert (draft.order_bias, draft.reliability_weight) == (1.0, 1.0)
     assert (draft.entropy_penalty, draft.mix_temperature) == (0.5, 1.0)

@@ -108,7 +108,6 @@ def test_long_context_drafts_equal_the_python_drafts(
 
 def test_the_python_path_serves_what_the_kernels_do_not() -> None:
     assert not CompiledDrafts.serves(DraftParams(strategy="sampling").validate())
-    assert not CompiledDrafts.serves(DraftParams(min_draft_prob=0.1).validate())
     assert not CompiledDrafts.serves(DraftParams(mixing="seed").validate())
 
 

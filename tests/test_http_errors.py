@@ -60,6 +60,16 @@ Check = Callable[[], tuple[int, dict | None]]
         ("completions", {"prompt": PROMPT, "best_of": 3}, "best_of"),
         ("completions", {"prompt": PROMPT, "speculant": {"k": 0}}, "speculant.k"),
         ("completions", {"prompt": PROMPT, "speculant": {"kk": 2}}, "speculant.kk"),
+        (  # a retired drafting option is an unknown field (docs/benchmarks.md, Retired options)
+            "completions",
+            {"prompt": PROMPT, "speculant": {"min_draft_prob": 0.1}},
+            "speculant.min_draft_prob",
+        ),
+        (
+            "completions",
+            {"prompt": PROMPT, "speculant": {"adaptive_k": True}},
+            "speculant.adaptive_k",
+        ),
         ("completions", {"prompt": ["a", 5]}, "prompt[1]"),
         ("completions", {"prompt": []}, "prompt"),
         ("completions", {"prompt": [1, -4]}, "prompt[1]"),

@@ -1,7 +1,7 @@
 """Mixing modes on hand-made graphs: Witten-Bell q computed by hand (tests.witten_bell_reference),
 the escape weight, greedy and sampled drafts, the step cache across modes, and how `mixing` and
-`attentive_mix` interact. Adaptive draft length is tested in test_min_draft_prob.py, validation
-of the mixing options in test_mixing_validation.py."""
+`attentive_mix` interact. Validation of the mixing options is tested in
+test_mixing_validation.py."""
 
 from __future__ import annotations
 
@@ -170,6 +170,5 @@ def test_default_mixing_is_witten_bell_with_escape_weight_8() -> None:
     filled = DraftParams().with_defaults()  # unset: a graph's tuned value, else these
     assert filled.mixing == DraftConfig().mixing == "witten-bell"
     assert filled.escape_weight == DraftConfig().escape_weight == 8.0
-    assert DraftParams().min_draft_prob == DraftConfig().min_draft_prob == 0.0
     assert DraftParams().effective_mixing == "witten-bell"
     assert DraftParams(attentive_mix=False).effective_mixing == "backoff"

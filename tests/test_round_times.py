@@ -61,7 +61,7 @@ def test_breakdown_figures_and_the_services_overhead() -> None:
     assert embedded["round"]["mean_ms"] == pytest.approx(4.0)
     assert embedded["round"]["p50_ms"] <= embedded["round"]["p99_ms"] <= 10.0
     assert breakdown([{"round_times": {}}]) is None
-    variants = [Variant("embedded", 4, True), Variant("services", 4, True, next_round_drafts=0)]
+    variants = [Variant("embedded", 4, True), Variant("services", 4, True)]
     summary = {
         variants[0].name: {"round_breakdown": embedded},
         variants[1].name: {"round_breakdown": served},

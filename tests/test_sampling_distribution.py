@@ -10,19 +10,11 @@ rule must fail: that shows the test has the power to catch a wrong rule.
 
 from __future__ import annotations
 
-from collections import Counter
-
-import numpy as np
 import pytest
-import torch
-from scipy.stats import chisquare
 
 import verifier_service.rejection as rejection
-from gateway.generation import GenerationRequest
-from speculant.draft_params import DraftParams
 from tests.fixtures.e2e import verifier_config
 from tests.sampling_checks import (
-    MIN_EXPECTED,
     PROMPT,
     chi_square_p_value,
     exact_joint,
@@ -84,51 +76,3 @@ def test_first_two_tokens_follow_the_model_with_a_distilled_graph(distilled_grap
     counts = sample_pairs(decoder, prompt_ids, 1.0, "sampling", tree_nodes=12, runs=3000)
     p_value = chi_square_p_value(joint, counts)
     assert p_value > 1e-3, f"sampled pairs do not follow the model (p = {p_value:.2e})"
-
-
-def exact_triples(
-    decoder, prompt_ids: list[int], temperature: float, runs: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(pairs [P, 2], P[t1, t2] of each [P], p(t3 | prompt, t1, t2) [P, V]) for the pairs (t1, t2)
-    expected at least MIN_EXPECTED times in `runs` runs: the exact law of the first three tokens
-    wherever a chi-square cell can see it."""
-    joint = exact_joint(decoder, prompt_ids, temperature)
-    pairs = np.argwhere(joint * runs >= MIN_EXPECTED)  # [P, 2]
-    model = decoder.verifier.model.model
-    with torch.inference_mode():
-        batch = torch.tensor([[*prompt_ids, int(a), int(b)] for a, b in pairs])  # [P, len+2]
-        third = model(batch).logits[:, -1].double()  # [P, V]
-        p3 = torch.softmax(third / temperature, -1).numpy()  # [P, V]
-    return pairs, joint[pairs[:, 0], pairs[:, 1]], p3
-
-
-def test_adaptive_length_keeps_sampled_drafts_exact(embedded_decoder):
-    """min_draft_prob > 0 with sampled drafts: the first three tokens follow the model.
-
-    With max_tokens=4 the second round verifies a chain of up to 2 sampled drafts, cut by
-    min_draft_prob; the third token is either the second draft (accepted), a correction of it,
-    or the next round's. A drafter that cut the draft after drawing a token whose q was small
-    (so that a kept token was a draw from q restricted to its likelier tokens) failed this
-    with p = 2.5e-12 (and passes with p = 0.92)."""
-    runs = 3000
-    prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
-    pairs, pair_probs, p3 = exact_triples(embedded_decoder, prompt_ids, 1.0, runs)
-    counts: Counter = Counter()
-    for seed in range(runs):
-        request = GenerationRequest(
-            prompt_ids=prompt_ids,
-            max_tokens=4,
-            temperature=1.0,
-            seed=seed,
-            draft=DraftParams(k=4, strategy="sampling", tree_nodes=0, min_draft_prob=0.2),
-        )
-        counts[tuple(embedded_decoder.coordinator.generate(request).token_ids[:3])] += 1
-    expected = pair_probs[:, None] * p3 * runs  # [P, V]
-    cells = np.argwhere(expected >= MIN_EXPECTED)
-    assert len(cells) >= 10, "the prompt should spread its mass over enough triples"
-    observed = [counts.get((*map(int, pairs[i]), int(c)), 0) for i, c in cells]
-    expected_cells = [expected[i, c] for i, c in cells]
-    observed.append(runs - sum(observed))  # every other triple, pooled
-    expected_cells.append(runs - sum(expected_cells))
-    p_value = float(chisquare(observed, expected_cells).pvalue)
-    assert p_value > 1e-3, f"sampled triples do not follow the model (p = {p_value:.2e})"

@@ -40,10 +40,9 @@ def test_the_replay_gives_the_rounds_of_a_real_run(embedded_decoder):
         verify_all,  # the replay verifies every drafted token (draft_size "fixed")
         (
             DraftParams(k=8),
-            DraftParams(k=8, adaptive_k=True),
             DraftParams(k=3, mixing="backoff"),
             DraftParams(k=5, tree_nodes=12),
-            DraftParams(k=4, tree_nodes=6, adaptive_k=True),
+            DraftParams(k=4, tree_nodes=6),
         ),
     ):
         for prompt, expected in zip(prompts, references, strict=True):
@@ -206,9 +205,9 @@ def test_only_explicit_mixing_settings_override_the_graph(monkeypatch: pytest.Mo
     options = given_draft_defaults(build_parser().parse_args(["generate", "--prompt", "x"]))
     assert "mixing" not in options and "escape_weight" not in options
     options = given_draft_defaults(
-        build_parser().parse_args(["generate", "--prompt", "x", "--mixing", "seed", "--adaptive-k"])
+        build_parser().parse_args(["generate", "--prompt", "x", "--mixing", "seed", "--k", "4"])
     )
-    assert options["mixing"] == "seed" and options["adaptive_k"] is True
+    assert options["mixing"] == "seed" and options["k"] == 4
 
 
 # --- prompt records: chat messages, kinds, bad files ------------------------------------------

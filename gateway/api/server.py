@@ -32,7 +32,7 @@ from gateway.generation import (
 )
 from gateway.metrics import GatewayMetrics
 from speculant.auth import ClientTokens, authorization, check_admin_token
-from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_NEXT_ROUND_DRAFTS, DraftConfig
+from speculant.config import DEFAULT_DRAFT_REFRESH_S, DraftConfig
 from speculant.errors import FailedPreconditionError
 from speculant.grpc_server import ServiceServer, map_errors, map_stream_errors
 from speculant.metrics import Metrics
@@ -152,7 +152,6 @@ def start_gateway(
     draft_refresh_s: float = DEFAULT_DRAFT_REFRESH_S,
     check_backends: bool = True,
     max_concurrent: int = 64,
-    next_round_drafts: int = DEFAULT_NEXT_ROUND_DRAFTS,
     draft_defaults: DraftConfig | None = None,
     auth_token: str | ClientTokens | None = None,
     admin_token: str | None = None,
@@ -183,7 +182,6 @@ def start_gateway(
         tokenizer_name=tokenizer_name,
         draft_defaults=draft_defaults,
         max_concurrent=max_concurrent,
-        next_round_drafts=next_round_drafts,
         metrics=None if metrics is None else GatewayMetrics(metrics.registry),
         learner=LearnReporter(drafter) if learn else None,
         verify_cost=verify_cost,

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
-from gateway.backends.draft_calls import GrpcDraftCall, UnaryDraftCall
 from gateway.backends.draft_replicas import (
     REPLICA_HOLD_OFF_S,
     Replica,
@@ -246,33 +245,6 @@ class GrpcDraftClient:
             raise UnavailableError("no other draft service replica to ask")
         raise last_error
 
-    def start(
-        self,
-        context_ids: Sequence[int],
-        params: DraftParams,
-        seed: int | None,
-        next_round_drafts: int,
-        next_round_seed: int | None,
-        draft_known: bool = False,
-        target: DraftTarget | None = None,
-    ) -> GrpcDraftCall | UnaryDraftCall:
-        """Send a ProposeRequest that also asks for next-round drafts; return at once.
-        draft_known: the caller holds this draft already; only the next-round drafts come.
-        Without a stream to the replica (it takes none now), the draft comes by unary Propose
-        when asked for, without next-round drafts."""
-        request = propose_request(context_ids, params, seed, target)
-        replica = self._replica_order()[0]
-        exchange = replica.streams.checkout()
-        if exchange is None:
-            return UnaryDraftCall(self, request, draft_known)
-        if next_round_drafts > 0:
-            request.next_round_drafts = next_round_drafts
-            request.next_round_only = draft_known
-            if next_round_seed is not None:
-                request.next_round_seed = next_round_seed
-        exchange.send(request)
-        return GrpcDraftCall(self, replica, exchange, request)
-
     def learn(
         self,
         token_ids: Sequence[int],
@@ -411,20 +383,6 @@ class TargetedDrafts:
     ) -> DraftProposal:
         return self.pin(self.client.propose(context_ids, params, seed, self.target))
 
-    def start(
-        self,
-        context_ids: Sequence[int],
-        params: DraftParams,
-        seed: int | None,
-        next_round_drafts: int,
-        next_round_seed: int | None,
-        draft_known: bool = False,
-    ) -> _PinningCall:
-        call = self.client.start(
-            context_ids, params, seed, next_round_drafts, next_round_seed, draft_known, self.target
-        )
-        return _PinningCall(call, self)
-
     def pin(self, proposal: DraftProposal) -> DraftProposal:
         """Pin the request to the build its first draft came from."""
         if proposal.graph_id and not self.target.graph_id:
@@ -433,19 +391,6 @@ class TargetedDrafts:
 
     def close(self) -> None:
         pass
-
-
-class _PinningCall:
-    """A draft call whose draft pins its request (TargetedDrafts.pin)."""
-
-    def __init__(self, call: GrpcDraftCall | UnaryDraftCall, drafts: TargetedDrafts) -> None:
-        self._call = call
-        self._drafts = drafts
-        self.next_round = call.next_round
-        self.discard = call.discard
-
-    def proposal(self) -> DraftProposal:
-        return self._drafts.pin(self._call.proposal())
 
 
 @dataclass

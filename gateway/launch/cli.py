@@ -9,10 +9,7 @@ import argparse
 from gateway.launch.cli_options import SAMPLING_FLAGS, add_chat_template_argument
 from gateway.launch.commands import run_generate, run_graphs, run_serve_gateway
 from gateway.launch.constraint_flags import add_constraint_arguments
-from speculant.config import (
-    DEFAULT_DRAFT_REFRESH_S,
-    DEFAULT_NEXT_ROUND_DRAFTS,
-)
+from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.draft_flags import add_draft_default_arguments
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
@@ -110,15 +107,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=64,
         help="generations in flight at once; more are refused with RESOURCE_EXHAUSTED",
-    )
-    serve.add_argument(
-        "--next-round-drafts",
-        type=_non_negative_int,
-        default=DEFAULT_NEXT_ROUND_DRAFTS,
-        help="drafts the draft service prepares for the likeliest outcomes of each verification "
-        "while the verifier runs, so the next round need not wait for a draft call "
-        "(default 0 = off: slower on a 2-core host; it can only pay where the draft service "
-        "has spare CPU; the output is the same either way)",
     )
     add_token_arguments(serve)
     add_draft_default_arguments(serve)
@@ -245,11 +233,4 @@ def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value

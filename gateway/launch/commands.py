@@ -120,7 +120,6 @@ def _start_gateway(
         verifier_timeout_s=args.verifier_timeout,
         draft_refresh_s=args.draft_refresh,
         max_concurrent=args.max_concurrent,
-        next_round_drafts=args.next_round_drafts,
         draft_defaults=draft_defaults,
         auth_token=clients,
         admin_token=admin_token,

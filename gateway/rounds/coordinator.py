@@ -12,8 +12,7 @@ With ``draft.draft_size`` "cost" (the default) each round's draft is sized by th
 cost profile and calibrated acceptance (:mod:`gateway.rounds.draft_sizing`): the drafter is asked
 for a budget of nodes, and only the best-first part of its draft that pays is verified (possibly
 nothing: then the round is a plain decoding step). With "fixed" every drafted token is
-verified. With ``draft.adaptive_k`` the draft length follows the request's acceptance
-(:mod:`gateway.rounds.adaptive_k`). A constrained request's drafts know its grammar
+verified. A constrained request's drafts know its grammar
 (:mod:`gateway.rounds.constrained`). Drafts are only an optimisation: if the drafter fails, the
 round goes on with an empty draft and the output is unchanged.
 """
@@ -29,14 +28,7 @@ from dataclasses import dataclass, field, replace
 from transformers import PreTrainedTokenizerBase
 
 from gateway.generation import GenerationRequest, GenerationResult, GenerationStats, StreamChunk
-from gateway.interfaces import (
-    DraftCall,
-    DraftSource,
-    GenerationLearner,
-    PreparingDraftSource,
-    TargetVerifier,
-)
-from gateway.rounds.adaptive_k import next_draft_length
+from gateway.interfaces import DraftSource, GenerationLearner, TargetVerifier
 from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
@@ -45,7 +37,7 @@ from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError
 from speculant.grammar import grammars_for
-from speculant.types import DraftProposal, NextRoundDraft, VerifyResult
+from speculant.types import DraftProposal, VerifyResult
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +45,6 @@ log = logging.getLogger(__name__)
 def _draft_seed(seed: int | None, round_index: int) -> int | None:
     """A distinct, reproducible drafter seed per round of a seeded request."""
     return None if seed is None else (seed * 1_000_003 + round_index) % 2**63
-
-
-class _ImmediateDraftCall:
-    """A DraftCall on a plain DraftSource: drafts when asked, prepares nothing."""
-
-    def __init__(self, drafter: DraftSource, context: list[int], params: DraftParams, seed):
-        self._propose = lambda: drafter.propose(context, params, seed)
-
-    def proposal(self) -> DraftProposal:
-        return self._propose()
-
-    def next_round(self) -> list[NextRoundDraft]:
-        return []
-
-    def discard(self) -> None:
-        pass
 
 
 @dataclass
@@ -80,15 +56,11 @@ class _Run:
     stats: GenerationStats
     output: OutputBuffer
     sizer: RequestSizer | None
-    draft_length: int  # with draft.adaptive_k: set round by round
     constrained: ConstrainedDrafts | None  # with a constraint: its drafting
     drafter: DraftSource  # this request's (bound to its graph and tenant by the engine)
     learner: GenerationLearner | None  # gets the finished generation
     prefilled: bool = False  # the verifier holds a session to release
     context: list[int] = field(default_factory=list)  # prompt and output so far
-    # drafts the draft service prepared last round, by (accepted, next token)
-    prepared: dict[tuple[int, int], DraftProposal] = field(default_factory=dict)
-    outcome: tuple[int, int] = (-1, -1)  # (accepted drafts, last emitted token) of last round
 
 
 class Coordinator:
@@ -101,7 +73,6 @@ class Coordinator:
         tokenizer: PreTrainedTokenizerBase,
         *,
         draft_context_window: int = 16,
-        next_round_drafts: int = 0,
         learner: GenerationLearner | None = None,
         verify_cost: CostProfile | None = None,
         constrained_drafts: bool = True,
@@ -113,12 +84,6 @@ class Coordinator:
         coordinator adds what its Verify calls cost beyond it, as it measures them); None: the
         verifier's profile as its info reports it (flat when it reports none).
 
-        next_round_drafts: with a drafter that can prepare them
-        (gateway.backends.draft_client.GrpcDraftClient), ask it each round to prepare drafts for
-        this many likely outcomes of the verification while the verifier runs; when the outcome is
-        one of them, the next round starts without waiting for a draft call. The output is the
-        same either way (0 = off).
-
         learner: gets each finished generation's tokens (prompt and output), so that the
         drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).
 
@@ -128,7 +93,6 @@ class Coordinator:
         """
         self.drafter = drafter
         self.learner = learner
-        self.next_round_drafts = next_round_drafts
         self.verifier = verifier
         self.tokenizer = tokenizer
         self.draft_context_window = draft_context_window
@@ -179,7 +143,6 @@ class Coordinator:
                 self.tokenizer, request, self.eos_token_ids, self.max_context_length
             ),
             sizer=self._sizer(request.draft, graph),
-            draft_length=request.draft.k,
             constrained=self._constrained(request),  # compiled before any verifier work
             drafter=drafter or self.drafter,
             learner=learner or self.learner,
@@ -223,28 +186,17 @@ class Coordinator:
         depth = run.output.remaining - 1  # draft positions that can still be emitted
         forced = run.constrained.forced(depth) if run.constrained is not None else ([], [])
         certain = forced[0]  # tokens the target emits for certain: the drafter goes on after them
-        k = min(run.draft_length, depth - len(certain))
+        k = min(request.draft.k, depth - len(certain))
         params = request.draft
         if sizer is not None:  # this round's budget (None: no draft)
             planned = clock.timed("sizer", sizer.plan, params, k)
             params, k = (params, 0) if planned is None else (planned, planned.k)
-        ready = run.prepared.get(run.outcome) if k > 0 else None  # prepared last round?
         context = run.context + certain if certain else run.context
-        prepare = run.constrained is None  # a constraint shapes each draft: none prepared
-        call = clock.timed("draft_call", self._start_draft, run, context, params, k, ready, prepare)
-        if ready is not None:
-            drafted = ready.truncated(k)  # no waiting for a draft call this round
-            stats.prepared_drafts_used += 1
-        else:
-            drafted = self._await_draft(call, stats, clock)  # no call (k = 0): no draft
+        drafted = self._draft(run, context, params, k, clock)  # k = 0: no draft
         if run.constrained is not None:
 
             def extend(tokens: list[int]) -> DraftProposal:  # the drafter after context + tokens
-                window = run.context + tokens
-                more = clock.timed(
-                    "draft_call", self._start_draft, run, window, params, k, None, False
-                )
-                return self._await_draft(more, stats, clock)
+                return self._draft(run, run.context + tokens, params, k, clock)
 
             limits = depth, max(request.draft.tree_nodes, request.draft.k)  # the request's
             sampled = params.strategy == "sampling"
@@ -255,17 +207,11 @@ class Coordinator:
         proposal = drafted if sizer is None else clock.timed("sizer", sizer.cut, drafted, draft_s)
         stats.unverified_draft_tokens += len(drafted.token_ids) - len(proposal.token_ids)
         stats.rounds_without_draft += not proposal.token_ids
-        result, verify_s = self._verify(run, proposal, call)
+        result, verify_s = self._verify(run, proposal)
         clock.verify_call, clock.forward = verify_s, result.seconds
-        t0 = time.perf_counter()
-        prepared = call.next_round() if call is not None else []
-        waited = time.perf_counter() - t0
-        clock.draft_call += waited
-        draft_s += waited
-        run.prepared = {(d.accepted_count, d.next_token): d.proposal for d in prepared}
         stats.draft_seconds += draft_s
         stats.verify_seconds += verify_s
-        start = self._take(run, proposal, result, k)
+        start = self._take(run, proposal, result)
         if sizer is not None:
             timings = (draft_s, verify_s, time.perf_counter() - round_started)
             observed = drafted if k > 0 else None  # None: the drafter was not asked
@@ -273,29 +219,20 @@ class Coordinator:
                 "sizer", sizer.observe, observed, proposal, result, start, run.context, timings
             )
 
-    def _verify(
-        self, run: _Run, proposal: DraftProposal, call: DraftCall | None
-    ) -> tuple[VerifyResult, float]:
-        """The verifier's result for the proposal, and its seconds (a failed call discards
-        the draft call's next-round drafts)."""
+    def _verify(self, run: _Run, proposal: DraftProposal) -> tuple[VerifyResult, float]:
+        """The verifier's result for the proposal, and its seconds."""
         t0 = time.perf_counter()
         sampled = run.request.draft.strategy == "sampling"
-        try:
-            dists = proposal.distributions if sampled and proposal.token_ids else None
-            result = self.verifier.verify(
-                run.session_id, proposal.token_ids, dists, proposal.parents or None
-            )
-        except BaseException:
-            if call is not None:
-                call.discard()
-            raise
+        dists = proposal.distributions if sampled and proposal.token_ids else None
+        result = self.verifier.verify(
+            run.session_id, proposal.token_ids, dists, proposal.parents or None
+        )
         return result, time.perf_counter() - t0
 
-    def _take(self, run: _Run, proposal: DraftProposal, result: VerifyResult, k: int) -> int:
+    def _take(self, run: _Run, proposal: DraftProposal, result: VerifyResult) -> int:
         """Count the round and take its tokens into the output and context; returns the
         context length the draft continued."""
-        stats, request = run.stats, run.request
-        run.outcome = (result.accepted_count, result.token_ids[-1])
+        stats = run.stats
         positions = max(proposal.depths(), default=-1) + 1  # a chain's length, a tree's depth
         stats.record_round(
             len(proposal.token_ids),
@@ -303,10 +240,6 @@ class Coordinator:
             proposal.accepted_sources(result),
             positions,
         )
-        if request.draft.adaptive_k and k > 0:
-            run.draft_length = next_draft_length(
-                k, positions, result.accepted_count, request.draft.k
-            )
         before, start = len(run.output.token_ids), len(run.context)
         run.output.add(result.token_ids, result.logprobs)
         run.context.extend(run.output.token_ids[before:])
@@ -353,58 +286,20 @@ class Coordinator:
             sizing = self._sizing.setdefault(graph, SizingModel(self._profile))
         return sizing.for_request(params)
 
-    def _start_draft(
-        self,
-        run: _Run,
-        context: list[int],
-        params: DraftParams,
-        k: int,
-        ready: DraftProposal | None = None,
-        prepare: bool = True,
-    ) -> DraftCall | None:
-        """Send this round's draft request (params, k deep); None when k is 0 or sending failed
-        (an empty draft).
-
-        With a drafter that prepares drafts (a draft service) and next_round_drafts > 0, the
-        request also asks for the next round's drafts, prepared while the verifier runs
-        (ready: this round's draft, prepared last round; then only those are asked for;
-        prepare False: none are asked for).
-        """
+    def _draft(
+        self, run: _Run, context: list[int], params: DraftParams, k: int, clock: RoundClock
+    ) -> DraftProposal:
+        """This round's draft (params, k deep) and its wait and drafter's seconds on the round's
+        clock; empty when k is 0 or the drafter failed (a failure is never an error)."""
         if k <= 0:
-            return None
-        stats, request_seed = run.stats, run.request.seed
+            return DraftProposal()
+        stats = run.stats
         params = params if k == params.k else replace(params, k=k)
         # the overlay reads the whole context; otherwise the graph's orders need only a tail
         window = context if params.overlay_weight > 0 else context[-self.draft_context_window :]
-        seed = _draft_seed(request_seed, stats.rounds)
-        draft_known = ready is not None
+        seed = _draft_seed(run.request.seed, stats.rounds)
         try:
-            # next-round drafts are prepared for a chain's outcomes: not with trees
-            prepares = prepare and self.next_round_drafts > 0 and not params.drafts_tree
-            # a draft service prepares next-round drafts; an in-process drafter not
-            if prepares and isinstance(run.drafter, PreparingDraftSource):
-                next_seed = _draft_seed(request_seed, stats.rounds + 1)
-                return run.drafter.start(
-                    window, params, seed, self.next_round_drafts, next_seed, draft_known
-                )
-            if draft_known:
-                return None
-            return _ImmediateDraftCall(run.drafter, window, params, seed)
-        except Exception as exc:  # drafts are an optimisation: go on without one
-            stats.draft_failures += 1
-            log.warning("draft failed, continuing with an empty draft: %s", exc)
-            return None
-
-    @staticmethod
-    def _await_draft(
-        call: DraftCall | None, stats: GenerationStats, clock: RoundClock
-    ) -> DraftProposal:
-        """The call's draft, its wait and the drafter's seconds on the round's clock; a failure
-        gives an empty draft, never an error."""
-        if call is None:
-            return DraftProposal()
-        try:
-            proposal = clock.timed("draft_call", call.proposal)
+            proposal = clock.timed("draft_call", run.drafter.propose, window, params, seed)
         except Exception as exc:  # drafts are an optimisation: go on without one
             stats.draft_failures += 1
             log.warning("draft failed, continuing with an empty draft: %s", exc)

@@ -73,7 +73,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_token_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class DraftOptions(_message.Message):
-    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "tree_nodes", "adaptive_k", "draft_size")
+    __slots__ = ("k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "mixing", "escape_weight", "overlay_weight", "tree_nodes", "draft_size")
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     ATTENTIVE_MIX_FIELD_NUMBER: _ClassVar[int]
@@ -82,11 +82,9 @@ class DraftOptions(_message.Message):
     RELIABILITY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     MIXING_FIELD_NUMBER: _ClassVar[int]
-    MIN_DRAFT_PROB_FIELD_NUMBER: _ClassVar[int]
     ESCAPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     OVERLAY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     TREE_NODES_FIELD_NUMBER: _ClassVar[int]
-    ADAPTIVE_K_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SIZE_FIELD_NUMBER: _ClassVar[int]
     k: int
     strategy: DraftStrategy
@@ -96,10 +94,8 @@ class DraftOptions(_message.Message):
     reliability_weight: float
     entropy_penalty: float
     mixing: str
-    min_draft_prob: float
     escape_weight: float
     overlay_weight: float
     tree_nodes: int
-    adaptive_k: bool
     draft_size: str
-    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., tree_nodes: _Optional[int] = ..., adaptive_k: _Optional[bool] = ..., draft_size: _Optional[str] = ...) -> None: ...
+    def __init__(self, k: _Optional[int] = ..., strategy: _Optional[_Union[DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., mixing: _Optional[str] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., tree_nodes: _Optional[int] = ..., draft_size: _Optional[str] = ...) -> None: ...

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "min_draft_prob", "escape_weight", "overlay_weight", "next_round_drafts", "next_round_seed", "next_round_only", "tree_nodes", "request_id", "graph", "tenant", "graph_id")
+    __slots__ = ("context_token_ids", "k", "strategy", "attentive_mix", "order_bias", "mix_temperature", "reliability_weight", "entropy_penalty", "seed", "mixing", "escape_weight", "overlay_weight", "tree_nodes", "request_id", "graph", "tenant", "graph_id")
     CONTEXT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
@@ -19,12 +19,8 @@ class ProposeRequest(_message.Message):
     ENTROPY_PENALTY_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     MIXING_FIELD_NUMBER: _ClassVar[int]
-    MIN_DRAFT_PROB_FIELD_NUMBER: _ClassVar[int]
     ESCAPE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     OVERLAY_WEIGHT_FIELD_NUMBER: _ClassVar[int]
-    NEXT_ROUND_DRAFTS_FIELD_NUMBER: _ClassVar[int]
-    NEXT_ROUND_SEED_FIELD_NUMBER: _ClassVar[int]
-    NEXT_ROUND_ONLY_FIELD_NUMBER: _ClassVar[int]
     TREE_NODES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GRAPH_FIELD_NUMBER: _ClassVar[int]
@@ -40,44 +36,21 @@ class ProposeRequest(_message.Message):
     entropy_penalty: float
     seed: int
     mixing: str
-    min_draft_prob: float
     escape_weight: float
     overlay_weight: float
-    next_round_drafts: int
-    next_round_seed: int
-    next_round_only: bool
     tree_nodes: int
     request_id: str
     graph: str
     tenant: str
     graph_id: str
-    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., min_draft_prob: _Optional[float] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., next_round_drafts: _Optional[int] = ..., next_round_seed: _Optional[int] = ..., next_round_only: _Optional[bool] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ..., graph: _Optional[str] = ..., tenant: _Optional[str] = ..., graph_id: _Optional[str] = ...) -> None: ...
-
-class NextRoundDraft(_message.Message):
-    __slots__ = ("accepted_count", "next_token_id", "draft_token_ids", "distributions", "matched_orders", "draft_sources", "draft_path_probs")
-    ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
-    NEXT_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
-    MATCHED_ORDERS_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_SOURCES_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_PATH_PROBS_FIELD_NUMBER: _ClassVar[int]
-    accepted_count: int
-    next_token_id: int
-    draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
-    matched_orders: _containers.RepeatedScalarFieldContainer[int]
-    draft_sources: _containers.RepeatedScalarFieldContainer[str]
-    draft_path_probs: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, accepted_count: _Optional[int] = ..., next_token_id: _Optional[int] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., draft_path_probs: _Optional[_Iterable[float]] = ...) -> None: ...
+    def __init__(self, context_token_ids: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., strategy: _Optional[_Union[_common_pb2.DraftStrategy, str]] = ..., attentive_mix: _Optional[bool] = ..., order_bias: _Optional[float] = ..., mix_temperature: _Optional[float] = ..., reliability_weight: _Optional[float] = ..., entropy_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., mixing: _Optional[str] = ..., escape_weight: _Optional[float] = ..., overlay_weight: _Optional[float] = ..., tree_nodes: _Optional[int] = ..., request_id: _Optional[str] = ..., graph: _Optional[str] = ..., tenant: _Optional[str] = ..., graph_id: _Optional[str] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("draft_token_ids", "distributions", "matched_orders", "draft_sources", "next_round", "draft_parents", "draft_path_probs", "draft_seconds", "graph_id")
+    __slots__ = ("draft_token_ids", "distributions", "matched_orders", "draft_sources", "draft_parents", "draft_path_probs", "draft_seconds", "graph_id")
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     MATCHED_ORDERS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SOURCES_FIELD_NUMBER: _ClassVar[int]
-    NEXT_ROUND_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PARENTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PATH_PROBS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -86,12 +59,11 @@ class ProposeResponse(_message.Message):
     distributions: _containers.RepeatedCompositeFieldContainer[_common_pb2.SparseDistribution]
     matched_orders: _containers.RepeatedScalarFieldContainer[int]
     draft_sources: _containers.RepeatedScalarFieldContainer[str]
-    next_round: _containers.RepeatedCompositeFieldContainer[NextRoundDraft]
     draft_parents: _containers.RepeatedScalarFieldContainer[int]
     draft_path_probs: _containers.RepeatedScalarFieldContainer[float]
     draft_seconds: float
     graph_id: str
-    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., next_round: _Optional[_Iterable[_Union[NextRoundDraft, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_path_probs: _Optional[_Iterable[float]] = ..., draft_seconds: _Optional[float] = ..., graph_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, draft_token_ids: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., matched_orders: _Optional[_Iterable[int]] = ..., draft_sources: _Optional[_Iterable[str]] = ..., draft_parents: _Optional[_Iterable[int]] = ..., draft_path_probs: _Optional[_Iterable[float]] = ..., draft_seconds: _Optional[float] = ..., graph_id: _Optional[str] = ...) -> None: ...
 
 class LearnRequest(_message.Message):
     __slots__ = ("token_ids", "generation_id", "persist", "graph", "tenant")

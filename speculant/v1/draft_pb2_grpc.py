@@ -70,8 +70,7 @@ class DraftServiceServicer:
 
     def ProposeStream(self, request_iterator, context):
         """The same on an open stream: one response per request, in order (saves the per-call set-up
-        of a unary RPC when a gateway drafts round after round); a request that asks for
-        next_round_drafts gets a second response carrying only those.
+        of a unary RPC when a gateway drafts round after round).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -58,7 +58,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., draft: _Optional[_Union[_common_pb2.DraftOptions, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingControls, _Mapping]] = ..., top_logprobs: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., constraint: _Optional[_Union[_common_pb2.Constraint, _Mapping]] = ..., graph: _Optional[str] = ...) -> None: ...
 
 class GenerationStats(_message.Message):
-    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "acceptance_rate", "accepted_by_position", "drafted_by_position", "tokens_per_second", "tokens_per_round", "prompt_tokens", "generated_tokens", "total_seconds", "draft_seconds", "verify_seconds", "other_seconds", "draft_failures", "accepted_from_graph", "accepted_from_overlay", "accepted_from_both", "prepared_drafts_used", "wasted_draft_tokens", "unverified_draft_tokens", "rounds_without_draft", "accepted_from_grammar", "round_times")
+    __slots__ = ("rounds", "draft_tokens", "accepted_tokens", "acceptance_rate", "accepted_by_position", "drafted_by_position", "tokens_per_second", "tokens_per_round", "prompt_tokens", "generated_tokens", "total_seconds", "draft_seconds", "verify_seconds", "other_seconds", "draft_failures", "accepted_from_graph", "accepted_from_overlay", "accepted_from_both", "wasted_draft_tokens", "unverified_draft_tokens", "rounds_without_draft", "accepted_from_grammar", "round_times")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -77,7 +77,6 @@ class GenerationStats(_message.Message):
     ACCEPTED_FROM_GRAPH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FROM_OVERLAY_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FROM_BOTH_FIELD_NUMBER: _ClassVar[int]
-    PREPARED_DRAFTS_USED_FIELD_NUMBER: _ClassVar[int]
     WASTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNVERIFIED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_WITHOUT_DRAFT_FIELD_NUMBER: _ClassVar[int]
@@ -101,13 +100,12 @@ class GenerationStats(_message.Message):
     accepted_from_graph: int
     accepted_from_overlay: int
     accepted_from_both: int
-    prepared_drafts_used: int
     wasted_draft_tokens: int
     unverified_draft_tokens: int
     rounds_without_draft: int
     accepted_from_grammar: int
     round_times: RoundTimes
-    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_by_position: _Optional[_Iterable[int]] = ..., drafted_by_position: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., tokens_per_round: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., total_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., draft_failures: _Optional[int] = ..., accepted_from_graph: _Optional[int] = ..., accepted_from_overlay: _Optional[int] = ..., accepted_from_both: _Optional[int] = ..., prepared_drafts_used: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., unverified_draft_tokens: _Optional[int] = ..., rounds_without_draft: _Optional[int] = ..., accepted_from_grammar: _Optional[int] = ..., round_times: _Optional[_Union[RoundTimes, _Mapping]] = ...) -> None: ...
+    def __init__(self, rounds: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., accepted_by_position: _Optional[_Iterable[int]] = ..., drafted_by_position: _Optional[_Iterable[int]] = ..., tokens_per_second: _Optional[float] = ..., tokens_per_round: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., total_seconds: _Optional[float] = ..., draft_seconds: _Optional[float] = ..., verify_seconds: _Optional[float] = ..., other_seconds: _Optional[float] = ..., draft_failures: _Optional[int] = ..., accepted_from_graph: _Optional[int] = ..., accepted_from_overlay: _Optional[int] = ..., accepted_from_both: _Optional[int] = ..., wasted_draft_tokens: _Optional[int] = ..., unverified_draft_tokens: _Optional[int] = ..., rounds_without_draft: _Optional[int] = ..., accepted_from_grammar: _Optional[int] = ..., round_times: _Optional[_Union[RoundTimes, _Mapping]] = ...) -> None: ...
 
 class RoundTimes(_message.Message):
     __slots__ = ("round", "draft", "draft_hop", "sizer", "forward", "verify_hop", "gateway")
