@@ -22,18 +22,11 @@ import numpy as np
 
 from builder.disk import open_array, save_array
 from builder.errors import BuildError
-from builder.suffix_sort import (
-    common_prefixes_into,
-    first_offsets,
-    frequent_ranges,
-    merge_into,
-    order_statistics,
-    range_tables,
-)
 from speculant.graph_format import OrderStats
 from speculant.suffix_index import (
     ENTRIES_FILE,
     FIRST_FILE,
+    FREQUENT_MIN,
     MAX_CONTEXT,
     STREAM_FILE,
     TABLE_COUNTS_FILE,
@@ -44,10 +37,17 @@ from speculant.suffix_index import (
     separator,
     stream_dtype,
 )
+from speculant.suffix_sort import (
+    common_prefixes_into,
+    first_offsets,
+    frequent_ranges,
+    merge_into,
+    order_statistics,
+    range_tables,
+)
 
 log = logging.getLogger("builder")
 
-FREQUENT_MIN = 32  # ranges of this many entries or more get their successor counts tabled
 MAX_STREAM = 0xFFFFFFFF  # stream positions are uint32
 
 

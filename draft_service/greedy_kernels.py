@@ -35,6 +35,10 @@ One *step* (what a tree node offers, or one chain position) after a tail:
 Each token's mass sum_o s_o c_o(x) is summed in the same order (highest order first) and with
 the same float operations as :class:`draft_service.mixing.Mixer`, so the drafts are the same
 tokens with the same q (tests/test_greedy_kernels.py replays contexts through both).
+
+Why so long: one job, a draft step and the chains and trees built of steps, in compiled code
+that shares its array layouts (the index's, the scratch cells', the working arrays'); split
+across modules, every piece would need the layouts' constants and the others' signatures.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from draft_service.tree import TREE_WIDTH
 from speculant.draft_params import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_reader import LONGEST_FROM, NGramGraph
-from speculant.suffix_index import SuffixIndex, _table_row, match_ranges
+from speculant.suffix_index import SuffixIndex, match_ranges, table_row
 from speculant.types import DraftProposal
 
 # Source codes of a drafted token (DraftProposal.sources): who listed it as a successor.
@@ -258,7 +262,7 @@ def _read_list(ix, views, frequent_min, lo, hi, weight, j, order_stamp, step, sc
     table_start, table_ids, table_counts = ix[_TABLE_START], ix[_TABLE_IDS], ix[_TABLE_COUNTS]
     long_at, long_size, long_view, read = longs
     long_at[j] = -1
-    row = _table_row(ix[_TABLE_LO], ix[_TABLE_HI], lo, hi) if hi - lo >= frequent_min else -1
+    row = table_row(ix[_TABLE_LO], ix[_TABLE_HI], lo, hi) if hi - lo >= frequent_min else -1
     if row < 0:
         size, types, total = _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size)
         return size, types, types, total
@@ -680,11 +684,8 @@ def greedy_tree(
     heap = [(0.0, 0, 0)]  # typed by a first entry
     heap.pop()
     # candidates: (parent node, parent's path probability, depth, step, rank in the step)
-    c_parent = np.empty(cap, np.int64)
-    c_pprob = np.empty(cap, np.float64)
-    c_depth = np.empty(cap, np.int64)
-    c_step = np.empty(cap, np.int64)
-    c_rank = np.empty(cap, np.int64)
+    c_ints, c_pprob = np.empty((4, cap), np.int64), np.empty(cap, np.float64)
+    c_parent, c_depth, c_step, c_rank = c_ints[0], c_ints[1], c_ints[2], c_ints[3]
     tails[0, : root.shape[0]] = root
     lens[0] = root.shape[0]
     used_steps = 1
@@ -740,6 +741,17 @@ class CompiledDrafts:
         self.scratch_shape = (graph.vocab_size, graph.max_order + 1)
         # ranges of fewer entries are never in the index's table (0: look every range up)
         self.frequent_min = int(graph.meta.index.get("frequent_min", 0) or 0)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Draft a chain and a tree once: the first call of a process loads the kernels'
+        machine code for this graph's array types (numba's cache, about 0.3 s) or, on a fresh
+        install, compiles it (about 30 s on 2 cores), which a first request must not wait for."""
+        for tree_nodes in (0, 2):
+            params = DraftParams(
+                k=2, tree_nodes=tree_nodes, mixing="witten-bell", escape_weight=1.0
+            )
+            self.propose(np.zeros(1, np.int64), params, None)
 
     @staticmethod
     def serves(params: DraftParams) -> bool:
@@ -760,6 +772,7 @@ class CompiledDrafts:
         index = graph.suffix_index
         if index is None:
             raise GraphFormatError(f"graph {graph.path} is closed")
+        graph.note_reader()
         window = graph.window  # the context tokens a lookup reads
         root = np.asarray(context_ids[max(0, len(context_ids) - window) :], dtype=np.int64)
         mode = WITTEN_BELL if params.effective_mixing == "witten-bell" else BACKOFF

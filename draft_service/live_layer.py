@@ -34,6 +34,7 @@ from speculant.graph_format import KEY_DTYPE, encode_context
 from speculant.suffix_index import (
     ENTRIES_FILE,
     FIRST_FILE,
+    FREQUENT_MIN,
     STREAM_FILE,
     TABLE_COUNTS_FILE,
     TABLE_IDS_FILE,
@@ -307,8 +308,7 @@ def documents_index(documents: list[bytes], vocab_size: int) -> SuffixIndex:
     successor in its document an entry, the ranges of at least FREQUENT_MIN entries tabled.
     Ids outside the vocabulary are dropped with their documents' tails (the graph's ids are
     all the drafts know). Its arrays are read-only, like a graph's."""
-    from builder.index_writer import FREQUENT_MIN
-    from builder.suffix_sort import (
+    from speculant.suffix_sort import (
         common_prefixes,
         first_offsets,
         frequent_ranges,

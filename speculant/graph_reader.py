@@ -227,8 +227,7 @@ class NGramGraph:
             raise GraphFormatError(f"graph {self.path} is closed")
         top = len(tail) >> 2 if top is None else top
         if self._index is not None:
-            if not getattr(self._local, "reader", False):  # this thread's first lookup
-                self._register_reader()
+            self.note_reader()
             ids = np.frombuffer(tail, dtype=KEY_DTYPE).astype(np.int64)
             if self.window > self.max_order and ids.shape[0] > self.max_order:
                 return self._index.match(ids, top, every_order, self.max_order, LONGEST_FROM)
@@ -248,8 +247,11 @@ class NGramGraph:
             self._local.txn = txn
         return txn
 
-    def _register_reader(self) -> None:
-        """Count this thread as a reader of an indexed graph (format 1: its transaction)."""
+    def note_reader(self) -> None:
+        """Count this thread as a reader of an indexed graph, at its first lookup (format 1:
+        its transaction counts); the compiled drafts, which read the index directly, call it."""
+        if getattr(self._local, "reader", False):
+            return
         self._local.reader = True
         with self._txns_lock:
             self._index_readers += 1

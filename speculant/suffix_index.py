@@ -30,6 +30,7 @@ import numpy as np
 from speculant.config import MAX_DRAFT_CONTEXT
 
 MAX_CONTEXT = MAX_DRAFT_CONTEXT  # the longest context a lookup matches (the sort's depth)
+FREQUENT_MIN = 32  # ranges of this many entries or more get their successor counts tabled
 ENTRY_DTYPE = np.dtype("<u4")  # stream positions in the suffix array (streams < 4 Gi tokens)
 
 
@@ -139,7 +140,7 @@ def range_successors(stream, entries, weights, lo, hi):
 
 
 @numba.njit(cache=True, nogil=True)
-def _table_row(table_lo, table_hi, lo, hi):
+def table_row(table_lo, table_hi, lo, hi):
     """The row of the tabled range (lo, hi) (rows sorted by lo, then hi), or -1."""
     a, b = 0, table_lo.shape[0]
     while a < b:
@@ -184,7 +185,7 @@ def lookup(
     total = 0
     for j in range(wanted):  # the rows, and the room the counted ranges need
         order = orders[j]
-        rows[j] = _table_row(table_lo, table_hi, lo[order - 1], hi[order - 1])
+        rows[j] = table_row(table_lo, table_hi, lo[order - 1], hi[order - 1])
         if rows[j] < 0:
             total += hi[order - 1] - lo[order - 1]
     out_ids = np.empty(total, np.int64)

@@ -91,6 +91,18 @@ def tinystories_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compiled_drafts(tinystories_graph: Path) -> None:
+    """The compiled drafts' kernels (draft_service.greedy_kernels), compiled into numba's cache
+    before any test runs: on a fresh clone that takes about 30 s, which a test's first
+    request to a service it started must not wait for (services load them from the cache)."""
+    from draft_service.drafting import Drafter
+    from speculant.graph_reader import NGramGraph
+
+    with NGramGraph.open(tinystories_graph) as graph:
+        Drafter(graph)  # warms the kernels up
+
+
 @pytest.fixture(scope="session")
 def distilled_graph(tinystories_graph: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of tinystories_graph with 256 greedy continuations of 64 tokens by stories260K
