@@ -26,7 +26,17 @@ from gateway.rounds.acceptance import (
     confidence_bin,
 )
 from gateway.rounds.coordinator import Coordinator
-from gateway.rounds.draft_sizing import CHAIN, MAX_SKIP, Shape, SizingModel, _Average, _DraftCost
+from gateway.rounds.draft_sizing import (
+    CHAIN,
+    FIRST_BUDGET,
+    MARGIN,
+    MAX_SKIP,
+    STALL_STEPS,
+    Shape,
+    SizingModel,
+    _Average,
+    _DraftCost,
+)
 from speculant.cost_profile import (
     MAX_FORWARD_TOKENS,
     CostProfile,
@@ -138,6 +148,28 @@ def test_a_shape_that_measures_much_worse_is_tried_more_rarely():
     # tried every 16 / 0.8^2 = 25 and every 16 / 0.2^2 = 400 (capped at 256) rounds
     assert 60 <= near.count(Shape(True, True)) <= 100
     assert 5 <= poor.count(Shape(True, True)) <= 10
+
+
+def test_a_cheaper_shape_within_the_rates_noise_does_not_replace_the_richest():
+    close = rich_shape_choices(2.9)[1000:]  # 3% below the chain's rate: noise
+    assert close.count(Shape(True, True)) > 0.9 * len(close)
+
+
+def test_a_stalled_round_does_not_weigh_on_the_shared_costs_and_rates():
+    model = SizingModel(CostProfile.flat(0.01))
+    params = DraftParams(k=8, tree_nodes=12, overlay_weight=4.0)
+    sizer = model.for_request(params)
+    for position, draft_s in enumerate([1e-3, 1e-3, 30.0, 1e-3]):  # a 30 s compile or stall
+        sizer.plan(params, 8)
+        draft = confident(4)
+        cut = sizer.cut(draft, draft_s)
+        seconds = (draft_s, 0.01, draft_s + 0.01)
+        sizer.observe(draft, cut, VerifyResult(0, [7]), position, [7] * (position + 1), seconds)
+    stall = STALL_STEPS * model.verify_seconds(0)
+    for shape in sizer.shapes:
+        assert model.round_seconds[shape].value < 2 * stall  # not 30 s over a few rounds
+        per_call, per_node = model.draft_cost[shape].split()
+        assert per_call + 4 * per_node < stall
 
 
 @pytest.mark.parametrize(
@@ -311,6 +343,49 @@ def test_where_verify_cost_grows_fast_untrusted_drafts_are_cut_and_drafting_paus
             draft, cut, VerifyResult(0, [99]), position + 2, context, (0.002, 0.01, 0.012)
         )
     assert skipped > 0 and sizer.skip <= MAX_SKIP
+
+
+def serve(model: SizingModel, params: DraftParams, depths: list[int], accepted: bool) -> None:
+    """One request of len(depths) rounds (depths: the draft positions left each round, as the
+    end of an answer shortens them) drafting confident chains that are accepted whole, or not
+    at all."""
+    sizer = model.for_request(params)
+    context = [1, 2]
+    for depth in depths:
+        planned = sizer.plan(params, depth)
+        draft = confident(planned.k) if planned is not None else DraftProposal()
+        cut = sizer.cut(draft, 1e-4)
+        emitted = [*cut.token_ids, 3] if accepted else [99]
+        outcome = VerifyResult(len(emitted) - 1, emitted)
+        start = len(context)
+        context += emitted
+        drafted = draft if planned is not None else None
+        sizer.observe(drafted, cut, outcome, start, context, (1e-4, 0.05, 0.051))
+    sizer.finish()
+
+
+def test_a_fresh_request_starts_from_the_budget_earlier_requests_drafted():
+    chain = DraftParams(k=16, tree_nodes=0, overlay_weight=0.0)
+    model = SizingModel(CostProfile.flat(0.05))
+    teach(model, accepted=True)  # the shared estimate: these drafts pay
+    for _ in range(3):  # answers whose last rounds the end cuts short
+        serve(model, chain, [16] * 20 + [2, 1, 1], accepted=True)
+    fresh = model.for_request(chain)
+    planned = fresh.plan(chain, 16)
+    assert planned is not None and planned.k >= FIRST_BUDGET  # not a short answer's last 4
+    draft = confident(planned.k)
+    assert fresh.cut(draft, 1e-4).token_ids == draft.token_ids  # all verified, round one
+
+
+def test_a_fresh_coordinator_probes_and_learns_where_drafts_do_not_pay():
+    params = DraftParams(k=16, tree_nodes=64, overlay_weight=4.0)
+    model = SizingModel(CostProfile.from_points({1: 0.010, 2: 0.030, 65: 1.0}))
+    probe = model.for_request(params).plan(params, 16)
+    assert probe is not None and probe.tree_nodes == FIRST_BUDGET and probe.overlay_weight > 0
+    teach(model, accepted=False)
+    for _ in range(3):
+        serve(model, DraftParams(k=16, tree_nodes=0, overlay_weight=0.0), [16] * 20, False)
+    assert model.for_request(params).budget <= MARGIN + 1  # later requests draft little
 
 
 def test_a_sampled_or_fixed_size_request_is_not_sized(tokenizer):

@@ -17,6 +17,11 @@ to verify. Each round of a request (gateway.rounds.coordinator) asks its :class:
 3. **observe** (after verifying): the round's timings and outcome, which refresh the Verify
    call's overhead, the drafting cost, the calibration and the next round's budget.
 
+A request starts from what the coordinator's earlier requests of its graph learned (the
+SizingModel): the calibration, the drafting costs, the shapes' rates, and its first round's
+budget, the average budget of the coordinator's drafting rounds (a request's *last* budget would
+say little: the end of an answer cuts the last drafts short).
+
 The next budget is the draft size that would have paid best this round if verified whole: the
 N maximising (1 + s_1 + ... + s_N) / (T' + a + b N + V(N)), with a + b N the drafter's own
 seconds for N nodes (measured by the drafter, without the RPC: a per call, b per node, fitted
@@ -38,23 +43,26 @@ which must then not depend on timings.
 The draft's *shape* is measured too: the richest the request allows (a tree when its
 tree_nodes allow one, with the context overlay when overlay_weight > 0) against the cheapest, a
 chain without the overlay (a tree one node wide: cheaper to draft and to verify). Each round
-drafts the shape whose drafting rounds have emitted the most tokens per second (a round's
+drafts the shape whose drafting rounds have emitted the most tokens per second, the richest
+unless another's rate is more than RICH_MARGIN higher (a round's
 seconds as the cost profile prices its Verify call: measured, they are the host's; flat, a
 GPU's, where a tree costs what a chain does; shared by the coordinator's requests of one
 graph; each shape is tried MIN_SAMPLES rounds first; then the other is tried
 again every EXPLORE_EVERY / f^2 rounds, MAX_EXPLORE_EVERY at most, where f is its rate as a
 fraction of the best's, so both stay measured and a poor shape's trials cost little): where
 drafting a tree with the overlay does not pay (a tiny model on a CPU, whose forward costs about
-what drafting does), requests draft chains. The mixed shapes (a tree without the overlay, a
-chain with it) are not tried: where the richest shape loses to the cheapest they rarely win,
-and each shape compared costs its trials and the noise of its estimate (stories260K on a CPU:
-0.89x of the fixed drafts of 5a087f4 with all four shapes compared, 0.97x with these two).
+what drafting does), requests draft chains. The coordinator's first drafting round (a
+FIRST_BUDGET probe) is not counted in the rates, and drafting seconds past STALL_STEPS plain
+steps (a compile, a stall) count as STALL_STEPS plain steps everywhere. The mixed shapes (a
+tree without the overlay, a chain with it) are not tried: where the richest shape loses to the
+cheapest they rarely win, and each shape compared costs its trials and the noise of its estimate
+(stories260K on a CPU: 0.89x of the fixed drafts of 5a087f4 with all four shapes compared, 0.97x
+with these two).
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -74,6 +82,9 @@ MAX_SKIP = 16  # rounds without drafting between two probes, at most
 QUIET_ROUNDS = 8  # rounds in a row where no draft paid before a request stops drafting
 SKIP_FRACTION = 0.02  # drafting cheaper than this share of a plain step never stops
 FIRST_BUDGET = 12  # nodes the first round of the first request drafts (then: learned)
+BUDGET_EMA = 0.02  # weight of one drafting round in the budget a new request starts from
+RICH_MARGIN = 0.1  # the cheapest shape replaces the richest when its rate is this much higher
+STALL_STEPS = 4.0  # drafting seconds past this many plain steps are a stall (counted as this)
 GROW = 1.5  # next budget = GROW * (the size that paid best) + MARGIN
 MARGIN = 2
 EXPLORE_EVERY = 16  # rounds between two tries of another shape as good as the best, ...
@@ -171,9 +182,11 @@ class SizingModel:
         self.call_overhead = _Average()
         self.shape_rounds = 0  # drafting rounds, and the last one of each shape
         self.last_tried: dict[Shape, int] = defaultdict(int)
+        # the budget a new request's first round drafts: the budgets of the coordinator's
+        # drafting rounds, averaged (every round, not a request's last budget, which the end of
+        # an answer cuts short)
         self.first_budget = _Average(FIRST_BUDGET)
         self._planned: dict[tuple[DraftParams, int, int, Shape], DraftParams] = {}
-        self._lock = threading.Lock()
 
     def for_request(self, params: DraftParams) -> RequestSizer:
         return RequestSizer(self, params)
@@ -251,10 +264,13 @@ class RequestSizer:
 
     def _choose_shape(self) -> Shape:
         """The draft shape whose drafting rounds have emitted the most tokens per second (each
-        measured MIN_SAMPLES rounds first, in turn). The others stay measured: one whose rate
-        is a fraction f of the best is tried again once EXPLORE_EVERY / f^2 drafting rounds of
-        the coordinator (MAX_EXPLORE_EVERY at most) have passed since its last try, so the
-        worse a shape measures, the less its trials cost."""
+        measured MIN_SAMPLES rounds first, in turn; the richest unless another's rate exceeds
+        its by more than RICH_MARGIN, about the noise of the rates: on chat answers the
+        richest one's overlay drafts what the prompt repeats, and a few rounds of an early,
+        unlike request must not turn the coordinator to chains). The others stay measured:
+        one whose rate is a fraction f of the best is tried again once EXPLORE_EVERY / f^2
+        drafting rounds of the coordinator (MAX_EXPLORE_EVERY at most) have passed since its
+        last try, so the worse a shape measures, the less its trials cost."""
         if len(self.shapes) == 1:
             return self.shapes[0]
         model = self.model
@@ -264,6 +280,9 @@ class RequestSizer:
             return least
         rates = {s: tokens[s].value / max(seconds[s].value, 1e-9) for s in self.shapes}
         best = max(self.shapes, key=rates.__getitem__)
+        richest = self.shapes[0]
+        if rates[best] <= (1 + RICH_MARGIN) * rates[richest]:
+            best = richest  # within the rates' noise: the richest drafts what the context repeats
         now = model.shape_rounds
         for shape in sorted(self.shapes, key=lambda s: model.last_tried[s]):  # longest untried
             if shape == best:
@@ -325,8 +344,8 @@ class RequestSizer:
         `verified` what was verified, `start` the context length the draft continued,
         `context` the prompt and output after the round, seconds = (draft, verify, whole
         round)."""
-        draft_s, verify_s, round_s = seconds
         model = self.model
+        draft_s, verify_s, round_s = self._without_stall(seconds)
         forward = model.profile.cost(len(verified.token_ids) + 1)  # what the profile expects
         model.verify_overhead.add(max(0.0, verify_s - forward))
         model.other_seconds.add(max(0.0, round_s - draft_s - verify_s))
@@ -337,16 +356,29 @@ class RequestSizer:
             own = drafted.seconds if 0 < drafted.seconds <= draft_s else draft_s
             model.draft_cost[self.shape].add(size, own)
             model.call_overhead.add(draft_s - own)
-            if len(self.shapes) > 1:
+            if len(self.shapes) > 1 and model.shape_rounds > 1:
                 # the round as the cost profile prices its Verify call: a flat profile (a GPU's)
-                # compares shapes by what they would cost there, not by this host's forwards
+                # compares shapes by what they would cost there, not by this host's forwards;
+                # not the coordinator's first drafting round (FIRST_BUDGET nodes of the richest
+                # shape, the drafter's first call: a probe, unlike the rounds that follow)
                 priced = round_s - verify_s + forward + model.verify_overhead.value
                 model.round_tokens[self.shape].add(result.accepted_count + 1.0, SHAPE_EMA)
                 model.round_seconds[self.shape].add(priced, SHAPE_EMA)
             paying = self._best_budget(self.last_cut.ranked)
             self._next_budget(size, paying)
+            model.first_budget.add(float(self.budget), BUDGET_EMA)
             self._maybe_skip(paying, draft_s)
         self.pending.resolve(context)
+
+    def _without_stall(self, seconds: tuple[float, float, float]) -> tuple[float, ...]:
+        """(draft, verify, round) seconds with the drafting part cut to STALL_STEPS plain steps:
+        drafting that took longer was a stall (a compile on first use, the host busy
+        elsewhere), not what drafting costs, and one such round would otherwise weigh on the
+        shared drafting costs and shape rates for hundreds of rounds."""
+        draft_s, verify_s, round_s = seconds
+        stall = STALL_STEPS * self.model.verify_seconds(0)
+        excess = max(0.0, draft_s - stall)
+        return draft_s - excess, verify_s, round_s - excess
 
     def _best_budget(self, ranked: list[float]) -> int:
         """The draft size that would have paid best this round, verified whole: the N
@@ -388,8 +420,5 @@ class RequestSizer:
             self.skip = min(MAX_SKIP, 2 ** (self.quiet - QUIET_ROUNDS))
 
     def finish(self) -> None:
-        """The request ended: its last budget joins the first-round budget of later ones, its
-        last acceptance counts the shared ones."""
+        """The request ended: its last acceptance counts join the shared ones."""
         self.acceptance.share()
-        with self.model._lock:
-            self.model.first_budget.add(float(self.budget))
