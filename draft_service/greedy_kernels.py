@@ -76,6 +76,8 @@ WITTEN_BELL = 1
 # The index's arrays, by position in SuffixIndex.kernel_arrays
 _STREAM, _ENTRIES, _WEIGHTS, _FIRST, _TABLE_LO, _TABLE_HI = range(6)
 _TABLE_START, _TABLE_IDS, _TABLE_COUNTS = range(6, 9)
+# Where a list's tokens are (_read_list): counted from the stream, a short or a long table row
+_COUNTED, _SHORT, _LONG = range(3)
 # A token's marks (Scratch.marks columns): stamps, so nothing is cleared between steps
 _SEEN, _EVALUATED, _FLAGS, _OVERLAY_MARK, _TYPE_MARK = range(5)
 
@@ -89,13 +91,14 @@ class Scratch:
     read. listed: the tokens the step has listed."""
 
     def __init__(self, vocab_size: int, max_orders: int) -> None:
-        self.stamps = np.zeros(2, np.int64)  # the step and order counters
+        self.stamps = np.zeros(3, np.int64)  # the step and order counters, typed's length
         self.marks = np.zeros((vocab_size, 5), np.int64)
         self.cells = np.zeros((vocab_size, max_orders + 2), np.float64)
         self.listed = np.zeros(vocab_size, np.int64)
+        self.typed = np.zeros(vocab_size, np.int64)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        return self.stamps, self.marks, self.cells, self.listed
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.stamps, self.marks, self.cells, self.listed, self.typed
 
 
 _SCRATCH = threading.local()  # this thread's Scratch per (vocabulary size, orders)
@@ -195,7 +198,7 @@ def _consider(token, mass, flags, width, top_ids, top_mass, top_flags, found):
     return found + 1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _list(x, step, scr, size):
     """List token x in this step (its cells zeroed) unless it is; returns the list's size."""
     marks, cells, listed = scr[1], scr[2], scr[3]
@@ -209,34 +212,37 @@ def _list(x, step, scr, size):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _new_type(x, order_stamp, marks):
-    """Whether x is met for the first time at this order (then marked)."""
+def _new_type(x, order_stamp, scr):
+    """Whether x is met for the first time at this order in a short list or the overlay (then
+    marked, and kept in the scratch's list of this order's tokens, scr[4][:scr[0][2]])."""
+    stamps, marks, typed = scr[0], scr[1], scr[4]
     if marks[x, _TYPE_MARK] == order_stamp:
         return 0
     marks[x, _TYPE_MARK] = order_stamp
+    typed[stamps[2]] = x
+    stamps[2] += 1
     return 1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _read_short(ids, counts, weight, j, order_stamp, step, scr, size):
-    """Add weight times a short list's counts to the cells of order index j. Returns (list
-    size, tokens new at this order)."""
+    """Add weight times a short list's counts to the cells of order index j. Returns the list
+    size."""
     marks, cells = scr[1], scr[2]
-    types = 0
     for i in range(ids.shape[0]):
         x = np.int64(ids[i])
         size = _list(x, step, scr, size)
-        types += _new_type(x, order_stamp, marks)
         cells[x, j] += np.float64(counts[i]) * weight
         marks[x, _FLAGS] |= _IN_GRAPH
-    return size, types
+    return size
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size):
     """Count the successors of the suffix-array range [lo, hi) (one not in the table) from the
-    stream, times weight, into the cells of order index j. Returns (list size, tokens new at
-    this order, the count)."""
+    stream, times weight, into the cells of order index j. Returns (list size, its distinct
+    tokens (those the cells had no count for: right where it is the order's first list), its
+    count)."""
     stream, entries, weights = ix[_STREAM], ix[_ENTRIES], ix[_WEIGHTS]
     marks, cells = scr[1], scr[2]
     types = 0
@@ -246,48 +252,97 @@ def _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size):
         x = np.int64(stream[position + 1])
         c = 1.0 if weights.shape[0] == 0 else np.float64(weights[position])
         size = _list(x, step, scr, size)
-        types += _new_type(x, order_stamp, marks)
+        if cells[x, j] == 0.0:
+            types += 1
         cells[x, j] += c * weight
         marks[x, _FLAGS] |= _IN_GRAPH
         total += c
     return size, types, total
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _read_list(ix, views, frequent_min, lo, hi, weight, j, order_stamp, step, scr, size, longs):
     """Source list of order index j (the suffix-array range [lo, hi) of a graph or of the live
     layer's index): a short one (or one counted from the stream) is added to the cells,
     weight times its counts; a long one is noted in longs (read from its head later). Returns
-    (list size, its distinct tokens, those new at this order, its count)."""
+    (list size, its distinct tokens, its count, where its tokens are: (COUNTED, lo, hi) entries
+    of the suffix array, (SHORT, a, b) or (LONG, a, b) of the table))."""
     table_start, table_ids, table_counts = ix[_TABLE_START], ix[_TABLE_IDS], ix[_TABLE_COUNTS]
     long_at, long_size, long_view, read = longs
     long_at[j] = -1
     row = table_row(ix[_TABLE_LO], ix[_TABLE_HI], lo, hi) if hi - lo >= frequent_min else -1
     if row < 0:
         size, types, total = _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size)
-        return size, types, types, total
+        return size, types, total, _COUNTED, lo, hi
     a, b = np.int64(table_start[row]), np.int64(table_start[row + 1])
     total = _sum(table_counts[a:b])
     if views[0][row] >= 0:  # long
         long_at[j], long_size[j], long_view[j], read[j] = a, b - a, row, 0
-        return size, b - a, 0, total
-    size, new = _read_short(
-        table_ids[a:b], table_counts[a:b], weight, j, order_stamp, step, scr, size
-    )
-    return size, b - a, new, total
+        return size, b - a, total, _LONG, a, b
+    size = _read_short(table_ids[a:b], table_counts[a:b], weight, j, order_stamp, step, scr, size)
+    return size, b - a, total, _SHORT, a, b
 
 
 @numba.njit(cache=True, nogil=True)
-def _mark_long(ix, longs, j, order_stamp, marks):
-    """Mark the tokens of a long list at its order; returns how many were new there."""
-    a, n = longs[0][j], longs[1][j]
-    new = 0
-    for i in range(n):
-        new += _new_type(np.int64(ix[_TABLE_IDS][a + i]), order_stamp, marks)
-    return new
+def _type_list(ix, kind, a, b, order_stamp, scr):
+    """Mark the tokens of a short or counted list as met at this order (see _new_type)."""
+    if kind == _SHORT:
+        for i in range(a, b):
+            _new_type(np.int64(ix[_TABLE_IDS][i]), order_stamp, scr)
+    elif kind == _COUNTED:
+        for i in range(a, b):
+            _new_type(np.int64(ix[_STREAM][np.int64(ix[_ENTRIES][i]) + 1]), order_stamp, scr)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _in_long(x, j, views, longs):
+    """Whether x is in the long list of order index j (a binary search of its by-id view)."""
+    if longs[0][j] < 0:
+        return False
+    a = views[0][longs[2][j]]
+    return _count_of(views[1], views[2], a, a + longs[1][j], x) > 0
 
 
 @numba.njit(cache=True, nogil=True)
+def _common(views, longs, live_views, live_longs, j):
+    """How many ids the graph's and the live layer's long lists of order index j share (a
+    merge of their by-id views)."""
+    a, live_a = views[0][longs[2][j]], live_views[0][live_longs[2][j]]
+    ids, live_ids = views[1][a : a + longs[1][j]], live_views[1][live_a : live_a + live_longs[1][j]]
+    i = k = common = 0
+    while i < ids.shape[0] and k < live_ids.shape[0]:
+        if ids[i] == live_ids[k]:
+            common += 1
+            i += 1
+            k += 1
+        elif ids[i] < live_ids[k]:
+            i += 1
+        else:
+            k += 1
+    return common
+
+
+@numba.njit(cache=True, nogil=True)
+def _union_types(data, longs, live_longs, j, scr):
+    """T_j: the distinct tokens of the sources of order index j: those of the long lists, and
+    those of the short lists and the overlay (the typed tokens) that no long list holds."""
+    views, live_views = data[1], data[3]
+    typed, n_typed = scr[4], scr[0][2]
+    types = 0
+    for i in range(n_typed):
+        x = typed[i]
+        if not (_in_long(x, j, views, longs) or _in_long(x, j, live_views, live_longs)):
+            types += 1
+    if longs[0][j] >= 0:
+        types += longs[1][j]
+    if live_longs[0][j] >= 0:
+        types += live_longs[1][j]
+        if longs[0][j] >= 0:
+            types -= _common(views, longs, live_views, live_longs, j)
+    return types
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
 def _sum(counts):
     total = 0.0
     for i in range(counts.shape[0]):
@@ -295,7 +350,7 @@ def _sum(counts):
     return total
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _look_up(x, j, views, longs, weight, scr):
     """Add weight times x's count in a long list of order index j (looked up by id), if any."""
     marks, cells = scr[1], scr[2]
@@ -306,7 +361,7 @@ def _look_up(x, j, views, longs, weight, scr):
         marks[x, _FLAGS] |= _IN_GRAPH
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr):
     """Token x's mass: its counts in the long lists looked up (by id), then sum_j s_j c_j(x)
     over the orders highest first, as the mixer sums it."""
@@ -323,7 +378,7 @@ def _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr):
     return mass
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _orders(data, setup, t, tail_len, work):
     """The matching orders of the tail t, highest first, into work's `orders` (the union of
     the graph's, the live layer's and the overlay's; the graph's as SuffixIndex.match keeps
@@ -379,7 +434,7 @@ def draft_step(data, setup, tail, tail_len, width, normalise, scr, work, top_ids
 
     Why so long: one pass of the mixer's arithmetic over the three sources' orders, in the
     order the mixer does it; split further, it would hand a dozen arrays between the pieces."""
-    stamps, marks, cells, listed = scr
+    stamps, marks, cells, listed = scr[0], scr[1], scr[2], scr[3]
     ix, views, live_ix, live_views, _ = data
     _, frequent_min, _, _, mode, escape, overlay_weight, _, live_frequent_min, live_weight = setup
     lo, hi, live_lo, live_hi, kept, succ, lengths, orders, e_list, scales = work[:10]
@@ -405,28 +460,28 @@ def draft_step(data, setup, tail, tail_len, width, normalise, scr, work, top_ids
             g += 1
         stamps[1] += 1
         order_stamp = stamps[1]
+        stamps[2] = 0  # no typed tokens at this order yet
         # -- each source's list of order j: c_j = c_graph + w_live c_live + w c_ctx --
         total = 0.0
         lists = 0  # sources listing successors at this order
         types = 0  # their distinct tokens, where one source lists them all
-        new = 0  # tokens met for the first time at this order (in short lists)
         longs[0][j] = -1
         live_longs[0][j] = -1
+        kind = live_kind = _LONG  # none: nothing to type
+        a = b = live_a = live_b = 0
         if g < m_graph and kept[g] == order:
-            size, types, new_here, count = _read_list(
+            size, types, count, kind, a, b = _read_list(
                 ix, views, frequent_min, lo[order - 1], hi[order - 1], 1.0, j, order_stamp,
                 step, scr, size, longs,
             )  # fmt: skip
-            new += new_here
             total += count
             lists += 1
         if order <= m_live:
-            size, types_here, new_here, count = _read_list(
+            size, types_here, count, live_kind, live_a, live_b = _read_list(
                 live_ix, live_views, live_frequent_min, live_lo[order - 1], live_hi[order - 1],
                 live_weight, j, order_stamp, step, scr, size, live_longs,
             )  # fmt: skip
             types = types_here if lists == 0 else types
-            new += new_here
             total += count * live_weight
             lists += 1
         n_e = 0
@@ -447,14 +502,12 @@ def draft_step(data, setup, tail, tail_len, width, normalise, scr, work, top_ids
             lists += 1
             if lists == 1:  # the overlay alone lists successors at this order
                 types = n_e
-        if lists > 1 and not lowest:  # T_j: the sources' distinct tokens, counted by marks
+        if lists > 1 and not lowest:  # T_j: the sources' distinct tokens
+            _type_list(ix, kind, a, b, order_stamp, scr)
+            _type_list(live_ix, live_kind, live_a, live_b, order_stamp, scr)
             for i in range(n_e):
-                new += _new_type(e_list[i], order_stamp, marks)
-            if longs[0][j] >= 0:
-                new += _mark_long(ix, longs, j, order_stamp, marks)
-            if live_longs[0][j] >= 0:
-                new += _mark_long(live_ix, live_longs, j, order_stamp, marks)
-            types = new
+                _new_type(e_list[i], order_stamp, scr)
+            types = _union_types(data, longs, live_longs, j, scr)
         for i in range(n_e):
             x = e_list[i]
             cells[x, j] += cells[x, over] * overlay_weight
@@ -493,7 +546,7 @@ def draft_step(data, setup, tail, tail_len, width, normalise, scr, work, top_ids
     return orders[0], found
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _gain(counts, at, j, scale):
     """What the next unread entry of long list j weighs: scale times its count (-1: read)."""
     if at[0][j] < 0 or at[3][j] >= at[1][j]:
@@ -501,15 +554,30 @@ def _gain(counts, at, j, scale):
     return scale * np.float64(counts[at[0][j] + at[3][j]])
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _meet(
+    x, m, scales, data, longs, live_longs, live_weight, width, step, scr, size, top_ids, top_q,
+    top_flags, found,
+):  # fmt: skip
+    """A token read from a long list: listed and completed unless it is already; returns
+    (the list's size, the top list's)."""
+    marks = scr[1]
+    if marks[x, _EVALUATED] != step:
+        size = _list(x, step, scr, size)
+        mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
+        found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+    return size, found
+
+
 @numba.njit(cache=True, nogil=True)
 def _threshold_read(
     data, m, scales, longs, live_longs, live_weight, width, step, scr, size, partial, top_ids,
     top_q, top_flags,
 ):  # fmt: skip
-    """The width likeliest tokens where some lists are long: the listed tokens that can still
-    make the top list, then the long lists from their heads, the one whose next count weighs
-    most first, until the width-th best is above the threshold (the most a token met in no
-    list yet can have). Returns how many."""
+    """The width likeliest tokens where some lists are long: the heads of the long lists, the
+    listed tokens that can still make the top list, then the long lists on, the one whose
+    next count weighs most first, until the width-th best is above the threshold (the most a
+    token met in no list yet can have). Returns how many."""
     marks, cells, listed = scr[1], scr[2], scr[3]
     table_ids, table_counts = data[0][_TABLE_IDS], data[0][_TABLE_COUNTS]
     live_ids, live_counts = data[2][_TABLE_IDS], data[2][_TABLE_COUNTS]
@@ -519,8 +587,53 @@ def _threshold_read(
     for j in range(m):
         most += max(0.0, _gain(table_counts, longs, j, scales[j]))
         most += max(0.0, _gain(live_counts, live_longs, j, scales[j] * live_weight))
+    for j in range(m):  # the heads of the long lists (the likeliest tokens: a strong bar)
+        if longs[0][j] >= 0:
+            longs[3][j] = min(width, longs[1][j])
+            for i in range(longs[3][j]):
+                x = np.int64(table_ids[longs[0][j] + i])
+                size, found = _meet(
+                    x,
+                    m,
+                    scales,
+                    data,
+                    longs,
+                    live_longs,
+                    live_weight,
+                    width,
+                    step,
+                    scr,
+                    size,
+                    top_ids,
+                    top_q,
+                    top_flags,
+                    found,
+                )
+        if live_longs[0][j] >= 0:
+            live_longs[3][j] = min(width, live_longs[1][j])
+            for i in range(live_longs[3][j]):
+                x = np.int64(live_ids[live_longs[0][j] + i])
+                size, found = _meet(
+                    x,
+                    m,
+                    scales,
+                    data,
+                    longs,
+                    live_longs,
+                    live_weight,
+                    width,
+                    step,
+                    scr,
+                    size,
+                    top_ids,
+                    top_q,
+                    top_flags,
+                    found,
+                )
     for i in range(size):  # the listed tokens, each bounded by its partial mass + most
         x = listed[i]
+        if marks[x, _EVALUATED] == step:
+            continue
         mass = 0.0
         for j in range(m):
             mass += cells[x, j] * scales[j]
@@ -550,10 +663,23 @@ def _threshold_read(
         else:
             x = np.int64(table_ids[longs[0][best_j] + longs[3][best_j]])
             longs[3][best_j] += 1
-        if marks[x, _EVALUATED] != step:
-            size = _list(x, step, scr, size)
-            mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
-            found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+        size, found = _meet(
+            x,
+            m,
+            scales,
+            data,
+            longs,
+            live_longs,
+            live_weight,
+            width,
+            step,
+            scr,
+            size,
+            top_ids,
+            top_q,
+            top_flags,
+            found,
+        )
     return found
 
 
