@@ -44,6 +44,7 @@ across modules, every piece would need the layouts' constants and the others' si
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 from collections.abc import Sequence
 
@@ -555,17 +556,16 @@ def _gain(counts, at, j, scale):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _meet(
-    x, m, scales, data, longs, live_longs, live_weight, width, step, scr, size, top_ids, top_q,
-    top_flags, found,
-):  # fmt: skip
+def _meet(x, m, scales, sources, width, step, scr, size, top, found):
     """A token read from a long list: listed and completed unless it is already; returns
-    (the list's size, the top list's)."""
+    (the list's size, the top list's). sources: (data, longs, live_longs, live_weight); top:
+    (ids, q, flags) of the top list."""
     marks = scr[1]
     if marks[x, _EVALUATED] != step:
         size = _list(x, step, scr, size)
+        data, longs, live_longs, live_weight = sources
         mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
-        found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
+        found = _consider(x, mass, marks[x, _FLAGS], width, top[0], top[1], top[2], found)
     return size, found
 
 
@@ -579,6 +579,7 @@ def _threshold_read(
     next count weighs most first, until the width-th best is above the threshold (the most a
     token met in no list yet can have). Returns how many."""
     marks, cells, listed = scr[1], scr[2], scr[3]
+    sources, top = (data, longs, live_longs, live_weight), (top_ids, top_q, top_flags)
     table_ids, table_counts = data[0][_TABLE_IDS], data[0][_TABLE_COUNTS]
     live_ids, live_counts = data[2][_TABLE_IDS], data[2][_TABLE_COUNTS]
     found = 0
@@ -592,44 +593,12 @@ def _threshold_read(
             longs[3][j] = min(width, longs[1][j])
             for i in range(longs[3][j]):
                 x = np.int64(table_ids[longs[0][j] + i])
-                size, found = _meet(
-                    x,
-                    m,
-                    scales,
-                    data,
-                    longs,
-                    live_longs,
-                    live_weight,
-                    width,
-                    step,
-                    scr,
-                    size,
-                    top_ids,
-                    top_q,
-                    top_flags,
-                    found,
-                )
+                size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found)
         if live_longs[0][j] >= 0:
             live_longs[3][j] = min(width, live_longs[1][j])
             for i in range(live_longs[3][j]):
                 x = np.int64(live_ids[live_longs[0][j] + i])
-                size, found = _meet(
-                    x,
-                    m,
-                    scales,
-                    data,
-                    longs,
-                    live_longs,
-                    live_weight,
-                    width,
-                    step,
-                    scr,
-                    size,
-                    top_ids,
-                    top_q,
-                    top_flags,
-                    found,
-                )
+                size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found)
     for i in range(size):  # the listed tokens, each bounded by its partial mass + most
         x = listed[i]
         if marks[x, _EVALUATED] == step:
@@ -663,23 +632,7 @@ def _threshold_read(
         else:
             x = np.int64(table_ids[longs[0][best_j] + longs[3][best_j]])
             longs[3][best_j] += 1
-        size, found = _meet(
-            x,
-            m,
-            scales,
-            data,
-            longs,
-            live_longs,
-            live_weight,
-            width,
-            step,
-            scr,
-            size,
-            top_ids,
-            top_q,
-            top_flags,
-            found,
-        )
+        size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found)
     return found
 
 
@@ -870,14 +823,16 @@ class CompiledDrafts:
         self.warm_up()
 
     def warm_up(self) -> None:
-        """Draft a chain and a tree once: the first call of a process loads the kernels'
-        machine code for this graph's array types (numba's cache, about 0.3 s) or, on a fresh
-        install, compiles it (about 30 s on 2 cores), which a first request must not wait for."""
-        for tree_nodes in (0, 2):
-            params = DraftParams(
-                k=2, tree_nodes=tree_nodes, mixing="witten-bell", escape_weight=1.0
-            )
-            self.propose(np.zeros(1, np.int64), params, None)
+        """Draft a chain and a tree once, without and with a live layer (whose index's arrays
+        may type otherwise than the graph's): the first call of a process loads the kernels'
+        machine code for these array types (numba's cache, about 0.3 s) or, on a fresh install,
+        compiles it (about 30 s each on 2 cores), which no request must wait for."""
+        live = LiveLayer(self.graph.max_order, build_share=math.inf)
+        live.learn([0, 0, 0])
+        for layer in (None, live):
+            for tree_nodes in (0, 2):
+                params = DraftParams(k=2, tree_nodes=tree_nodes, escape_weight=1.0)
+                self.propose(np.zeros(1, np.int64), params.with_defaults(), None, layer)
 
     @staticmethod
     def serves(params: DraftParams) -> bool:
