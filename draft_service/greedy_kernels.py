@@ -44,6 +44,7 @@ across modules, every piece would need the layouts' constants and the others' si
 from __future__ import annotations
 
 import heapq
+import logging
 import math
 import threading
 from collections.abc import Sequence
@@ -61,6 +62,11 @@ from speculant.graph_reader import LONGEST_FROM, NGramGraph
 from speculant.suffix_index import SuffixIndex, match_ranges, table_row
 from speculant.types import DraftProposal
 
+log = logging.getLogger(__name__)
+COMPILING = (
+    "compiling the drafts' kernels (numba): the first start after an install takes about a "
+    "minute; later starts load them from numba's cache"
+)
 # Source codes of a drafted token (DraftProposal.sources): who listed it as a successor.
 SOURCE_NAMES = ("graph", "overlay", "both")
 _IN_GRAPH = 1
@@ -829,10 +835,15 @@ class CompiledDrafts:
         compiles it (about 30 s each on 2 cores), which no request must wait for."""
         live = LiveLayer(self.graph.max_order, build_share=math.inf)
         live.learn([0, 0, 0])
-        for layer in (None, live):
-            for tree_nodes in (0, 2):
-                params = DraftParams(k=2, tree_nodes=tree_nodes, escape_weight=1.0)
-                self.propose(np.zeros(1, np.int64), params.with_defaults(), None, layer)
+        notice = threading.Timer(2.0, log.info, args=(COMPILING,))  # only if it takes long
+        notice.start()
+        try:
+            for layer in (None, live):
+                for tree_nodes in (0, 2):
+                    params = DraftParams(k=2, tree_nodes=tree_nodes, escape_weight=1.0)
+                    self.propose(np.zeros(1, np.int64), params.with_defaults(), None, layer)
+        finally:
+            notice.cancel()
 
     @staticmethod
     def serves(params: DraftParams) -> bool:
