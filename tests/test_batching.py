@@ -62,6 +62,14 @@ def references(loaded: LoadedModel) -> list[tuple[list[int], list[int]]]:
 # -- the batched forward ---------------------------------------------------------------------
 
 
+def prefilled(loaded: LoadedModel, prompts: list[list[int]]) -> list:
+    """A fresh cache per prompt, each holding its prompt."""
+    caches = [loaded.new_cache() for _ in prompts]
+    for cache, prompt in zip(caches, prompts, strict=True):
+        loaded.forward(cache, torch.tensor(prompt), 0, 1)
+    return caches
+
+
 def test_forward_batch_matches_single_forwards(loaded: LoadedModel) -> None:
     """Rows with different cache lengths and new-token counts (1 to 9), left-padded into one
     batch: each row's logits and written-back cache match a forward of its own."""
@@ -70,18 +78,12 @@ def test_forward_batch_matches_single_forwards(loaded: LoadedModel) -> None:
     prompts = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
     inputs = [[rng.randrange(3, 512) for _ in range(w)] for w in widths]
 
-    def prefilled() -> list:
-        caches = [loaded.new_cache() for _ in prompts]
-        for cache, prompt in zip(caches, prompts, strict=True):
-            loaded.forward(cache, torch.tensor(prompt), 0, 1)
-        return caches
-
-    singles = prefilled()
+    singles = prefilled(loaded, prompts)
     expected = [
         loaded.forward(cache, torch.tensor(new), len(prompt), len(new))
         for cache, prompt, new in zip(singles, prompts, inputs, strict=True)
     ]
-    batched = prefilled()
+    batched = prefilled(loaded, prompts)
     logits = loaded.forward_batch(batched, inputs, lengths)
     assert loaded.supports_batching
     for row, (got, want) in enumerate(zip(logits, expected, strict=True)):
@@ -106,20 +108,16 @@ def test_forward_batch_with_trees_matches_lone_forwards(loaded: LoadedModel) -> 
     prompts = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
     inputs = [[rng.randrange(3, 512) for _ in range(w)] for w in widths]
 
-    def prefilled() -> list:
-        caches = [loaded.new_cache() for _ in prompts]
-        for cache, prompt in zip(caches, prompts, strict=True):
-            loaded.forward(cache, torch.tensor(prompt), 0, 1)
-        return caches
-
     expected = []
-    for cache, prompt, new, tree in zip(prefilled(), prompts, inputs, trees, strict=True):
+    for cache, prompt, new, tree in zip(
+        prefilled(loaded, prompts), prompts, inputs, trees, strict=True
+    ):
         ids = torch.tensor(new)
         if tree is None:
             expected.append(loaded.forward(cache, ids, len(prompt), len(new)))
         else:
             expected.append(loaded.forward_tree_with(None, cache, ids, len(prompt), tree))
-    logits = loaded.forward_batch(prefilled(), inputs, lengths, trees)
+    logits = loaded.forward_batch(prefilled(loaded, prompts), inputs, lengths, trees)
     for row, (got, want) in enumerate(zip(logits, expected, strict=True)):
         assert got.shape == want.shape == (widths[row], loaded.vocab_size)
         assert torch.allclose(got, want, atol=1e-4), f"row {row}"
