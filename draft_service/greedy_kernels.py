@@ -16,8 +16,9 @@ One *step* (what a tree node offers, or one chain position) after a tail:
 
 1. the graph's matching orders and their successor lists (suffix-array ranges, narrowed one
    token at a time; frequent ranges are rows of the index's table, successors by count
-   descending), as :meth:`speculant.suffix_index.SuffixIndex.match`, and the live layer's, the
-   same way in its index;
+   descending, found by a hash of the ranges, each row's total count kept beside it), as
+   :meth:`speculant.suffix_index.SuffixIndex.match`, and the live layer's, the same way in its
+   index;
 2. the overlay's: every earlier occurrence of the tail's last token in the context (a chain of
    previous occurrences per token, :class:`draft_service.overlay.ContextIndex`), each with the
    length of its match backwards and its successor;
@@ -28,7 +29,7 @@ One *step* (what a tree node offers, or one chain position) after a tail:
    counted from the stream) is read whole into per-token cells; a *long* one (a table row of
    hundreds to thousands of successors, orders 1 and 2 of frequent contexts) is read from its
    head only, the threshold algorithm of Fagin, Lotem and Naor: each token met is completed
-   by a binary search of every long list in a copy of its row sorted by id (ByIdViews), and
+   by a binary search of every long list in a copy of its row sorted by id (by_id_views), and
    the reads stop once the width-th best q is above what any token not met can reach (the
    sum over long lists of s_o times the count at the read position).
 
@@ -59,7 +60,7 @@ from draft_service.tree import TREE_WIDTH
 from speculant.draft_params import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_reader import LONGEST_FROM, NGramGraph
-from speculant.suffix_index import SuffixIndex, match_ranges, table_row
+from speculant.suffix_index import SuffixIndex, match_ranges
 from speculant.types import DraftProposal
 
 log = logging.getLogger(__name__)
@@ -128,18 +129,31 @@ def thread_scratch(vocab_size: int, max_orders: int) -> tuple:
 NO_OVERLAY = (np.zeros(1, np.int64), np.full(1, -1, np.int32), np.full(0, -1, np.int32), 0)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sum(counts):
+    total = 0.0
+    for i in range(counts.shape[0]):
+        total += np.float64(counts[i])
+    return total
+
+
 @numba.njit(cache=True, nogil=True)
-def by_id_views(table_start, table_ids, table_counts, short):
-    """Copies of the table rows longer than `short`, each sorted by id: (offsets [R] (-1: a
-    short row), ids [S'], counts [S']); row r's copy is at offsets[r]:offsets[r] + its size."""
+def by_id_views(table_start, table_ids, table_counts, table_lo, table_hi, short):
+    """What the kernels derive from an index's table once: copies of the rows longer than
+    `short`, each sorted by id, every row's total count, and a hash of the rows by range.
+    Returns (offsets [R] (-1: a short row), ids [S'], counts [S'], totals [R], slot keys [H],
+    slot rows [H]); row r's copy is at offsets[r]:offsets[r] + its size; row_of reads the
+    hash (H: a power of two, at least twice R)."""
     rows = table_start.shape[0] - 1
     offsets = np.full(rows, -1, np.int64)
+    totals = np.empty(rows, np.float64)
     size = 0
     for r in range(rows):
-        n = np.int64(table_start[r + 1] - table_start[r])
-        if n > short:
+        a, b = np.int64(table_start[r]), np.int64(table_start[r + 1])
+        totals[r] = _sum(table_counts[a:b])
+        if b - a > short:
             offsets[r] = size
-            size += n
+            size += b - a
     ids = np.empty(size, table_ids.dtype)
     counts = np.empty(size, table_counts.dtype)
     for r in range(rows):
@@ -151,17 +165,55 @@ def by_id_views(table_start, table_ids, table_counts, short):
         for i in range(b - a):
             ids[at + i] = table_ids[a + order[i]]
             counts[at + i] = table_counts[a + order[i]]
-    return offsets, ids, counts
+    slots = 2
+    while slots < 2 * rows:
+        slots *= 2
+    slot_keys = np.zeros(slots, np.uint64)  # 0: empty (no row has hi == 0)
+    slot_rows = np.empty(slots, np.int64)
+    for r in range(rows):
+        key = _range_key(table_lo[r], table_hi[r])
+        h = _slot(key, slots)
+        while slot_keys[h] != 0:
+            h = (h + 1) & (slots - 1)
+        slot_keys[h], slot_rows[h] = key, r
+    return offsets, ids, counts, totals, slot_keys, slot_rows
 
 
-def views_of(index: SuffixIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+@numba.njit(cache=True, nogil=True, inline="always")
+def _range_key(lo, hi):
+    """A suffix-array range as one key (both ends < 2**32)."""
+    return (np.uint64(lo) << np.uint64(32)) | np.uint64(hi)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _slot(key, slots):
+    """key's first slot in a hash of `slots` (a power of two): Fibonacci hashing."""
+    return np.int64((key * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & (slots - 1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def row_of(views, lo, hi):
+    """The table row of the range [lo, hi), or -1 (as table_row, by the views' hash)."""
+    slot_keys, slot_rows = views[4], views[5]
+    slots = slot_keys.shape[0]
+    key = _range_key(lo, hi)
+    h = _slot(key, slots)
+    while slot_keys[h] != 0:
+        if slot_keys[h] == key:
+            return slot_rows[h]
+        h = (h + 1) & (slots - 1)
+    return -1
+
+
+def views_of(index: SuffixIndex) -> tuple[np.ndarray, ...]:
     """The index's by-id views (by_id_views), made on first use and kept with the index
-    (memory: 8 bytes a successor of the long rows; docs/benchmarks.md)."""
+    (memory: 8 bytes a successor of the long rows, 24 bytes a row; docs/benchmarks.md)."""
     views = getattr(index, "by_id", None)
     if views is None:
         views = index.by_id = by_id_views(
-            index.table_start, index.table_ids, index.table_counts, SHORT_LIST
-        )
+            index.table_start, index.table_ids, index.table_counts, index.table_lo,
+            index.table_hi, SHORT_LIST,
+        )  # fmt: skip
     return views
 
 
@@ -277,12 +329,12 @@ def _read_list(ix, views, frequent_min, lo, hi, weight, j, order_stamp, step, sc
     table_start, table_ids, table_counts = ix[_TABLE_START], ix[_TABLE_IDS], ix[_TABLE_COUNTS]
     long_at, long_size, long_view, read = longs
     long_at[j] = -1
-    row = table_row(ix[_TABLE_LO], ix[_TABLE_HI], lo, hi) if hi - lo >= frequent_min else -1
+    row = row_of(views, lo, hi) if hi - lo >= frequent_min else -1
     if row < 0:
         size, types, total = _count_range(ix, lo, hi, weight, j, order_stamp, step, scr, size)
         return size, types, total, _COUNTED, lo, hi
     a, b = np.int64(table_start[row]), np.int64(table_start[row + 1])
-    total = _sum(table_counts[a:b])
+    total = views[3][row]
     if views[0][row] >= 0:  # long
         long_at[j], long_size[j], long_view[j], read[j] = a, b - a, row, 0
         return size, b - a, total, _LONG, a, b
@@ -347,14 +399,6 @@ def _union_types(data, longs, live_longs, j, scr):
         if longs[0][j] >= 0:
             types -= _common(views, longs, live_views, live_longs, j)
     return types
-
-
-@numba.njit(cache=True, nogil=True, inline="always")
-def _sum(counts):
-    total = 0.0
-    for i in range(counts.shape[0]):
-        total += np.float64(counts[i])
-    return total
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -748,7 +792,7 @@ def greedy_tree(
     A step first finds its FIRST_WIDTH likeliest successors; most nodes never offer more (a
     sibling is offered only once the one before it is taken), and a step asked for fewer costs
     less (fewer tokens to complete). One whose next sibling is past them is stepped again for
-    `width` (the same successors first: the ranking is one total order)."""
+    twice as many, up to `width` (the same successors first: the ranking is one total order)."""
     window = setup[3]
     work = _work(window, data[4][3])
     most = nodes + 1  # steps: the root's, then one per node at most
@@ -795,7 +839,7 @@ def greedy_tree(
         made += 1
         rank += 1
         if rank == step_size[s] == step_width[s] < width:  # more successors than asked for
-            _tree_step(data, setup, s, width, scr, work, tails, lens, steps)
+            _tree_step(data, setup, s, min(width, 2 * step_width[s]), scr, work, tails, lens, steps)
         if rank < step_size[s]:  # its next sibling
             c = ties
             c_parent[c], c_pprob[c], c_depth[c], c_step[c], c_rank[c] = (

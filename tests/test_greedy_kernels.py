@@ -13,12 +13,13 @@ import pytest
 
 from bench.drafts import make_contexts
 from draft_service.drafting import Drafter
-from draft_service.greedy_kernels import SHORT_LIST, CompiledDrafts, views_of
+from draft_service.greedy_kernels import SHORT_LIST, CompiledDrafts, row_of, views_of
 from draft_service.live_layer import LiveLayer
 from speculant.config import LONG_CONTEXT
 from speculant.draft_params import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_reader import NGramGraph
+from speculant.suffix_index import table_row
 from speculant.tokenizer import load_tokenizer
 from speculant.types import DraftProposal
 from tests.assets import STORIES_MODEL, TINYSTORIES_CORPUS
@@ -163,7 +164,7 @@ def test_a_closed_graph_refuses_to_draft(
 
 def test_by_id_views_hold_the_long_rows_sorted(graph: NGramGraph) -> None:
     index = graph.suffix_index
-    offsets, ids, counts = views_of(index)
+    offsets, ids, counts, totals, _, _ = views_of(index)
     start = index.table_start
     long_rows = np.flatnonzero(np.diff(start.astype(np.int64)) > SHORT_LIST)
     assert long_rows.size and (offsets[long_rows] >= 0).all()
@@ -176,3 +177,16 @@ def test_by_id_views_hold_the_long_rows_sorted(graph: NGramGraph) -> None:
             zip(index.table_ids[a:b].tolist(), index.table_counts[a:b].tolist(), strict=True)
         )
         assert dict(zip(view.tolist(), counts[at : at + b - a].tolist(), strict=True)) == by_id
+    sums = np.add.reduceat(index.table_counts.astype(np.float64), start[:-1].astype(np.int64))
+    assert np.array_equal(totals, sums)
+
+
+def test_the_views_hash_finds_every_tabled_range_and_no_other(graph: NGramGraph) -> None:
+    index = graph.suffix_index
+    views = views_of(index)
+    ranges = list(zip(index.table_lo.tolist(), index.table_hi.tolist(), strict=True))
+    assert [row_of(views, lo, hi) for lo, hi in ranges] == list(range(len(ranges)))
+    for lo, hi in ranges[:200]:
+        for other in ((lo, hi + 1), (lo + 1, hi), (hi, hi + 5)):
+            expected = table_row(index.table_lo, index.table_hi, *other)
+            assert row_of(views, *other) == expected
