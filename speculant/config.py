@@ -22,20 +22,14 @@ DraftStrategyName = Literal["greedy", "sampling"]
 MixingName = Literal["seed", "backoff", "witten-bell"]
 MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
 MAX_DRAFT_K = 64
-# The default draft: a tree of up to 12 tokens, at most 8 deep (k); tree_nodes=0 gives a chain of
-# k. Measured on the tinystories dev prompts (speculant bench generate, 128 tokens, greedy): tau
-# 3.12 against 2.51 for the former default, a chain of 5, and over the three services 1.47x
-# Hugging Face against 1.32x (fewer rounds, fewer RPCs); embedded on a 2-core CPU with the
-# 260K-parameter model the chains stay ~10% faster, as there a forward over 13 tokens costs
-# ~1.3x one over 6 and a tree takes the drafter twice as long (see docs/benchmarks.md).
+# The default draft: a tree of up to DEFAULT_TREE_NODES tokens, at most k deep; tree_nodes=0 gives
+# a chain of k. Why these: docs/benchmarks.md "Why the defaults".
 DEFAULT_DRAFT_K = 16
 DEFAULT_TREE_NODES = 64
 # The context overlay's weight (draft_service.overlay): a context n-gram counts this many graph
 # counts. The model repeats its own context (names, identifiers, whole phrases), so its counts
-# earn a high weight: by greedy replay on the dev prompts (64 nodes, 16 deep), SmolLM2 chat
-# answers over a distilled graph tau 3.20 / 3.79 / 3.83 with weight 4 / 64 / 256, over the
-# corpus graph 2.66 / 2.80 (4 / 64); tinystories 4.19 / 4.60 (4 / 64). The coordinator uses
-# the overlay only where its measured gain pays its drafting time (gateway.rounds.draft_sizing).
+# earn a high weight (docs/benchmarks.md "Why the defaults"). The coordinator uses the overlay
+# only where its measured gain pays its drafting time (gateway.rounds.draft_sizing).
 DEFAULT_OVERLAY_WEIGHT = 64.0
 # Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores
 # overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
@@ -60,10 +54,7 @@ MAX_DRAFT_CONTEXT = 64
 DEFAULT_MAX_CONTEXT_TOKENS = 65_536
 DEFAULT_MAX_DRAFT_TOKENS = 64
 # Online learning in the draft tier (draft_service.live_layer): the live layer's memory cap and
-# the weight of its counts against the graph's. Measured on the 64 tinystories dev prompts after
-# 300 learned generations of other stories (embedded, default drafts, learning paused while
-# measuring), tau median / over all tokens for weight 1, 4, 8, 16, 32: 3.82 / 3.71, 4.13 / 4.00,
-# 4.13 / 4.07, 4.20 / 4.10, 4.34 / 4.08 (no learning: 3.12 / 3.05).
+# the weight of its counts against the graph's (docs/benchmarks.md "Why the defaults").
 DEFAULT_LEARN_MEMORY_MB = 256
 DEFAULT_LEARN_WEIGHT = 16.0
 
