@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,8 +37,12 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = draft_pb2.DESCRIPTOR.services_by_name["DraftService"].full_name
 ADMIN_SERVICE_NAME = admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name
-# How often the server unmaps the graph pages it touched (see NGramGraph.release_pages).
+# How often the server unmaps the graph pages it touched (see NGramGraph.release_pages): after
+# an interval without drafts, and at least every BUSY_RELEASE_S while it drafts. (Unmapping while
+# drafts run makes the next ones fault their pages back in, and the kernel interrupts the other
+# cores to flush their TLBs: rounds slowed every half second.)
 RELEASE_INTERVAL_S = 0.5
+BUSY_RELEASE_S = 30.0
 DEFAULT_LEARNING = LearningConfig()  # learning is on unless a caller passes None
 
 
@@ -207,13 +212,20 @@ class DraftServer:
             self.watcher.trigger()
 
     def _release_loop(self) -> None:
-        """Keep RSS bounded: unmap the graph pages touched since the last pass, and close the
-        graphs that lingered unused long enough, periodically."""
+        """Keep RSS bounded: close the graphs that lingered unused long enough, periodically,
+        and unmap the graph pages touched since the last pass once an interval passed without
+        drafts (at least every BUSY_RELEASE_S)."""
         interval = self.release_interval_s if self.release_interval_s > 0 else RELEASE_INTERVAL_S
+        proposals = self.servicer.proposals
+        released_at = time.monotonic()
         while not self._stopped.wait(interval):
             self.catalog.expire()
             if self.release_interval_s <= 0:
                 continue
+            busy, proposals = self.servicer.proposals != proposals, self.servicer.proposals
+            if busy and time.monotonic() - released_at < BUSY_RELEASE_S:
+                continue
+            released_at = time.monotonic()
             for loaded in self.catalog.loaded_graphs():
                 if loaded.acquire():
                     try:

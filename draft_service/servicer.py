@@ -39,6 +39,7 @@ from speculant.wire import (
     graph_status_to_pb,
     live_stats_to_pb,
     proposal_to_pb,
+    propose_params_key,
 )
 
 # The service's logger (not this module's name): its lines are filtered on it.
@@ -85,6 +86,29 @@ def graph_info_to_pb(graph: NGramGraph, name: str = "") -> draft_pb2.GetGraphInf
     )
 
 
+class RequestParams:
+    """The validated DraftParams of ProposeRequests, read once per distinct parameter set: a
+    gateway sends the same set round after round, so later rounds skip reading and validating
+    it (a bad set is never kept: it raises every time). Thread-safe (the GIL guards the dict);
+    at most `size` sets are kept, all forgotten when more come."""
+
+    def __init__(self, defaults: DraftParams, size: int = 256) -> None:
+        self.defaults = defaults
+        self.size = size
+        self._known: dict[tuple[object, ...], DraftParams] = {}
+
+    def read(self, request: draft_pb2.ProposeRequest) -> tuple[DraftParams, int | None]:
+        """(validated DraftParams, seed or None), as draft_params_from_pb reads them."""
+        key = propose_params_key(request)
+        params = self._known.get(key)
+        if params is None:
+            params, _ = draft_params_from_pb(request, self.defaults)
+            if len(self._known) >= self.size:
+                self._known.clear()
+            self._known[key] = params
+        return params, request.seed if request.HasField("seed") else None
+
+
 class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
     """Answers Propose and GetGraphInfo from the catalog's graphs; UNAVAILABLE until they are
     open.
@@ -114,6 +138,8 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         learning = false and drafts come from the graphs alone. long_context: see
         NGramGraph.use_long_context (0: off). catalog_file: see GraphCatalog."""
         self.defaults = (defaults or DraftParams()).validate()
+        self.params = RequestParams(self.defaults)
+        self.proposals = 0  # answered so far (the server releases graph pages when it idles)
         self.metrics = metrics
         self.learning = learning
         self.max_context_tokens = max_context_tokens
@@ -157,13 +183,15 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
 
     def _served(self, request: draft_pb2.ProposeRequest, proposal: DraftProposal) -> None:
         """Log and count one proposal (DEBUG: one line per round)."""
-        log.debug(
-            "proposed %d draft tokens for %d context tokens (graph %s, k=%s)",
-            len(proposal.token_ids),
-            len(request.context_token_ids),
-            request.graph or "default",
-            request.k if request.HasField("k") else "default",
-        )
+        self.proposals += 1  # not atomic across threads: a count to tell busy from idle
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "proposed %d draft tokens for %d context tokens (graph %s, k=%s)",
+                len(proposal.token_ids),
+                len(request.context_token_ids),
+                request.graph or "default",
+                request.k if request.HasField("k") else "default",
+            )
         if self.metrics is not None:
             self.metrics.observe(len(proposal.token_ids))
 
@@ -178,7 +206,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         with request_id_scope(clean_request_id(request.request_id)), self._use(request) as used:
             _, drafter = used
             check_context_length(request, self.max_context_tokens)
-            params, seed = draft_params_from_pb(request, self.defaults)
+            params, seed = self.params.read(request)
             proposal = drafter.propose(request.context_token_ids, params, seed=seed)
             self._served(request, proposal)
             return proposal_to_pb(proposal, params.strategy == "greedy")
@@ -199,7 +227,7 @@ class DraftServicer(draft_pb2_grpc.DraftServiceServicer):
         for request in requests:
             with request_id_scope(clean_request_id(request.request_id)):
                 check_context_length(request, self.max_context_tokens)
-                params, seed = draft_params_from_pb(request, self.defaults)
+                params, seed = self.params.read(request)
                 with self._use(request) as (_, drafter):
                     proposal = drafter.propose(request.context_token_ids, params, seed=seed)
                     self._served(request, proposal)

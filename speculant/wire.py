@@ -78,6 +78,17 @@ def draft_params_from_pb(
     return params.validate(), seed
 
 
+def propose_params_key(request: draft_pb2.ProposeRequest) -> tuple[object, ...]:
+    """What a ProposeRequest's drafting parameters are, as a hashable key: its strategy and the
+    value of each optional field it sets (None where unset). Requests with equal keys read
+    back to the same DraftParams (a NaN never equals itself, so it never matches a key)."""
+    has = request.HasField
+    return (
+        request.strategy,
+        *[getattr(request, name) if has(name) else None for name in _PROPOSE_FIELDS],
+    )
+
+
 def propose_request_to_pb(
     context_ids: Sequence[int],
     params: DraftParams,

@@ -82,3 +82,22 @@ def test_mixing_weights_at_their_bounds_still_draft(core_drafter, strategy, tree
             for context in ([1, 2, 3], [1, 2, 3, 1, 2, 3], [10]):
                 proposal = core_drafter.propose(context, params, seed=1)
                 assert proposal.token_ids and all(0 <= t < CORE_VOCAB for t in proposal.token_ids)
+
+
+def test_request_params_read_each_set_as_the_codec_does_and_keep_no_bad_one() -> None:
+    """The servicer's cache of parameter sets (RequestParams) answers what draft_params_from_pb
+    answers, seed apart, and a bad set raises on every request (it is never kept)."""
+    from draft_service.servicer import RequestParams
+    from speculant.v1 import draft_pb2
+    from speculant.wire import draft_params_from_pb, propose_request_to_pb
+
+    params = RequestParams(DraftParams(), size=2)
+    for seed, k in [(None, 8), (3, 8), (None, 4), (5, 2), (None, 8)]:
+        request = propose_request_to_pb([1, 2], DraftParams(k=k), seed)
+        assert params.read(request) == draft_params_from_pb(request, DraftParams())
+    assert params.read(draft_pb2.ProposeRequest())[0] == DraftParams()
+    for _ in range(2):
+        with pytest.raises(InvalidArgumentError):
+            params.read(draft_pb2.ProposeRequest(k=0))
+        with pytest.raises(InvalidArgumentError):
+            params.read(draft_pb2.ProposeRequest(order_bias=float("nan")))
