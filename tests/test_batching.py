@@ -70,9 +70,22 @@ def prefilled(loaded: LoadedModel, prompts: list[list[int]]) -> list:
     return caches
 
 
-def test_forward_batch_matches_single_forwards(loaded: LoadedModel) -> None:
-    """Rows with different cache lengths and new-token counts (1 to 9), left-padded into one
-    batch: each row's logits and written-back cache match a forward of its own."""
+@pytest.fixture(params=["packed", "padded"])
+def batching_model(request, loaded: LoadedModel) -> LoadedModel:
+    """The model with the lean forward (its batches run packed) or without (padded, through
+    the transformers forward)."""
+    if request.param == "packed":
+        assert loaded.lean is not None
+        return loaded
+    twin = LoadedModel.from_model(loaded.model, loaded.tokenizer, use_lean=False)
+    assert twin.lean is None
+    return twin
+
+
+def test_forward_batch_matches_single_forwards(batching_model: LoadedModel) -> None:
+    """Rows with different cache lengths and new-token counts (1 to 9) in one batch: each row's
+    logits and written-back cache match a forward of its own."""
+    loaded = batching_model
     rng = random.Random(0)
     lengths, widths = [3, 40, 17, 9], [1, 9, 5, 3]
     prompts = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
@@ -98,9 +111,10 @@ def test_forward_batch_matches_single_forwards(loaded: LoadedModel) -> None:
             assert torch.allclose(a.values, b.values, atol=1e-5), f"row {row} values"
 
 
-def test_forward_batch_with_trees_matches_lone_forwards(loaded: LoadedModel) -> None:
+def test_forward_batch_with_trees_matches_lone_forwards(batching_model: LoadedModel) -> None:
     """Chains and token trees in one batch: each tree row's logits match its lone
     forward_tree's, each chain row's its lone forward's."""
+    loaded = batching_model
     rng = random.Random(1)
     lengths = [5, 30, 12, 21]
     trees: list[list[int] | None] = [[-1, 0, 0, 1, -1, 4], None, [-1, -1, -1], None]
@@ -122,6 +136,34 @@ def test_forward_batch_with_trees_matches_lone_forwards(loaded: LoadedModel) -> 
         assert got.shape == want.shape == (widths[row], loaded.vocab_size)
         assert torch.allclose(got, want, atol=1e-4), f"row {row}"
         assert torch.equal(got.argmax(-1), want.argmax(-1)), f"row {row}"
+
+
+def test_a_failed_packed_forward_leaves_every_cache_as_it_was(
+    loaded: LoadedModel, monkeypatch
+) -> None:
+    """A packed batch that fails in its third layer at its last row's attention, when every
+    row's keys are appended to two layers and two rows' to the third: every cache keeps its
+    prompt, and the failure reaches the caller."""
+    rng = random.Random(2)
+    lengths = [6, 11, 4]
+    prompts = [[1] + [rng.randrange(3, 512) for _ in range(n - 1)] for n in lengths]
+    caches, untouched = prefilled(loaded, prompts), prefilled(loaded, prompts)
+    lean = loaded.lean
+    assert lean is not None
+    attention, calls = lean._attention, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 3 * 2 + 3:  # layer 2, row 2
+            raise RuntimeError("attention failed")
+        return attention(*args)
+
+    monkeypatch.setattr(lean, "_attention", failing)
+    with pytest.raises(RuntimeError, match="attention failed"):
+        loaded.forward_batch(caches, [[7, 8, 9], [10, 11], [12, 13]], lengths)
+    for cache, reference in zip(caches, untouched, strict=True):
+        for a, b in zip(cache.layers, reference.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 # -- exactness under concurrency -------------------------------------------------------------

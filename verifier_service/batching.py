@@ -18,9 +18,10 @@ runs; when none runs, the first waiter whose job is still queued runs its job to
 oldest queued ones (``max_batch`` jobs at most). A lone stream never waits for company, and
 under concurrency the jobs that arrive while one batch runs form the next one.
 
-Batched logits can differ from a lone forward's in the last float bits (the padded rows run
-other kernel shapes), as a lone chain forward's already differ from Hugging Face ``generate``'s
-one-token steps; the tests check that greedy outputs stay token-identical to ``generate``.
+Batched logits can differ from a lone forward's in the last float bits (the batch's matrix
+products run other shapes: the rows packed one after another with the lean forward, padded
+otherwise), as a lone chain forward's already differ from Hugging Face ``generate``'s one-token
+steps; the tests check that greedy outputs stay token-identical to ``generate``.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ def run_batch(model: LoadedModel, jobs: list[VerifyJob]) -> None:
     """Run the jobs in one forward (one job: :func:`run_job`); set each job's output or error.
 
     A failed forward fails every job of the batch; a batch of two or more leaves their caches
-    as they were (it runs on a cache of its own, written back only after the forward).
+    as they were (LoadedModel.forward_batch drops whatever a failed forward appended).
     """
     try:
         if len(jobs) == 1:

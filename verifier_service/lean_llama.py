@@ -10,8 +10,8 @@ configurations it knows (``LeanLlama.for_model``) and only after
 model, device and dtype (``LoadedModel.lean`` does both); anything else runs the transformers
 forward.
 
-Shapes: n new tokens, L = cached + new positions, E hidden size, H query heads, G key/value
-heads, D head size, V vocabulary.
+Shapes: n new tokens (N: several rows' new tokens packed one row after another), L = cached +
+new positions, E hidden size, H query heads, G key/value heads, D head size, V vocabulary.
 """
 
 from __future__ import annotations
@@ -150,19 +150,59 @@ class LeanLlama:
         mask: [n, L] (bool: True = may attend; or additive float), None when every new token
         may attend to every cached and new position (a single new token).
         """
+        x = self._decode([cache], input_ids, positions, [mask], [input_ids.shape[0]])
+        return F.linear(x[0, -logits_to_keep:], self.lm_head)  # [logits_to_keep, V]
+
+    def forward_rows(
+        self,
+        caches: list[DynamicCache],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        masks: list[torch.Tensor | None],
+        sizes: list[int],
+    ) -> list[torch.Tensor]:
+        """Several sequences' forwards in one pass, *packed* (no padding): input_ids [N] and
+        positions [N] are the rows' new tokens one row after another, row r's sizes[r] of them
+        appended to caches[r], seen through masks[r] ([sizes[r], L_r] as in :meth:`forward`).
+        The projections, norms and MLPs run once over all N tokens; attention runs row by row
+        on the row's own cache, exactly as its lone forward. Returns each row's logits
+        [sizes[r], V]."""
+        x = self._decode(caches, input_ids, positions, masks, sizes)
+        return list(F.linear(x[0], self.lm_head).split(sizes))  # each [sizes[r], V]
+
+    def _decode(
+        self,
+        caches: list[DynamicCache],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        masks: list[torch.Tensor | None],
+        sizes: list[int],
+    ) -> torch.Tensor:
+        """The decoder stack over packed rows (see :meth:`forward_rows`); the final-normed
+        hidden states [1, N, E]."""
         n = input_ids.shape[0]
-        x = F.embedding(input_ids, self.embed).unsqueeze(0)  # [1, n, E]
+        x = F.embedding(input_ids, self.embed).unsqueeze(0)  # [1, N, E]
         cos, sin = self._rotary(positions, x.dtype)
-        mask4 = None if mask is None else mask[None, None]  # [1, 1, n, L]
+        masks4 = [None if mask is None else mask[None, None] for mask in masks]  # [1, 1, n, L]
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.input_norm)
-            q = F.linear(h, layer.q).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, H, n, D]
-            k = F.linear(h, layer.k).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, G, n, D]
+            q = F.linear(h, layer.q).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, H, N, D]
+            k = F.linear(h, layer.k).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, G, N, D]
             v = F.linear(h, layer.v).view(1, n, -1, self.head_dim).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            k, v = cache.update(k, v, index)  # [1, G, L, D]
-            x = x + F.linear(self._attention(q, k, v, mask4), layer.o)
+            if len(caches) == 1:
+                k, v = caches[0].update(k, v, index)  # [1, G, L, D]
+                attended = self._attention(q, k, v, masks4[0])  # [1, N, H*D]
+            else:  # each row attends to its own cache: [1, sizes[r], H*D] each, [1, N, H*D] in all
+                parts = (q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2))
+                attended = torch.cat(
+                    [
+                        self._attention(q_r, *cache.update(k_r, v_r, index), mask)
+                        for cache, q_r, k_r, v_r, mask in zip(caches, *parts, masks4, strict=True)
+                    ],
+                    dim=1,
+                )
+            x = x + F.linear(attended, layer.o)
             h = self._rms_norm(x, layer.post_norm)
             x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
-        x = self._rms_norm(x, self.final_norm)
-        return F.linear(x[0, -logits_to_keep:], self.lm_head)  # [logits_to_keep, V]
+        return self._rms_norm(x, self.final_norm)

@@ -212,14 +212,30 @@ class LoadedModel:
     ) -> torch.Tensor:
         """:meth:`forward` through the given lean forward (None: the transformers forward)."""
         n = input_ids.shape[0]
-        positions = self._positions[0, start : start + n]  # [n]
+        positions, visible = self._chain_rows(start, n)
         if lean is None:
             return self._hf_forward(cache, input_ids, positions, None, logits_to_keep)
-        # [n, start+n]: new token i sees positions 0..start+i; None for one token (sees all)
-        mask = None
-        if n > 1:
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
-        return lean.forward(cache, input_ids, positions, mask, logits_to_keep)
+        return lean.forward(cache, input_ids, positions, visible, logits_to_keep)
+
+    def _chain_rows(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The positions [n] of a chain of n new tokens after `start` cached ones, and what
+        they see: [n, start+n], new token i positions 0..start+i (None for one token: all)."""
+        positions = self._positions[0, start : start + n]  # [n]
+        if n == 1:
+            return positions, None
+        visible = torch.ones(n, start + n, dtype=torch.bool, device=self.device).tril(start)
+        return positions, visible
+
+    def _tree_rows(self, start: int, parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions [n+1] of a token tree (see :meth:`forward_tree`) after `start` cached
+        tokens, and what its rows see [n+1, start+n+1]: every cached position, then the
+        tree's own rows (True = may attend)."""
+        n = len(parents)
+        rows, depth = tree_rows(parents)
+        positions = torch.from_numpy(depth + start).to(self.device)  # [n+1]
+        visible = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
+        visible[:, start:] = torch.from_numpy(rows)
+        return positions, visible.to(self.device)
 
     def _hf_forward(
         self,
@@ -261,18 +277,12 @@ class LoadedModel:
         parents: list[int],
     ) -> torch.Tensor:
         """:meth:`forward_tree` through the given lean forward (None: the transformers one)."""
-        n = len(parents)
-        rows, depth = tree_rows(parents)
-        positions = torch.from_numpy(depth + start).to(self.device)  # [n+1]
-        # [n+1, start+n+1]: True = may attend (every cached position, then the tree's rows)
-        visible = torch.ones(n + 1, start + n + 1, dtype=torch.bool)
-        visible[:, start:] = torch.from_numpy(rows)
-        visible = visible.to(self.device)
+        positions, visible = self._tree_rows(start, parents)  # [n+1], [n+1, start+n+1]
         if lean is None:  # transformers takes an additive float mask
             mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
             mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-            return self._hf_forward(cache, input_ids, positions, mask, n + 1)
-        return lean.forward(cache, input_ids, positions, visible, n + 1)
+            return self._hf_forward(cache, input_ids, positions, mask, len(parents) + 1)
+        return lean.forward(cache, input_ids, positions, visible, len(parents) + 1)
 
     @torch.inference_mode()
     def forward_batch(
@@ -284,15 +294,63 @@ class LoadedModel:
     ) -> list[torch.Tensor]:
         """Append inputs[r] to caches[r] at positions starts[r].. for every row r, in ONE forward.
 
-        starts[r] must be the length of caches[r]. The rows are *left-padded* into one batch
-        cache: row r's cached keys end at column P = max(starts) and its new tokens follow at
-        P.., so its whole sequence is the contiguous columns P - starts[r] .. P + len(inputs[r])
-        - 1, which become its cache again (a view, like a crop). A 4D mask lets each token see
-        only its row's cache and its row's earlier new tokens (pad columns and pad tokens are
-        never seen by a real token); trees[r], where given, makes row r a token tree (as
-        :meth:`forward_tree`: each token sees its ancestors, at position starts[r] + its
-        depth). Returns each row's float logits [len(inputs[r]), V].
+        starts[r] must be the length of caches[r]; trees[r], where given, makes row r a token
+        tree (as :meth:`forward_tree`: each token sees its ancestors, at position starts[r] + its
+        depth), else row r is a chain (as :meth:`forward`). Returns each row's float logits
+        [len(inputs[r]), V]. With the lean forward the rows run packed (:meth:`_packed_batch`),
+        else padded through the transformers forward (:meth:`_padded_batch`). Either way a
+        failed forward leaves every cache as it was.
         """
+        trees = trees or [None] * len(caches)
+        if self.lean is not None:
+            return self._packed_batch(self.lean, caches, inputs, starts, trees)
+        return self._padded_batch(caches, inputs, starts, trees)
+
+    def _packed_batch(
+        self,
+        lean: LeanLlama,
+        caches: list[DynamicCache],
+        inputs: list[list[int]],
+        starts: list[int],
+        trees: list[list[int] | None],
+    ) -> list[torch.Tensor]:
+        """The rows' tokens one after another in one lean forward (LeanLlama.forward_rows): no
+        padding, and each row attends to its own cache through its lone forward's mask, so the
+        batch costs the rows' tokens and attention plus ONE pass of per-layer overhead."""
+        positions, masks = [], []
+        for start, row, parents in zip(starts, inputs, trees, strict=True):
+            if parents is None:
+                row_positions, visible = self._chain_rows(start, len(row))
+            else:
+                row_positions, visible = self._tree_rows(start, parents)
+            positions.append(row_positions)  # [len(row)]
+            masks.append(visible)  # [len(row), start + len(row)] or None
+        ids = torch.tensor([token for row in inputs for token in row], device=self.device)  # [N]
+        try:
+            return lean.forward_rows(
+                caches, ids, torch.cat(positions), masks, [len(row) for row in inputs]
+            )
+        except BaseException:  # layers may already hold the rows' new tokens: drop them
+            for cache, start in zip(caches, starts, strict=True):
+                for layer in cache.layers:
+                    if layer.is_initialized and layer.keys.shape[-2] > start:
+                        layer.keys = layer.keys[..., :start, :]  # [1, heads, start, dim]
+                        layer.values = layer.values[..., :start, :]
+            raise
+
+    def _padded_batch(
+        self,
+        caches: list[DynamicCache],
+        inputs: list[list[int]],
+        starts: list[int],
+        trees: list[list[int] | None],
+    ) -> list[torch.Tensor]:
+        """The transformers forward over the rows *left-padded* into one batch cache: row r's
+        cached keys end at column P = max(starts) and its new tokens follow at P.., so its whole
+        sequence is the contiguous columns P - starts[r] .. P + len(inputs[r]) - 1, which become
+        its cache again (a view, like a crop). A 4D mask lets each token see only its row's
+        cache and its row's earlier new tokens (pad columns and pad tokens are never seen by a
+        real token), a tree row's tokens only their ancestors."""
         rows, past = len(caches), max(starts)
         width = max(len(row) for row in inputs)
         ids = torch.tensor([row + [0] * (width - len(row)) for row in inputs])  # [rows, width]
@@ -301,7 +359,7 @@ class LoadedModel:
         column = torch.arange(past + width)[None, None, :]  # [1, 1, past + width]
         seen = (column >= past - start) & ((column < past) | (column - past <= query))
         depth = query[:, :, 0].repeat(rows, 1)  # [rows, width]: each token's depth
-        for r, parents in enumerate(trees or ()):
+        for r, parents in enumerate(trees):
             if parents is not None:  # a tree row: its tokens see their ancestors only
                 visible, depths = tree_rows(parents)  # [n+1, n+1], [n+1]
                 n = len(parents) + 1
