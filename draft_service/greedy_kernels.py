@@ -207,7 +207,8 @@ def row_of(views, lo, hi):
 
 def views_of(index: SuffixIndex) -> tuple[np.ndarray, ...]:
     """The index's by-id views (by_id_views), made on first use and kept with the index
-    (memory: 8 bytes a successor of the long rows, 24 bytes a row; docs/benchmarks.md)."""
+    (memory: 8 bytes a successor of the long rows, 8 a row, 16 a hash slot at 2-4 slots a
+    row; docs/benchmarks.md)."""
     views = getattr(index, "by_id", None)
     if views is None:
         views = index.by_id = by_id_views(
