@@ -168,7 +168,11 @@ class SizingModel:
         return self.profile.cost(drafts + 1) + self.verify_overhead.value
 
     def __init__(self, profile: CostProfile) -> None:
-        self.profile = profile
+        # a measured profile that is not refreshed is a snapshot (the services' GetModelInfo at
+        # connection): refreshed here from the forward seconds each Verify reports, as the
+        # verifier refreshes its own (which the embedded mode shares)
+        self.refreshes = profile.source == "measured" and not profile.refresh
+        self.profile = profile.copy(refresh=True) if self.refreshes else profile
         self.acceptance = SharedAcceptance()
         self.other_seconds = _Average()  # the coordinator's own time per round
         # what a Verify call costs beyond the profile's forward (sampling, the RPC)
@@ -347,6 +351,8 @@ class RequestSizer:
         model = self.model
         draft_s, verify_s, round_s = self._without_stall(seconds)
         forward = model.profile.cost(len(verified.token_ids) + 1)  # what the profile expects
+        if model.refreshes and result.seconds > 0:
+            model.profile.observe(len(verified.token_ids) + 1, result.seconds)
         model.verify_overhead.add(max(0.0, verify_s - forward))
         model.other_seconds.add(max(0.0, round_s - draft_s - verify_s))
         if drafted is not None:
