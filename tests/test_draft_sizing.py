@@ -352,10 +352,16 @@ def test_where_verify_cost_grows_fast_untrusted_drafts_are_cut_and_drafting_paus
     assert skipped > 0 and sizer.skip <= MAX_SKIP
 
 
-def serve(model: SizingModel, params: DraftParams, depths: list[int], accepted: bool) -> None:
+def serve(
+    model: SizingModel,
+    params: DraftParams,
+    depths: list[int],
+    accepted: bool,
+    draft_seconds: float = 1e-4,
+) -> None:
     """One request of len(depths) rounds (depths: the draft positions left each round, as the
     end of an answer shortens them) drafting confident chains that are accepted whole, or not
-    at all."""
+    at all, each draft in draft_seconds."""
     sizer = model.for_request(params)
     context = [1, 2]
     for depth in depths:
@@ -367,7 +373,8 @@ def serve(model: SizingModel, params: DraftParams, depths: list[int], accepted: 
         start = len(context)
         context += emitted
         drafted = draft if planned is not None else None
-        sizer.observe(drafted, cut, outcome, start, context, (1e-4, 0.05, 0.051))
+        timings = (draft_seconds, 0.05, 0.05 + draft_seconds)
+        sizer.observe(drafted, cut, outcome, start, context, timings)
     sizer.finish()
 
 
@@ -390,9 +397,23 @@ def test_a_fresh_coordinator_probes_and_learns_where_drafts_do_not_pay():
     probe = model.for_request(params).plan(params, 16)
     assert probe is not None and probe.tree_nodes == FIRST_BUDGET and probe.overlay_weight > 0
     teach(model, accepted=False)
-    for _ in range(3):
-        serve(model, DraftParams(k=16, tree_nodes=0, overlay_weight=0.0), [16] * 20, False)
+    chain = DraftParams(k=16, tree_nodes=0, overlay_weight=0.0)
+    for _ in range(3):  # drafting costs a tenth of a plain step
+        serve(model, chain, [16] * 20, False, draft_seconds=1e-3)
     assert model.for_request(params).budget <= MARGIN + 1  # later requests draft little
+
+
+def test_where_drafting_is_cheap_next_to_a_step_the_cut_keeps_nodes_to_choose_from():
+    """Drafts that did not pay still leave room: the nodes the drafter makes in a small share of
+    a plain step, among which the cut finds the few that pay."""
+    budgets = {}
+    for draft_seconds in (1e-3, 1e-5):  # a tenth, a thousandth of a plain step
+        model = SizingModel(CostProfile.from_points({1: 0.010, 2: 0.030, 65: 1.0}))
+        teach(model, accepted=False)
+        chain = DraftParams(k=16, tree_nodes=0, overlay_weight=0.0)
+        serve(model, chain, [16] * 20, False, draft_seconds)
+        budgets[draft_seconds] = model.for_request(chain).budget
+    assert budgets[1e-5] > budgets[1e-3]
 
 
 def test_a_sampled_or_fixed_size_request_is_not_sized(tokenizer):
