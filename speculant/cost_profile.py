@@ -18,12 +18,12 @@ A profile holds cost(n) for n = 1..MAX_FORWARD_TOKENS (a dense table). It comes 
   name matches), or a profile's own JSON (:meth:`to_json`).
 
 Reading is the table itself, which need not grow with n: on a CPU a forward over 2 or 3 new
-tokens can cost more than one over 4 to 12 (this torch build's BLAS runs 2-3 rows as slowly as
-2-3 single rows and switches to a faster kernel from 4: SmolLM2-135M on this project's CPU,
-2026-12-06, 1.7x and 2.6x one token's cost at 2 and 3 against 1.55x at 4-12, at start-up and in
-real Verify calls alike). A running maximum (a forward over more tokens never costs less) would
-price 4-12 new tokens at what 3 cost, and the sizer would verify 3-11 drafts far too rarely;
-with the table itself it verifies 3 drafts where they cost less than 1 or 2.
+tokens can cost more than one over 4 to 12 (this torch build's BLAS runs 2-3 rows about as slowly
+as 2-3 single rows and switches to a faster kernel from 4: SmolLM2-135M on this project's CPU, at
+start-up and in real Verify calls alike, docs/benchmarks.md). A running maximum (a forward over
+more tokens never costs less) would price 4-12 new tokens at what 3 cost, and the sizer would
+verify 3-11 drafts far too rarely; read as measured, it verifies 3 drafts where they cost less
+than 1 or 2.
 """
 
 from __future__ import annotations
