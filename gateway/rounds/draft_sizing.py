@@ -28,8 +28,8 @@ seconds for N nodes (measured by the drafter, without the RPC: a per call, b per
 over rounds of varied sizes) and T' the coordinator's time plus the draft call's overhead
 (N = 0: no draft call at all). The next round drafts GROW N nodes and room to find better
 ones: MARGIN, or as many as the drafter makes in ROOM_SHARE of a plain decoding step if that is
-more (by its mean seconds per node: on a CPU, where a forward costs ~50 ms and a node ~20 us,
-about 25 nodes; the cut then verifies the few of them that pay). It drafts twice the budget
+more (by its mean seconds per node: about 20 nodes on a CPU where a forward costs ~55 ms and a
+node ~25 us; the cut then verifies the few of them that pay). It drafts twice the budget
 instead when all of a full-budget draft paid; always within the request's limits (``k``
 deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid twice in a row a request
 stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless drafting costs less
