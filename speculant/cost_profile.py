@@ -12,17 +12,18 @@ A profile holds cost(n) for n = 1..MAX_FORWARD_TOKENS (a dense table). It comes 
   extrapolation past the last one (along the steeper of the last segment and the average
   slope: an unknown cost is rather over- than under-estimated); then :meth:`observe`
   refreshes it from real timings (an exponential moving average per n, each sample clipped to
-  [1/2, 2] x the current value so a burst of load moves it slowly). A refreshed cost(n) also
-  lowers every smaller size's entry that is above it (a forward over fewer tokens never costs
-  more): so a size that drafts rarely verify, measured high once (a start-up probe under load),
-  cannot keep every larger size's cost up through the running maximum below, which would keep
-  the drafts from that size and the entry from being refreshed;
+  [1/2, 2] x the current value so a burst of load moves it slowly);
 - ``flat``: every forward costs the same (as on a GPU for small drafts);
 - a file: ``speculant bench cost --json`` output (the first model's medians, or the one whose
   name matches), or a profile's own JSON (:meth:`to_json`).
 
-Reading is monotone: cost(n) is the running maximum of the table up to n, since a forward
-over more tokens never costs less.
+Reading is the table itself, which need not grow with n: on a CPU a forward over 2 or 3 new
+tokens can cost more than one over 4 to 12 (this torch build's BLAS runs 2-3 rows about as slowly
+as 2-3 single rows and switches to a faster kernel from 4: SmolLM2-135M on this project's CPU, at
+start-up and in real Verify calls alike, docs/benchmarks.md). A running maximum (a forward over
+more tokens never costs less) would price 4-12 new tokens at what 3 cost, and the sizer would
+verify 3-11 drafts far too rarely; read as measured, it verifies 3 drafts where they cost less
+than 1 or 2.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ class CostProfile:
             raise CostProfileError(
                 f"a cost profile needs {MAX_FORWARD_TOKENS} positive costs, got {self.seconds!r}"
             )
-        self._envelope = _running_max(self.seconds)
 
     @classmethod
     def from_points(
@@ -86,27 +86,20 @@ class CostProfile:
 
     def cost(self, tokens: int) -> float:
         """Seconds of a forward over `tokens` new tokens (clamped to 1..MAX_FORWARD_TOKENS)."""
-        return self._envelope[min(max(tokens, 1), MAX_FORWARD_TOKENS) - 1]
+        return self.seconds[min(max(tokens, 1), MAX_FORWARD_TOKENS) - 1]
 
     def costs(self, tokens: int) -> list[float]:
-        """[cost(1), ..., cost(tokens)] (tokens clamped to MAX_FORWARD_TOKENS; read-only)."""
-        return self._envelope[: min(max(tokens, 1), MAX_FORWARD_TOKENS)]
+        """[cost(1), ..., cost(tokens)] (tokens clamped to MAX_FORWARD_TOKENS)."""
+        return self.seconds[: min(max(tokens, 1), MAX_FORWARD_TOKENS)]
 
     def observe(self, tokens: int, seconds: float) -> None:
         """Refresh cost(tokens) from one real forward of that size (no-op unless refreshing)."""
         if not self.refresh or not 1 <= tokens <= MAX_FORWARD_TOKENS or not seconds > 0:
             return
         with self._lock:
-            table, index = self.seconds, tokens - 1
-            old = table[index]
+            old = self.seconds[tokens - 1]
             sample = min(max(seconds, old / CLIP), old * CLIP)
-            new = table[index] = old + REFRESH_WEIGHT * (sample - old)
-            if self._envelope[index] > new:  # some smaller size's entry is above it: lowered
-                for smaller in range(index):
-                    table[smaller] = min(table[smaller], new)
-                self._envelope = _running_max(table)
-            else:
-                _refresh_running_max(self._envelope, table, index)
+            self.seconds[tokens - 1] = old + REFRESH_WEIGHT * (sample - old)
 
     def copy(self, refresh: bool | None = None) -> CostProfile:
         """An independent copy (refresh: override whether it refreshes)."""
@@ -175,22 +168,6 @@ def _interpolate(known: list[tuple[int, float]], n: int) -> float:
     (first_x, first_y) = known[0]
     slope = max((y1 - y0) / (x1 - x0), (y1 - first_y) / (x1 - first_x), 0.0)
     return y1 + slope * (n - x1)
-
-
-def _running_max(values: list[float]) -> list[float]:
-    """[max(values[:1]), max(values[:2]), ...]."""
-    return list(itertools.accumulate(values, max))
-
-
-def _refresh_running_max(envelope: list[float], values: list[float], changed: int) -> None:
-    """Make envelope _running_max(values) again after values[changed] changed (in place, from
-    `changed` on, up to the first entry that stays: once per verify call, so a step or two)."""
-    top = envelope[changed - 1] if changed > 0 else 0.0
-    for i in range(changed, len(values)):
-        top = max(top, values[i])
-        if i > changed and envelope[i] == top:
-            return  # it and every later entry stay as they were
-        envelope[i] = top
 
 
 VERIFY_COST_MODES = ("measured", "flat")  # or a path to a JSON file

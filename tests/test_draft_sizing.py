@@ -7,10 +7,8 @@ chi-square tests run with the default draft_size "cost"); here the decisions the
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import random
 
 import pytest
 
@@ -50,17 +48,16 @@ from tests.scripted_round import EOS, OracleDrafter, ScriptedVerifier, run
 # -- the cost profile --------------------------------------------------------------------------
 
 
-def test_a_profile_interpolates_extrapolates_and_never_decreases():
+def test_a_profile_interpolates_and_extrapolates_the_points_measured():
     profile = CostProfile.from_points({1: 0.010, 3: 0.014, 8: 0.040, 4: 0.012})
     assert profile.cost(1) == pytest.approx(0.010)
     assert profile.cost(2) == pytest.approx(0.012)  # halfway between 1 and 3
-    assert profile.cost(4) == pytest.approx(0.014)  # 0.012 measured: never below cost(3)
+    assert profile.cost(4) == pytest.approx(0.012)  # cheaper than 3, as measured
     assert profile.cost(6) == pytest.approx(0.012 + 2 * (0.040 - 0.012) / 4)
     slope = (0.040 - 0.012) / 4  # past the last point: along the last segment
     assert profile.cost(MAX_FORWARD_TOKENS) == pytest.approx(0.040 + slope * 57)
     assert profile.cost(0) == profile.cost(1) and profile.cost(500) == profile.cost(65)
-    costs = profile.costs(MAX_FORWARD_TOKENS)
-    assert all(a <= b for a, b in itertools.pairwise(costs))
+    assert profile.costs(MAX_FORWARD_TOKENS) == [profile.cost(n) for n in range(1, 66)]
 
 
 def test_observations_move_a_measured_profile_slowly_and_a_fixed_one_not_at_all():
@@ -71,31 +68,41 @@ def test_observations_move_a_measured_profile_slowly_and_a_fixed_one_not_at_all(
         measured.observe(5, 0.020)
     assert measured.cost(5) == pytest.approx(0.020, rel=0.01)
     assert measured.cost(4) == pytest.approx(0.010)  # other sizes keep their own value
+    assert measured.cost(6) == pytest.approx(0.010)  # larger ones too: not forced to grow
     flat = CostProfile.flat(0.010)
     flat.observe(5, 1.0)
     assert flat.cost(5) == 0.010
 
 
-def test_refreshed_costs_stay_the_running_maximum_of_what_was_measured():
-    rng = random.Random(0)
-    profile = CostProfile.from_points({1: 0.010, 8: 0.020, 65: 0.050}, refresh=True)
-    for _ in range(2000):  # each observation updates the envelope in place, from its size on
-        profile.observe(rng.randint(1, MAX_FORWARD_TOKENS), rng.uniform(0.001, 0.1))
-        assert profile.costs(MAX_FORWARD_TOKENS) == list(itertools.accumulate(profile.seconds, max))
+def test_the_cut_verifies_more_drafts_where_a_larger_forward_costs_less():
+    """A CPU whose forward over 2-3 new tokens costs more than over 4 (its BLAS): the sizer
+    verifies 3 drafts rather than 1, though the third is unlikely, and 1 where 4 is dear."""
+    draft = DraftProposal([10, 11, 12], path_probs=[0.97, 0.97 * 0.05, 0.97 * 0.05**2])
+    kept = {}
+    for name, four in (("cheap", 0.016), ("dear", 0.035)):
+        profile = CostProfile.from_points({1: 0.010, 2: 0.017, 3: 0.026, 4: four, 65: 0.5})
+        model = SizingModel(profile)
+        teach(model, accepted=True)  # the first node is trusted, the others barely
+        kept[name] = len(model.for_request(DraftParams(k=8)).decide(draft, 0.0).keep)
+    assert kept == {"cheap": 3, "dear": 1}
 
 
-def test_a_refreshed_size_lowers_a_smaller_size_measured_too_high():
-    """A start-up probe under load measured 2 tokens at 3 ms; drafts of 4 verify at 2 ms. The
-    2-token entry is lowered with them, else the running maximum would keep every size up to
-    3 ms (and the sizer, seeing 1 draft cost that much, would never verify 1 to refresh it)."""
-    profile = CostProfile.from_points({1: 0.0015, 2: 0.003, 3: 0.0021, 65: 0.004}, refresh=True)
-    assert profile.cost(4) == pytest.approx(0.003)  # held up by the 2-token entry
-    for _ in range(200):
-        profile.observe(5, 0.002)
-    assert profile.cost(2) == pytest.approx(0.002, rel=0.01)
-    assert profile.cost(5) == pytest.approx(0.002, rel=0.01)
-    assert profile.cost(1) == pytest.approx(0.0015)  # below it already: kept
-    assert profile.costs(MAX_FORWARD_TOKENS) == list(itertools.accumulate(profile.seconds, max))
+def test_a_snapshot_of_a_measured_profile_is_refreshed_from_the_verifiers_forwards():
+    """Over the services the coordinator sizes by GetModelInfo's profile, a copy: it refreshes
+    it from the forward seconds each Verify reports (the verifier refreshes its own)."""
+    snapshot = CostProfile.from_points({1: 0.010, 65: 0.010}, "measured")
+    model = SizingModel(snapshot)
+    params = DraftParams(k=4)
+    sizer = model.for_request(params)
+    for position in range(300):
+        sizer.plan(params, 4)
+        cut = sizer.cut(DraftProposal(), 0.0)
+        result = VerifyResult(0, [7], seconds=0.020)
+        sizer.observe(None, cut, result, position + 2, [7] * (position + 3), (0, 0.02, 0.02))
+    assert model.profile.cost(1) == pytest.approx(0.020, rel=0.01)
+    assert snapshot.cost(1) == pytest.approx(0.010)  # the snapshot itself is left alone
+    own = CostProfile.from_points({1: 0.010, 65: 0.010}, "measured", refresh=True)
+    assert SizingModel(own).profile is own  # the verifier's own (embedded): refreshed there
 
 
 def test_a_moving_average_is_a_plain_mean_until_its_weight_takes_over():
@@ -345,10 +352,16 @@ def test_where_verify_cost_grows_fast_untrusted_drafts_are_cut_and_drafting_paus
     assert skipped > 0 and sizer.skip <= MAX_SKIP
 
 
-def serve(model: SizingModel, params: DraftParams, depths: list[int], accepted: bool) -> None:
+def serve(
+    model: SizingModel,
+    params: DraftParams,
+    depths: list[int],
+    accepted: bool,
+    draft_seconds: float = 1e-4,
+) -> None:
     """One request of len(depths) rounds (depths: the draft positions left each round, as the
     end of an answer shortens them) drafting confident chains that are accepted whole, or not
-    at all."""
+    at all, each draft in draft_seconds."""
     sizer = model.for_request(params)
     context = [1, 2]
     for depth in depths:
@@ -360,7 +373,8 @@ def serve(model: SizingModel, params: DraftParams, depths: list[int], accepted: 
         start = len(context)
         context += emitted
         drafted = draft if planned is not None else None
-        sizer.observe(drafted, cut, outcome, start, context, (1e-4, 0.05, 0.051))
+        timings = (draft_seconds, 0.05, 0.05 + draft_seconds)
+        sizer.observe(drafted, cut, outcome, start, context, timings)
     sizer.finish()
 
 
@@ -383,9 +397,23 @@ def test_a_fresh_coordinator_probes_and_learns_where_drafts_do_not_pay():
     probe = model.for_request(params).plan(params, 16)
     assert probe is not None and probe.tree_nodes == FIRST_BUDGET and probe.overlay_weight > 0
     teach(model, accepted=False)
-    for _ in range(3):
-        serve(model, DraftParams(k=16, tree_nodes=0, overlay_weight=0.0), [16] * 20, False)
+    chain = DraftParams(k=16, tree_nodes=0, overlay_weight=0.0)
+    for _ in range(3):  # drafting costs a tenth of a plain step
+        serve(model, chain, [16] * 20, False, draft_seconds=1e-3)
     assert model.for_request(params).budget <= MARGIN + 1  # later requests draft little
+
+
+def test_where_drafting_is_cheap_next_to_a_step_the_cut_keeps_nodes_to_choose_from():
+    """Drafts that did not pay still leave room: the nodes the drafter makes in a small share of
+    a plain step, among which the cut finds the few that pay."""
+    budgets = {}
+    for draft_seconds in (1e-3, 1e-5):  # a tenth, a thousandth of a plain step
+        model = SizingModel(CostProfile.from_points({1: 0.010, 2: 0.030, 65: 1.0}))
+        teach(model, accepted=False)
+        chain = DraftParams(k=16, tree_nodes=0, overlay_weight=0.0)
+        serve(model, chain, [16] * 20, False, draft_seconds)
+        budgets[draft_seconds] = model.for_request(chain).budget
+    assert budgets[1e-5] > budgets[1e-3]
 
 
 def test_a_sampled_or_fixed_size_request_is_not_sized(tokenizer):
@@ -454,6 +482,6 @@ def test_the_verifier_measures_its_profile_and_reports_it(embedded_decoder):
     verifier = embedded_decoder.verifier
     profile = verifier.cost_profile
     assert profile.source == "measured" and profile.refresh
-    assert 0 < profile.cost(1) <= profile.cost(8) <= profile.cost(65) < 1.0
+    assert all(0 < profile.cost(n) < 1.0 for n in (1, 2, 8, 65))
     reported = verifier.info.verify_cost_seconds
     assert len(reported) == MAX_FORWARD_TOKENS and all(math.isfinite(s) for s in reported)

@@ -26,8 +26,11 @@ The next budget is the draft size that would have paid best this round if verifi
 N maximising (1 + s_1 + ... + s_N) / (T' + a + b N + V(N)), with a + b N the drafter's own
 seconds for N nodes (measured by the drafter, without the RPC: a per call, b per node, fitted
 over rounds of varied sizes) and T' the coordinator's time plus the draft call's overhead
-(N = 0: no draft call at all). The next round drafts 1.5 N + 2 nodes (twice
-the budget instead when all of a full-budget draft paid), within the request's limits (``k``
+(N = 0: no draft call at all). The next round drafts GROW N nodes and room to find better
+ones: MARGIN, or as many as the drafter makes in ROOM_SHARE of a plain decoding step if that is
+more (by its mean seconds per node: about 20 nodes on a CPU where a forward costs ~55 ms and a
+node ~25 us; the cut then verifies the few of them that pay). It drafts twice the budget
+instead when all of a full-budget draft paid; always within the request's limits (``k``
 deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid twice in a row a request
 stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless drafting costs less
 than SKIP_FRACTION of a plain step (then it drafts every round, a cheap look-out for text the
@@ -87,6 +90,7 @@ RICH_MARGIN = 0.1  # the cheapest shape replaces the richest when its rate is th
 STALL_STEPS = 4.0  # drafting seconds past this many plain steps are a stall (counted as this)
 GROW = 1.5  # next budget = GROW * (the size that paid best) + MARGIN
 MARGIN = 2
+ROOM_SHARE = 0.01  # of a plain step: the drafting seconds of the room beyond what paid
 EXPLORE_EVERY = 16  # rounds between two tries of another shape as good as the best, ...
 MAX_EXPLORE_EVERY = 256  # ... and of one however much worse it measures
 EMA = 0.1  # weight of one round in the moving averages
@@ -168,7 +172,11 @@ class SizingModel:
         return self.profile.cost(drafts + 1) + self.verify_overhead.value
 
     def __init__(self, profile: CostProfile) -> None:
-        self.profile = profile
+        # a measured profile that is not refreshed is a snapshot (the services' GetModelInfo at
+        # connection): refreshed here from the forward seconds each Verify reports, as the
+        # verifier refreshes its own (which the embedded mode shares)
+        self.refreshes = profile.source == "measured" and not profile.refresh
+        self.profile = profile.copy(refresh=True) if self.refreshes else profile
         self.acceptance = SharedAcceptance()
         self.other_seconds = _Average()  # the coordinator's own time per round
         # what a Verify call costs beyond the profile's forward (sampling, the RPC)
@@ -347,6 +355,8 @@ class RequestSizer:
         model = self.model
         draft_s, verify_s, round_s = self._without_stall(seconds)
         forward = model.profile.cost(len(verified.token_ids) + 1)  # what the profile expects
+        if model.refreshes and result.seconds > 0:
+            model.profile.observe(len(verified.token_ids) + 1, result.seconds)
         model.verify_overhead.add(max(0.0, verify_s - forward))
         model.other_seconds.add(max(0.0, round_s - draft_s - verify_s))
         if drafted is not None:
@@ -402,11 +412,22 @@ class RequestSizer:
 
     def _next_budget(self, drafted: int, paying: int) -> None:
         """Grow the budget when all of a full-budget draft paid, else set it to what paid, with
-        room to find better nodes."""
+        room to find better nodes: MARGIN nodes, or as many as the drafter makes in ROOM_SHARE
+        of a plain decoding step if that is more (the cut picks the best of them)."""
         if paying >= drafted >= self.budget:
             self.budget = min(self.limit, 2 * self.budget)
         else:
-            self.budget = max(1, min(self.limit, math.ceil(GROW * paying) + MARGIN))
+            self.budget = max(1, min(self.limit, math.ceil(GROW * paying) + self._room()))
+
+    def _room(self) -> int:
+        """Nodes drafted beyond the size that paid: MARGIN, or those the drafter makes in
+        ROOM_SHARE of a plain step if more (by its mean seconds per node, its per-call part
+        included: the cautious reading)."""
+        cost = self.model.draft_cost[self.shape]
+        if cost.mean_n <= 0 or cost.mean_t <= 0:
+            return MARGIN
+        per_node = cost.mean_t / cost.mean_n
+        return max(MARGIN, int(ROOM_SHARE * self.model.verify_seconds(0) / per_node))
 
     def _maybe_skip(self, paying: int, draft_seconds: float) -> None:
         """After rounds where no draft paid, stop drafting for a while, where drafting costs
