@@ -79,6 +79,7 @@ SHORT_LIST = 64
 # Safety margin on the stopping threshold (relative): masses are sums of a few float64
 # products, each off by at most a few units in the last place.
 _BOUND_SLACK = 1e-9
+_NONE_READ = (-1, False, 0)  # _complete's read_from for a token read from no long list
 BACKOFF = 0
 WITTEN_BELL = 1
 # The index's arrays, by position in SuffixIndex.kernel_arrays
@@ -414,16 +415,27 @@ def _look_up(x, j, views, longs, weight, scr):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr):
+def _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr, read_from):
     """Token x's mass: its counts in the long lists looked up (by id), then sum_j s_j c_j(x)
-    over the orders highest first, as the mixer sums it."""
+    over the orders highest first, as the mixer sums it. read_from: (order index, live or
+    not, count) of the long list x was just read from, whose count needs no search (order
+    index -1: none)."""
     marks, cells = scr[1], scr[2]
     marks[x, _EVALUATED] = step
+    read_j, read_live, read_count = read_from
     for j in range(m):
         if longs[0][j] >= 0:
-            _look_up(x, j, data[1], longs, 1.0, scr)
+            if j == read_j and not read_live:
+                cells[x, j] += np.float64(read_count) * 1.0
+                marks[x, _FLAGS] |= _IN_GRAPH
+            else:
+                _look_up(x, j, data[1], longs, 1.0, scr)
         if live_longs[0][j] >= 0:
-            _look_up(x, j, data[3], live_longs, live_weight, scr)
+            if j == read_j and read_live:
+                cells[x, j] += np.float64(read_count) * live_weight
+                marks[x, _FLAGS] |= _IN_GRAPH
+            else:
+                _look_up(x, j, data[3], live_longs, live_weight, scr)
     mass = 0.0
     for j in range(m):
         mass += cells[x, j] * scales[j]
@@ -607,15 +619,15 @@ def _gain(counts, at, j, scale):
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _meet(x, m, scales, sources, width, step, scr, size, top, found):
-    """A token read from a long list: listed and completed unless it is already; returns
-    (the list's size, the top list's). sources: (data, longs, live_longs, live_weight); top:
-    (ids, q, flags) of the top list."""
+def _meet(x, m, scales, sources, width, step, scr, size, top, found, read_from):
+    """A token read from a long list (read_from: see _complete): listed and completed unless
+    it is already; returns (the list's size, the top list's). sources: (data, longs,
+    live_longs, live_weight); top: (ids, q, flags) of the top list."""
     marks = scr[1]
     if marks[x, _EVALUATED] != step:
         size = _list(x, step, scr, size)
         data, longs, live_longs, live_weight = sources
-        mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
+        mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr, read_from)
         found = _consider(x, mass, marks[x, _FLAGS], width, top[0], top[1], top[2], found)
     return size, found
 
@@ -634,22 +646,28 @@ def _threshold_read(
     table_ids, table_counts = data[0][_TABLE_IDS], data[0][_TABLE_COUNTS]
     live_ids, live_counts = data[2][_TABLE_IDS], data[2][_TABLE_COUNTS]
     found = 0
-    # the most the long lists can add to a token: their first (largest) counts' weight
-    most = 0.0
-    for j in range(m):
-        most += max(0.0, _gain(table_counts, longs, j, scales[j]))
-        most += max(0.0, _gain(live_counts, live_longs, j, scales[j] * live_weight))
     for j in range(m):  # the heads of the long lists (the likeliest tokens: a strong bar)
         if longs[0][j] >= 0:
             longs[3][j] = min(width, longs[1][j])
             for i in range(longs[3][j]):
                 x = np.int64(table_ids[longs[0][j] + i])
-                size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found)
+                read_from = (j, False, table_counts[longs[0][j] + i])
+                size, found = _meet(
+                    x, m, scales, sources, width, step, scr, size, top, found, read_from
+                )
         if live_longs[0][j] >= 0:
             live_longs[3][j] = min(width, live_longs[1][j])
             for i in range(live_longs[3][j]):
                 x = np.int64(live_ids[live_longs[0][j] + i])
-                size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found)
+                read_from = (j, True, live_counts[live_longs[0][j] + i])
+                size, found = _meet(
+                    x, m, scales, sources, width, step, scr, size, top, found, read_from
+                )
+    # a token no head holds counts in each long list at most what its read position holds
+    most = 0.0
+    for j in range(m):
+        most += max(0.0, _gain(table_counts, longs, j, scales[j]))
+        most += max(0.0, _gain(live_counts, live_longs, j, scales[j] * live_weight))
     for i in range(size):  # the listed tokens, each bounded by its partial mass + most
         x = listed[i]
         if marks[x, _EVALUATED] == step:
@@ -660,7 +678,7 @@ def _threshold_read(
         bound = (mass + most) * (1.0 + _BOUND_SLACK)
         if found == width and bound < top_q[width - 1]:
             continue  # it can never make the top list: the width-th best only grows
-        mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr)
+        mass = _complete(x, m, scales, data, longs, live_longs, live_weight, step, scr, _NONE_READ)
         found = _consider(x, mass, marks[x, _FLAGS], width, top_ids, top_q, top_flags, found)
     while True:  # the long lists on, to the threshold
         threshold = 0.0
@@ -678,12 +696,15 @@ def _threshold_read(
         if found == width and top_q[width - 1] > threshold * (1.0 + _BOUND_SLACK):
             break
         if best_live:
-            x = np.int64(live_ids[live_longs[0][best_j] + live_longs[3][best_j]])
+            at = live_longs[0][best_j] + live_longs[3][best_j]
+            x, count = np.int64(live_ids[at]), live_counts[at]
             live_longs[3][best_j] += 1
         else:
-            x = np.int64(table_ids[longs[0][best_j] + longs[3][best_j]])
+            at = longs[0][best_j] + longs[3][best_j]
+            x, count = np.int64(table_ids[at]), table_counts[at]
             longs[3][best_j] += 1
-        size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found)
+        read_from = (best_j, best_live, count)
+        size, found = _meet(x, m, scales, sources, width, step, scr, size, top, found, read_from)
     return found
 
 
