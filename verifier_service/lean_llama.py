@@ -38,6 +38,18 @@ class _Layer:
     down: torch.Tensor  # [E, I]
 
 
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """mask [n, L] as attention takes it, [1, 1, n, L]: a boolean mask (True = may attend) as
+    the additive one (0 or -inf) that attention would otherwise make from it in every layer."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        visible = mask
+        mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+        mask.masked_fill_(~visible, float("-inf"))
+    return mask[None, None]
+
+
 class LeanLlama:
     """Cached forward of a Llama model as plain torch calls (see the module docstring)."""
 
@@ -183,7 +195,7 @@ class LeanLlama:
         n = input_ids.shape[0]
         x = F.embedding(input_ids, self.embed).unsqueeze(0)  # [1, N, E]
         cos, sin = self._rotary(positions, x.dtype)
-        masks4 = [None if mask is None else mask[None, None] for mask in masks]  # [1, 1, n, L]
+        masks4 = [_additive(mask, x.dtype) for mask in masks]  # [1, 1, n, L] each, or None
         for index, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.input_norm)
             q = F.linear(h, layer.q).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, H, N, D]
