@@ -116,7 +116,7 @@ def split(items: list[Any], train_fraction: float, seed: int) -> tuple[list[Any]
 def load_model(options: TuneOptions) -> tuple[Any, Any]:
     """(the graph, opened; the model: verifier_service.model.LoadedModel), their tokenizers
     checked to match (FailedPreconditionError / ModelLoadError with one line)."""
-    from gateway.alignment import check_tokenizer_alignment
+    from gateway.engine import check_tokenizer_alignment
     from speculant.config import VerifierConfig
     from speculant.graph_reader import NGramGraph
     from speculant.tokenizer import tokenizer_fingerprint

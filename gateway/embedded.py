@@ -25,8 +25,7 @@ from pathlib import Path
 
 from draft_service.catalog import GraphCatalog
 from draft_service.learning import Learning, LearningConfig
-from gateway.alignment import check_tokenizer_alignment
-from gateway.engine import GenerationEngine
+from gateway.engine import GenerationEngine, check_tokenizer_alignment
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 from gateway.rounds.coordinator import Coordinator
 from speculant.config import DraftConfig, GenerationConfig, VerifierConfig

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from gateway.alignment import check_tokenizer_alignment
 from gateway.backends.streams import request_deadline
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 from gateway.interfaces import (
@@ -63,6 +62,20 @@ from speculant.types import DraftProposal, DraftTarget
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 2.0  # deadline of the backend checks
+
+
+def check_tokenizer_alignment(
+    graph_tokenizer: str, graph_fingerprint: str, model_tokenizer: str, model_fingerprint: str
+) -> None:
+    """Raise FailedPreconditionError naming both tokenizers unless their fingerprints match: a
+    graph drafts token ids, so it must share the verifier's tokenizer."""
+    if graph_fingerprint != model_fingerprint:
+        raise FailedPreconditionError(
+            "tokenizer mismatch: the graph was built with tokenizer "
+            f"{graph_tokenizer!r} ({graph_fingerprint[:19]}...) but the verifier's model uses "
+            f"{model_tokenizer!r} ({model_fingerprint[:19]}...); rebuild the graph with "
+            f"`speculant build --tokenizer {model_tokenizer} ...`"
+        )
 
 
 class NoDrafts:

@@ -33,6 +33,11 @@ class FailedPreconditionError(SpeculantError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class GraphFormatError(FailedPreconditionError):
+    """The graph directory is missing, unfinished, corrupt or of an unknown format version (raised
+    by every module that reads a graph: speculant.graph_format and those beside it)."""
+
+
 class NotFoundError(SpeculantError):
     """A named resource (a verifier session) does not exist or has expired."""
 

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import lmdb
 import numpy as np
 
-from speculant.graph_errors import GraphFormatError
+from speculant.errors import GraphFormatError
 from speculant.graph_manifest import DATA_FILE, verify_manifest
 from speculant.map_guard import MappedFile
 

@@ -7,7 +7,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from speculant.graph_errors import GraphFormatError
+from speculant.errors import GraphFormatError
 
 DATA_FILE = "data.mdb"
 LOCK_FILE = "lock.mdb"  # LMDB's lock file, where a writer left one (never read)

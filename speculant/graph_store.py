@@ -26,7 +26,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from speculant.graph_errors import GraphFormatError
+from speculant.errors import GraphFormatError
 
 INDEX_DB = b"index"  # the database holding the index's arrays
 MAX_VALUE_BYTES = 0xFFFFFFFF  # LMDB's largest value

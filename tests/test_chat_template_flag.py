@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from gateway.launch.cli_options import chat_template_from_args
+from gateway.launch.commands import chat_template_from_args
 from speculant.errors import InvalidArgumentError
 from tests.assets import STORIES_MODEL
 from tests.structured_http import TOOLS_TEMPLATE

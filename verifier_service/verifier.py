@@ -7,8 +7,9 @@ token (the session's *pending* token); each ``verify`` runs ONE forward over
 and crops the KV cache so that it holds exactly the emitted tokens but the last (the new pending
 token). Terms (p, q, accepted, bonus) are defined in :mod:`speculant.types`. Chain verifies of
 concurrent sessions share one forward pass (:mod:`verifier_service.batching`, up to
-``config.max_batch``). Every request is checked before any work on it
-(:mod:`verifier_service.validation`).
+``config.max_batch``). Every request is checked before any work on it (the checks at the end
+of this module: each an INVALID_ARGUMENT naming the first bad field), and every forward and
+sampling step runs alone on the model (:class:`ModelRunner`).
 
 Session ids are chosen by the caller and must be non-empty here; the gRPC servicer picks a
 ``uuid4().hex`` when a Prefill request leaves it empty (:func:`new_session_id`). A live session
@@ -19,18 +20,22 @@ is never replaced, and unary-Prefill sessions are a kind of their own (see
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TypeVar
 
+import numpy as np
 import torch
 
 from speculant.config import VerifierConfig
-from speculant.errors import OutOfRangeError
+from speculant.errors import InvalidArgumentError, OutOfRangeError
 from speculant.grammar import Grammars, grammars_for
-from speculant.sampling_controls import GREEDY, SessionOptions
+from speculant.sampling_controls import GREEDY, SessionOptions, check_top_logprobs
 from speculant.tokenizer import tokenizer_fingerprint
 from speculant.types import (
     DraftProposal,
@@ -43,17 +48,9 @@ from speculant.types import (
 from verifier_service.batching import VerifyBatcher, VerifyJob, run_job, sample_constrained
 from verifier_service.cost_probe import measure_cost_profile
 from verifier_service.model import LoadedModel
-from verifier_service.model_runner import ModelRunner
 from verifier_service.processing import TargetProcessor, count_tokens, token_logprobs
 from verifier_service.rejection import RejectionOutput, sample_token
 from verifier_service.sessions import Session, SessionStore
-from verifier_service.validation import (
-    check_draft_size,
-    check_parents,
-    check_token_ids,
-    checked_start,
-    dense_q,
-)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +61,37 @@ def new_session_id() -> str:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+T = TypeVar("T")
+
+
+class ModelRunner:
+    """Runs functions (forward + sampling) alone on the model.
+
+    thread: run every one on one dedicated thread. Servers with more than one torch thread want
+    this: torch's OpenMP pool is per calling thread, so forwards from many RPC worker threads
+    would each start a pool of spinning threads and starve the CPU. With one torch thread (no
+    pool) or one in-process caller, a lock does and saves a thread hand-off per call.
+    """
+
+    def __init__(self, thread: bool = False) -> None:
+        self._lock = threading.Lock()  # one forward at a time on the shared model
+        self._thread = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="model") if thread else None
+        )
+
+    def run(self, fn: Callable[[], T]) -> T:
+        """fn's result, run alone on the model: on the model thread, or under the lock."""
+        if self._thread is not None:
+            return self._thread.submit(fn).result()
+        with self._lock:
+            return fn()
+
+    def close(self) -> None:
+        """Stop the model thread (if any), without waiting for it."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)
 
 
 class LocalVerifier:
@@ -80,7 +108,7 @@ class LocalVerifier:
         """Load config.model_name (ModelLoadError if impossible), or use an already-loaded model.
 
         model_thread: run every forward and sampling step on one dedicated thread (see
-        verifier_service.model_runner), else under a lock.
+        ModelRunner), else under a lock.
         """
         self.config = config
         self.model = model if model is not None else LoadedModel.load(config)
@@ -400,3 +428,133 @@ def _first_branch(parents: list[int], kept: list[int]) -> list[int]:
         node = first_child[node]
         path.append(node)
     return path
+
+
+# -- The checks of a request, made before any work on it --------------------------------------
+
+PROB_SUM_TOLERANCE = 1e-3  # |sum(q) - 1| allowed for a draft distribution
+
+
+def check_draft_size(draft_tokens: int, distributions: int, limit: int) -> None:
+    """INVALID_ARGUMENT unless a Verify of this many draft tokens and distributions is within
+    the limit (config.max_draft_tokens)."""
+    for field, count in (
+        ("draft_token_ids", draft_tokens),
+        ("draft_distributions", distributions),
+    ):
+        if count > limit:
+            raise InvalidArgumentError(
+                field,
+                f"has {count} entries; a Verify takes at most {limit} draft tokens "
+                "(--max-draft-tokens)",
+            )
+
+
+def check_token_ids(ids: Sequence[int], field: str, vocab: int) -> None:
+    """INVALID_ARGUMENT naming the first id outside the vocabulary [0, vocab)."""
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab:
+            raise InvalidArgumentError(
+                f"{field}[{i}]", f"token id {token} is outside the vocabulary [0, {vocab})"
+            )
+
+
+def checked_start(
+    session_id: str,
+    prompt_ids: Sequence[int],
+    options: SessionOptions,
+    *,
+    vocab: int,
+    max_context: int,
+) -> list[int]:
+    """The prompt as ints, once every argument of a session's start is valid for a model of
+    this vocabulary and context (InvalidArgumentError naming the first that is not)."""
+    if not session_id:
+        raise InvalidArgumentError("session_id", "must not be empty")
+    if not prompt_ids:
+        raise InvalidArgumentError("prompt_token_ids", "must not be empty")
+    if len(prompt_ids) >= max_context:  # before any work on them
+        raise InvalidArgumentError(
+            "prompt_token_ids",
+            f"has {len(prompt_ids)} tokens; the model's context is {max_context} tokens"
+            f" (at most {max_context - 1} prompt tokens, to leave room for one generated token)",
+        )
+    prompt = [int(t) for t in prompt_ids]
+    check_token_ids(prompt, "prompt_token_ids", vocab)
+    temperature, seed = options.temperature, options.seed
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise InvalidArgumentError("temperature", f"must be finite and >= 0, got {temperature}")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise InvalidArgumentError("seed", f"must be in [0, 2^64), got {seed}")
+    check_top_logprobs(options.top_logprobs)
+    options.controls.validate()
+    if options.constraint is not None:
+        options.constraint.validate()
+    return prompt
+
+
+def dense_q(
+    draft_ids: Sequence[int], dists: Sequence[SparseDistribution], vocab: int
+) -> torch.Tensor:
+    """Validate sparse q's (one per draft token) and scatter them into a dense [k, V] float32
+    tensor on the CPU, each normalised to sum 1 (repeated ids add up)."""
+    if len(dists) != len(draft_ids):
+        raise InvalidArgumentError(
+            "draft_distributions",
+            f"has {len(dists)} entries for {len(draft_ids)} draft tokens"
+            " (give one per draft token, or none for point-mass drafts)",
+        )
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+    for i, (draft, dist) in enumerate(zip(draft_ids, dists, strict=True)):
+        ids, probs = _checked_distribution(f"draft_distributions[{i}]", draft, dist, vocab)
+        rows.append(np.full(ids.size, i, dtype=np.int64))
+        cols.append(ids)
+        vals.append(probs / float(probs.sum()))
+    q = torch.zeros(len(draft_ids), vocab, dtype=torch.float32)
+    q.index_put_(
+        (torch.from_numpy(np.concatenate(rows)), torch.from_numpy(np.concatenate(cols))),
+        torch.from_numpy(np.concatenate(vals)).float(),
+        accumulate=True,  # repeated ids add up
+    )
+    return q  # [k, V]
+
+
+def _checked_distribution(
+    field: str, draft: int, dist: SparseDistribution, vocab: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, probs) of a draft token's q, once they are a distribution over the
+    vocabulary that gives the draft token a probability > 0."""
+    ids = np.asarray(dist.token_ids, dtype=np.int64)
+    probs = np.asarray(dist.probs, dtype=np.float64)
+    if ids.shape != probs.shape or ids.ndim != 1:
+        raise InvalidArgumentError(
+            field, f"token_ids ({ids.size}) and probs ({probs.size}) differ in length"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise InvalidArgumentError(f"{field}.token_ids", f"token ids must be in [0, {vocab})")
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0):
+        raise InvalidArgumentError(f"{field}.probs", "must be finite and >= 0")
+    total = float(probs.sum())
+    if abs(total - 1.0) > PROB_SUM_TOLERANCE:
+        raise InvalidArgumentError(f"{field}.probs", f"must sum to 1, got {total:.6g}")
+    if float(probs[ids == draft].sum()) <= 0:
+        raise InvalidArgumentError(
+            field, f"gives the draft token {draft} probability 0 (q(d) must be > 0)"
+        )
+    return ids, probs
+
+
+def check_parents(parents: Sequence[int], drafts: int) -> None:
+    """INVALID_ARGUMENT unless a draft tree of `drafts` tokens has one parent per token, each
+    -1 (the pending token) or an earlier index."""
+    if len(parents) != drafts:
+        raise InvalidArgumentError(
+            "draft_parents", f"has {len(parents)} entries for {drafts} draft tokens"
+        )
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise InvalidArgumentError(
+                f"draft_parents[{i}]", f"must be -1 or an earlier index (< {i}), got {parent}"
+            )

@@ -1,6 +1,10 @@
 """The gRPC drafter of the coordinator: drafts from one or more draft-service replicas over
 open ProposeStreams, and reports what was generated (Learn), off the request's path.
 
+Replicas: the addresses given, ``dns:NAME:PORT`` entries expanded to one replica per address
+(:func:`expand_addresses`, resolved again every refresh interval); each replica (:class:`Replica`)
+has its stub, its pool of open streams and its hold-off after a failure.
+
 Online learning: the coordinator hands each finished generation's tokens (prompt and output) to a
 :class:`LearnReporter`, which queues them and returns at once; one background thread sends each
 to every draft replica (``GrpcDraftClient.learn``: all replicas learn it, one persists it). A
@@ -13,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -21,13 +26,13 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
-from gateway.backends.draft_replicas import (
-    REPLICA_HOLD_OFF_S,
-    Replica,
-    expand_addresses,
-    stream_refused,
+from gateway.backends.streams import (
+    StreamExchange,
+    StreamPool,
+    StreamWatchdog,
+    backend_channel,
+    remaining_time,
 )
-from gateway.backends.streams import StreamExchange, StreamWatchdog, remaining_time
 from speculant.auth import bearer_metadata
 from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
@@ -35,7 +40,7 @@ from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, U
 from speculant.request_context import REQUEST_ID, request_metadata
 from speculant.tls import ClientTls
 from speculant.types import DraftProposal, DraftTarget
-from speculant.v1 import admin_pb2, draft_pb2
+from speculant.v1 import admin_pb2, admin_pb2_grpc, draft_pb2, draft_pb2_grpc
 from speculant.wire import is_greedy_request, proposal_from_pb, propose_request_to_pb
 
 log = logging.getLogger(__name__)
@@ -66,6 +71,60 @@ def propose_request(
     drafting from target's graph for its tenant (None: the default graph and tenant)."""
     tail = context_ids[-DEFAULT_MAX_CONTEXT_TOKENS:]
     return propose_request_to_pb(tail, params, seed, REQUEST_ID.get() or "", target)
+
+
+def expand_addresses(addresses: Sequence[str]) -> list[str]:
+    """Replica addresses: HOST:PORT entries as given; ``dns:NAME:PORT`` becomes one replica per
+    address NAME resolves to now (GrpcDraftClient resolves again every refresh interval)."""
+    out: list[str] = []
+    for address in addresses:
+        if not address.startswith("dns:"):
+            out.append(address)
+            continue
+        name, _, port = address.removeprefix("dns:").rpartition(":")
+        if not name or not port.isdigit():
+            raise InvalidArgumentError("--draft", f"{address!r} is not dns:NAME:PORT")
+        try:
+            infos = socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise UnavailableError(f"--draft: cannot resolve {name}: {exc}") from exc
+        for family, *_, sockaddr in infos:
+            host = f"[{sockaddr[0]}]" if family == socket.AF_INET6 else sockaddr[0]
+            if f"{host}:{port}" not in out:
+                out.append(f"{host}:{port}")
+    return out
+
+
+# A draft replica that failed is asked last for this long (then it is back in the rotation).
+REPLICA_HOLD_OFF_S = 1.0
+
+
+@dataclass(eq=False)
+class Replica:
+    """One draft service: its stub, its open streams, and its hold-off after a failure."""
+
+    address: str
+    stub: draft_pb2_grpc.DraftServiceStub
+    streams: StreamPool
+    admin: admin_pb2_grpc.AdminServiceStub | None = None  # its catalog (AdminService)
+    held_off_until: float = 0.0  # time.monotonic()
+
+    @classmethod
+    def connect(cls, address: str, tls: ClientTls | None) -> Replica:
+        channel = backend_channel(address, tls)
+        stub = draft_pb2_grpc.DraftServiceStub(channel)
+        return cls(
+            address,
+            stub,
+            StreamPool(lambda: StreamExchange(stub.ProposeStream, None)),
+            admin_pb2_grpc.AdminServiceStub(channel),
+        )
+
+
+def stream_refused(exc: RemoteError, exchange: StreamExchange) -> bool:
+    """Whether a stream failed because the service refused it (it serves its limit of streams,
+    see speculant.grpc_server.CallLimit), not because of the request or the service."""
+    return exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED and exchange.responses == 0
 
 
 class GrpcDraftClient:

@@ -1,7 +1,9 @@
-"""Streams to the backends and their upkeep: an open bidirectional stream used as request ->
-response (:class:`StreamExchange`); a client request's deadline, carried by every backend call
-made for it; a watchdog that cancels a stream read outliving its deadline; and the pools of open
-streams kept for reuse, one a backend, within what the backend accepts.
+"""Channels and streams to the backends and their upkeep: the channel every gateway client
+opens to a backend (:func:`backend_channel`: shared options, fast reconnects); an open
+bidirectional stream used as request -> response (:class:`StreamExchange`); a client request's
+deadline, carried by every backend call made for it; a watchdog that cancels a stream read
+outliving its deadline; and the pools of open streams kept for reuse, one a backend, within what
+the backend accepts.
 
 Pools. A backend serves each open stream on one of its worker threads for as long as the
 stream is open, idle or not, and refuses a new stream with RESOURCE_EXHAUSTED once it serves its
@@ -28,10 +30,25 @@ from contextvars import ContextVar
 import grpc
 
 from speculant.errors import RemoteError, UnavailableError
+from speculant.grpc_server import CLIENT_KEEPALIVE_OPTIONS, GRPC_OPTIONS
+from speculant.tls import ClientTls, open_channel
 
 IDLE_STREAM_S = 5.0  # an idle stream is closed after this long
 REFUSED_RETRY_S = 5.0  # after a refusal, no new stream beyond those held for this long
 CLOSE_WAIT_S = 0.5  # how long closing an idle stream waits for the backend to end it
+
+
+# Reconnect quickly after a backend restarts (gRPC's default backoff starts at 1 s, up to 120 s).
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+def backend_channel(address: str, tls: ClientTls | None) -> grpc.Channel:
+    """The channel a gateway client opens to a backend: shared options, fast reconnects."""
+    return open_channel(address, tls, GRPC_OPTIONS + RECONNECT_OPTIONS + CLIENT_KEEPALIVE_OPTIONS)
 
 
 _END_OF_STREAM = object()

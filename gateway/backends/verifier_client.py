@@ -10,8 +10,12 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.backends.backend_channel import backend_channel
-from gateway.backends.streams import StreamExchange, StreamWatchdog, remaining_time
+from gateway.backends.streams import (
+    StreamExchange,
+    StreamWatchdog,
+    backend_channel,
+    remaining_time,
+)
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
 from speculant.request_context import request_metadata
 from speculant.sampling_controls import SessionOptions

@@ -1,13 +1,12 @@
 """The gateway's command-line registration: serve-gateway and generate (run by
 gateway.launch.commands), and the flag groups other commands share (generation, sampling,
-verify cost, HTTP API)."""
+verify cost, chat template, HTTP API)."""
 
 from __future__ import annotations
 
 import argparse
 
-from gateway.launch.cli_options import SAMPLING_FLAGS, add_chat_template_argument
-from gateway.launch.commands import run_generate, run_graphs, run_serve_gateway
+from gateway.launch.commands import SAMPLING_FLAGS, run_generate, run_graphs, run_serve_gateway
 from gateway.launch.constraint_flags import add_constraint_arguments
 from speculant.config import DEFAULT_DRAFT_REFRESH_S
 from speculant.draft_flags import add_draft_default_arguments
@@ -40,6 +39,19 @@ def add_verify_cost_argument(parser: argparse.ArgumentParser) -> None:
         "verifier's, measured at start-up and refreshed from real Verify timings), flat (every "
         "forward costs the same, as on a GPU for small drafts) or a `speculant bench cost "
         "--json` file (default: measured)",
+    )
+
+
+def add_chat_template_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--chat-template FILE of serve-gateway and up."""
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="render every chat request (HTTP chat completions, gRPC messages) with this Jinja "
+        "chat template instead of the tokenizer's, e.g. deploy/chat-templates/chatml-tools.jinja, "
+        "which shows the model its tools (needed for tool_choice 'auto') and renders tool calls "
+        "and tool results (default: the tokenizer's template)",
     )
 
 

@@ -244,7 +244,7 @@ def _check_settings(args: argparse.Namespace, parsed: dict[str, argparse.Namespa
     """The settings each service validates at its start: the verifier's, the drafting and
     learning defaults, the token file, the TLS files and the verify cost."""
     from draft_service.cli import catalog_from_args, learning_from_args
-    from gateway.launch.cli_options import chat_template_from_args, check_verify_cost
+    from gateway.launch.commands import chat_template_from_args, check_verify_cost
     from speculant.auth import check_admin_token, load_admin_token, load_client_tokens
     from speculant.draft_flags import draft_defaults_from_args
     from speculant.errors import InvalidArgumentError
