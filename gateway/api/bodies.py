@@ -155,7 +155,7 @@ NoLogitBias, OneOnly, NoEcho, NoSuffix = _only({}), _only(1), _only(False), _onl
 
 class StreamOptions(BaseModel):
     model_config = LENIENT
-    include_usage: bool | None = None
+    include_usage: bool = False
 
 
 class SpeculantOptions(BaseModel):
