@@ -2,21 +2,26 @@
 default, and what a body may not hold; plus the nesting bound every body is held to before it is
 parsed (:func:`check_depth`).
 
-:func:`read_body` validates a parsed body against :class:`CompletionBody` or :class:`ChatBody`
-and turns the first problem into an InvalidArgumentError naming the field as the client sent it
-(``prompt[1]``, ``messages[0].tool_calls[0].function.arguments``, ``speculant.graph``); so
-does :class:`AddGraphBody` for ``POST /admin/graphs``. The
-models check types strictly (an integer is never a bool or 1.0, a number is finite) and the
-HTTP door's own bounds (``n``, ``logprobs``, ``top_logprobs``, prompts per request); the
-bounds of the records they fill are checked where those records are declared, when the engine
-validates a request (speculant.sampling_controls.SamplingControls.validate for the sampling
-controls, whose names and types the body takes from that class; DraftParams for ``speculant``'s
-drafting options, read as proto3 JSON of DraftOptions by gateway.api.requests). A body's
-fields are the endpoint's own: any other is an unrecognized argument (400), and so is an
-unknown key of ``structured_outputs``; unknown keys of a chat message or of
-``stream_options`` are left out, as clients send previous answers back. Null is the same as
-absent. Options that would change what is sampled and are not supported (``logit_bias``,
-``best_of``, ``echo``, ``suffix``) are accepted only at their default.
+:func:`read_body` validates a parsed body against :class:`CompletionBody`, :class:`ChatBody`
+or :class:`AddGraphBody` (``POST /admin/graphs``) and turns the first problem into an
+InvalidArgumentError naming the field as the client sent it (``prompt[1]``,
+``messages[0].tool_calls[0].function.arguments``, ``speculant.graph``). The models check types
+strictly (an integer is never a bool or 1.0, a number is finite) and the HTTP door's own bounds
+(``n``, ``logprobs``, ``top_logprobs``, prompts per request); the bounds of the records they
+fill are checked where those records are declared, when the engine validates a request
+(SamplingControls.validate for the sampling controls, whose names and types the body takes from
+that class; DraftParams for ``speculant``'s drafting options, read as proto3 JSON of
+DraftOptions by gateway.api.requests).
+
+A body's fields are the endpoint's own: any other is an unrecognized argument (400), and so is
+an unknown key of ``structured_outputs``; unknown keys of a chat message or of
+``stream_options`` are left out, as clients send previous answers back. A null optional field
+is an absent one (but ``stream_options.include_usage``, which must be true or false). Options
+that would change what is sampled and are not supported (``logit_bias``, ``best_of``,
+``echo``, ``suffix``) are accepted only at their default. Fields that take one of several
+shapes (``prompt``, ``stop``, a message's ``content``, a JSON schema as an object or as text)
+are read by a validator of their own, so that an error names the field, or a position in it,
+rather than one of pydantic's union branches.
 
 Depth: Python's json module parses arrays and objects recursively, so a body nested about a
 thousand levels deep (``{"prompt": [[[[...]]]]}``) raises RecursionError, and a shallower one
