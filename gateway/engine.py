@@ -4,7 +4,7 @@
 generations, the backends' health, finding the draft tier, the tokenizers' agreement and the
 request defaults. Its :meth:`~GenerationEngine.generate` takes a transport-free
 :class:`~gateway.generation.PromptRequest` and yields StreamChunks, then one GenerationResult.
-The doors are thin: the gRPC servicer (gateway.api.server) and the HTTP app (gateway.api.http_api)
+The doors are thin: the gRPC servicer (gateway.api.server) and the HTTP app (gateway.api.app)
 each turn their wire format into a PromptRequest and the engine's typed errors
 (speculant.errors) into their status codes.
 

@@ -59,7 +59,7 @@ def main(graph: str, model: str) -> None:
         threading.setprofile(_profile)  # before the gateway starts its threads
         import grpc
 
-        from gateway.api.http_server import HttpApiServer
+        from gateway.api.app import HttpApiServer
         from gateway.api.server import start_gateway
         from speculant.v1 import gateway_pb2, gateway_pb2_grpc
 

@@ -62,7 +62,7 @@ PROJECT_MODULES = (
     "bench.cost",
     "bench.load",
     "gateway.api.server",
-    "gateway.api.http_server",
+    "gateway.api.app",
 )
 
 LLAMA3_8B = {  # Meta-Llama-3-8B's config.json, less its tokenizer's ids

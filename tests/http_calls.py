@@ -18,7 +18,7 @@ from email.message import Message
 
 import openai
 
-from gateway.api.http_server import HttpApiServer
+from gateway.api.app import HttpApiServer
 from gateway.engine import GenerationEngine
 from speculant.metrics import Metrics
 from speculant.v1 import gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc

@@ -33,7 +33,7 @@ def http_apis(
     """One HTTP API per gateway (each dict: start_gateway's options, e.g. chat_template or
     tokenizer_name) over one draft service and one verifier."""
     from draft_service.server import start_server as start_draft
-    from gateway.api.http_server import HttpApiServer
+    from gateway.api.app import HttpApiServer
     from gateway.api.server import start_gateway
     from verifier_service.server import start_server as start_verifier
 

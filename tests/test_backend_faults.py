@@ -13,7 +13,7 @@ import urllib.request
 import grpc
 import pytest
 
-from gateway.api.http_server import HttpApiServer
+from gateway.api.app import HttpApiServer
 from gateway.api.server import start_gateway
 from gateway.launch.baseline import PlainDecoder
 from speculant.health import health_status

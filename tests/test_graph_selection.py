@@ -18,7 +18,7 @@ import pytest
 
 from builder import GraphBuilder
 from gateway.api.admin import GraphAdmin
-from gateway.api.http_server import HttpApiServer
+from gateway.api.app import HttpApiServer
 from gateway.launch.baseline import PlainDecoder
 from launcher.cli import main as speculant
 from speculant.auth import load_client_tokens

@@ -9,7 +9,7 @@ import urllib.error
 import openai
 import pytest
 
-from gateway.api.http_server import HttpApiServer
+from gateway.api.app import HttpApiServer
 from tests.fixtures.tls import server_tls
 from tests.http_calls import (
     MODEL,

@@ -1,4 +1,4 @@
-"""The gateway's HTTP API (gateway.api.http_api) with the official `openai` client and urllib.
+"""The gateway's HTTP API (gateway.api.app) with the official `openai` client and urllib.
 
 Real draft, verifier and gateway servers on localhost ports (the ``http`` fixture,
 tests/fixtures/http_api.py), and the HTTP API on the same GenerationEngine as the gRPC gateway:
@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from gateway.api.openai_format import choice_seed
+from gateway.api.requests import choice_seed
 from speculant.client import generate_request
 from speculant.v1 import gateway_pb2, verifier_pb2
 from tests.http_calls import (
@@ -250,7 +250,7 @@ def test_generate_and_health_and_models(http):
 def test_every_answer_carries_its_request_id_and_the_logs_name_it(http, caplog):
     from speculant.request_context import RequestIdFilter
 
-    caplog.set_level(logging.INFO, logger="gateway.api.http_api")
+    caplog.set_level(logging.INFO, logger="gateway.api.app")
     caplog.handler.addFilter(RequestIdFilter())  # as the service's log handler has it
     body = json.dumps({"prompt": PROMPT, "max_tokens": 4, "temperature": 0}).encode()
     json_headers = {"Content-Type": "application/json"}

@@ -17,8 +17,8 @@ import grpc
 import openai
 import pytest
 
-from gateway.api.http_io import MAX_BODY_BYTES, http_error
-from gateway.api.http_server import HttpApiServer
+from gateway.api.answers import http_error
+from gateway.api.app import MAX_BODY_BYTES, HttpApiServer
 from speculant.errors import (
     FailedPreconditionError,
     InvalidArgumentError,

@@ -1,4 +1,4 @@
-"""gateway.api.http_io.check_depth: a JSON body's nesting is measured before it is parsed, and
+"""gateway.api.bodies.check_depth: a JSON body's nesting is measured before it is parsed, and
 the field whose value nests too deeply is named (strings, brackets inside them and escapes
 included)."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gateway.api.http_io import MAX_JSON_DEPTH, TooDeep, check_depth
+from gateway.api.bodies import MAX_JSON_DEPTH, TooDeep, check_depth
 
 
 def nested(levels: int) -> str:

@@ -73,7 +73,7 @@ def test_percentile_is_nearest_rank():
 def test_http_load_has_no_errors_below_the_limit_and_429_above(services, tmp_path, capsys):
     """`load --http` against an HTTP API whose gateway runs at most 2 generations: 2 workers
     get only 200s, 4 workers get 429s for the generations over the limit."""
-    from gateway.api.http_server import HttpApiServer
+    from gateway.api.app import HttpApiServer
     from gateway.api.server import start_gateway
 
     server, servicer = start_gateway(

@@ -1,5 +1,5 @@
-"""OpenAI and vLLM request fields read as constraints and tools (gateway.api.openai_structured),
-chat messages with tool calls and tool results (gateway.api.openai_messages), and the chat
+"""OpenAI and vLLM request fields read as constraints and tools (gateway.api.requests),
+chat messages with tool calls and tool results (gateway.api.bodies), and the chat
 template that shows a model its tools (deploy/chat-templates/chatml-tools.jinja, with
 stories260K's tokenizer, which has no template of its own). No servers."""
 
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gateway.api.openai_format import parse_openai_request
+from gateway.api.requests import parse_openai_request
 from gateway.generation import PromptRequest
 from gateway.request_defaults import PromptLimits, RequestDefaults
 from speculant.constraint import Constraint

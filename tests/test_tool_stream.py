@@ -10,8 +10,8 @@ import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 
-from gateway.api.http_answers import ResponseWriter
-from gateway.api.openai_format import parse_openai_request
+from gateway.api.answers import ResponseWriter
+from gateway.api.requests import parse_openai_request
 from gateway.generation import FinishReason, GenerationResult, GenerationStats
 from speculant.errors import InvalidArgumentError
 from speculant.structured import ToolCall, tool_calling

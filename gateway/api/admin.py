@@ -6,7 +6,7 @@ share, so a replica started later serves the same catalog), then refreshes the e
 graphs, so the gateway answers requests naming the new graph at once. Both doors use it: the
 gRPC ``speculant.v1.AdminService`` on the gateway's port (:class:`GatewayAdminServicer`) and the
 HTTP routes ``GET/POST /admin/graphs`` and ``DELETE /admin/graphs/NAME``
-(gateway.api.http_api). The callers' admin token is checked before a call gets here
+(gateway.api.app). The callers' admin token is checked before a call gets here
 (speculant.auth, the HTTP app).
 """
 

@@ -84,7 +84,7 @@ def chat_template_from_args(args: argparse.Namespace) -> str | None:
 
 def run_serve_gateway(args: argparse.Namespace) -> int:
     from gateway.api.admin import GraphAdmin
-    from gateway.api.http_server import HttpApiServer
+    from gateway.api.app import HttpApiServer
     from speculant.auth import load_admin_token, load_client_tokens
     from speculant.errors import SpeculantError
     from speculant.metrics import Metrics, metrics_from_args
@@ -233,7 +233,7 @@ def _generate_embedded(args: argparse.Namespace) -> dict:
         draft_config=draft,
         verify_cost=args.verify_cost,
     )
-    from gateway.api.http_answers import generate_response
+    from gateway.api.answers import generate_response
 
     try:
         result = decoder.generate(

@@ -1,9 +1,9 @@
 """The gateway's HTTP API: ``/health``, ``/generate``, OpenAI-compatible completions and
 ``/metrics``, beside the gRPC server in the same process.
 
-A Starlette (ASGI) app (served by gateway.api.http_server: uvicorn on an event loop of its own
-thread; bodies, errors and event streams in gateway.api.http_io). Routes (JSON in
-and out; streams are server-sent events ending with ``data: [DONE]``):
+A Starlette (ASGI) app (:class:`HttpApi`), served by :class:`HttpApiServer`: uvicorn on an event
+loop of its own thread, on a socket bound up front (so a port in use is a clear error naming the
+flag). Routes (JSON in and out; streams are server-sent events ending with ``data: [DONE]``):
 - ``GET /health``: 200 ``{"status": "ok", "model": NAME}`` while the verifier answers its health
   checks and the tokenizers agree (as the gRPC health), else 503. Open even when a bearer token
   is required.
@@ -13,21 +13,20 @@ and out; streams are server-sent events ending with ``data: [DONE]``):
   tier's catalog (a request naming one drafts from that graph, as vLLM serves LoRA adapters).
 - ``POST /generate``: a GenerateRequest as JSON -> ``{text, token_ids, finish_reason, stats}``.
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: OpenAI's requests and answers
-  (see gateway.api.openai_format and gateway.api.http_answers), ``"stream": true`` for server-sent
-  events.
+  (read by gateway.api.bodies and gateway.api.requests, answered by gateway.api.answers),
+  ``"stream": true`` for server-sent events (gateway.api.streaming).
 - ``GET /admin/graphs``, ``POST /admin/graphs`` (``{"name", "path"}``) and ``DELETE
   /admin/graphs/NAME``: the catalog (gateway.api.admin), with the admin token only (403 while
   the gateway has none).
 
 Every generation runs through GenerationEngine.generate, as the gRPC Generate does (the same
 defaults, validation, concurrency limit, coordinator and error classes), in a worker thread
-(gateway.api.http_runs): an answer with n choices takes n of the gateway's slots. Errors are
+(gateway.api.streaming): an answer with n choices takes n of the gateway's slots. Errors are
 OpenAI-style ``{"error": {"message", "type", "param", "code"}}`` with the HTTP status of the
-error class (400 bad request, 401 no or wrong token, 404, 405, 412 tokenizer mismatch, 413 body
-over MAX_BODY_BYTES, 429 over capacity, 503 backend down or the gateway stopping, 500 anything
-else), never a
-traceback. A client that disconnects ends its generations between two rounds and frees their
-verifier sessions.
+error class (400 bad request or a body that is not JSON or nests too deeply, 401 no or wrong
+token, 404, 405, 412 tokenizer mismatch, 413 body over MAX_BODY_BYTES, 429 over capacity, 503
+backend down or the gateway stopping, 500 anything else), never a traceback. A client that
+disconnects ends its generations between two rounds and frees their verifier sessions.
 
 Every request is served under a request id, as a gRPC call is (speculant.request_context): the
 client's ``X-Request-Id`` header when it is a clean one, else a new id; it is sent back in the
@@ -37,13 +36,18 @@ every log line of the request, among them one access line (method, path, status,
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
+import uvicorn
 from google.protobuf import json_format
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.applications import Starlette
@@ -55,26 +59,34 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from gateway.api.admin import GraphAdmin
-from gateway.api.http_answers import ResponseWriter, generate_response
-from gateway.api.http_io import EventStream, HttpError, event, http_error, on_disconnect, read_json
-from gateway.api.http_runs import ChoiceRuns
-from gateway.api.openai_format import (
-    ApiRequest,
-    parse_generate_request,
-    parse_openai_request,
-)
+from gateway.api.answers import HttpError, ResponseWriter, generate_response, http_error
+from gateway.api.bodies import AddGraphBody, TooDeep, check_depth, read_body
+from gateway.api.requests import parse_generate_request, parse_openai_request
 from gateway.api.server import prompt_request_from_pb
+from gateway.api.streaming import ChoiceRuns, EventStream, answer_events, on_disconnect
 from gateway.engine import GenerationEngine
-from gateway.generation import GenerationResult
 from speculant.auth import ADMIN_OFF, ClientTokens, bearer_matches, expected_bearer
-from speculant.errors import InvalidArgumentError, UnavailableError
-from speculant.grpc_server import SHUTTING_DOWN, status_details
+from speculant.errors import UnavailableError
+from speculant.grpc_server import MAX_MESSAGE_BYTES, SHUTTING_DOWN, status_details
 from speculant.request_context import clean_request_id, new_request_id, request_id_scope
+from speculant.tls import ServerTls
 
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-Id"
 ADMIN = "admin"  # a route that needs the admin token
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # a bigger request body is refused (413)
+
+# uvicorn's bounds: an idle keep-alive connection is closed after KEEP_ALIVE_S; beyond
+# MAX_CONNECTIONS connections (and requests) at once new ones get a 503; on stop, requests in
+# flight get GRACEFUL_STOP_S to end.
+KEEP_ALIVE_S = 30
+MAX_CONNECTIONS = 1024
+BACKLOG = 256
+GRACEFUL_STOP_S = 5
+START_TIMEOUT_S = 30.0
+
+
 Endpoint = Callable[[Request], Awaitable[Response | EventStream]]
 
 
@@ -117,8 +129,8 @@ class HttpApi:
             ("GET", "/metrics", self._metrics, False),
             ("GET", "/v1/models", self._models, True),
             ("POST", "/generate", self._generate, True),
-            ("POST", "/v1/completions", self._completions, True),
-            ("POST", "/v1/chat/completions", self._chat, True),
+            ("POST", "/v1/completions", partial(self._openai, chat=False), True),
+            ("POST", "/v1/chat/completions", partial(self._openai, chat=True), True),
             ("GET", "/admin/graphs", self._list_graphs, ADMIN),
             ("POST", "/admin/graphs", self._add_graph, ADMIN),
             ("DELETE", "/admin/graphs/{name}", self._remove_graph, ADMIN),
@@ -257,17 +269,8 @@ class HttpApi:
 
     async def _add_graph(self, request: Request) -> Response:
         assert self._admin is not None
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise InvalidArgumentError("request", "the body must be a JSON object")
-        for field_name in body:
-            if field_name not in ("name", "path"):
-                raise InvalidArgumentError(field_name, "unrecognized field (name, path)")
-        name, path = body.get("name"), body.get("path")
-        for field_name, value in (("name", name), ("path", path)):
-            if not isinstance(value, str) or not value:
-                raise InvalidArgumentError(field_name, "must be a non-empty string")
-        answer = await run_in_threadpool(self._admin.add, name, path)
+        body = read_body(AddGraphBody, await read_json(request))
+        answer = await run_in_threadpool(self._admin.add, body.name, body.path)
         return JSONResponse(
             {"graph": _message_dict(answer.graph), "replaced": answer.replaced},
             201 if not answer.replaced else 200,
@@ -293,12 +296,6 @@ class HttpApi:
             return Response(status_code=499)  # the client went away: nobody reads this
         return JSONResponse(generate_response(answer[0][0]))
 
-    async def _completions(self, request: Request) -> Response | EventStream:
-        return await self._openai(request, chat=False)
-
-    async def _chat(self, request: Request) -> Response | EventStream:
-        return await self._openai(request, chat=True)
-
     async def _openai(self, request: Request, *, chat: bool) -> Response | EventStream:
         api_request = parse_openai_request(await read_json(request), chat=chat)
         served = await run_in_threadpool(self.model_name)
@@ -315,7 +312,7 @@ class HttpApi:
             async with on_disconnect(request.receive, runs.cancel.set):
                 await runs.start()  # validation, tokenizing, prefill: errors answer here
                 if api_request.stream:
-                    return EventStream(_stream(runs, writer, api_request), runs.cancel.set)
+                    return EventStream(answer_events(runs, writer, api_request), runs.cancel.set)
                 answer = await runs.results()
         except Exception as exc:
             runs.cancel.set()
@@ -325,35 +322,131 @@ class HttpApi:
         return JSONResponse(writer.response(*answer))
 
 
-async def _stream(
-    runs: ChoiceRuns, writer: ResponseWriter, request: ApiRequest
-) -> AsyncIterator[bytes]:
-    """Server-sent events: per choice (indexed), chunks as tokens are accepted and the finish;
-    the usage if asked for; [DONE]. The status is sent first, so an error during the rounds is
-    sent as an event ``{"error": ...}``."""
-    results: list[GenerationResult | None] = [None] * runs.count
-    try:
-        for chunk in writer.opening_chunks(runs.count):
-            yield event(chunk)
-        async for choice in runs.items():
-            item = choice.item
-            if isinstance(item, GenerationResult):
-                results[choice.index] = item
-                for chunk in writer.final_chunks(choice.index, item):
-                    yield event(chunk)
-            elif item.text_delta or choice.entries:
-                for chunk in writer.text_chunks(choice.index, item.text_delta, choice.entries):
-                    yield event(chunk)
-        finished = [r for r in results if r is not None]
-        if request.include_usage and len(finished) == runs.count:
-            yield event(writer.usage_chunk(finished))
-    except Exception as exc:
-        yield event(http_error(exc, request).body())
-    yield event("[DONE]")
-
-
 def _message_dict(message: Any) -> dict[str, Any]:
     """A protobuf message as JSON with its field names as in the proto (every field shown)."""
     return json_format.MessageToDict(
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON (400 if it is not, or if it nests deeper than
+    check_depth allows; 413 over MAX_BODY_BYTES)."""
+    too_large = HttpError(413, "invalid_request_error", f"body over {MAX_BODY_BYTES} bytes")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > MAX_BODY_BYTES:
+            raise too_large
+    try:
+        check_depth(data)
+    except TooDeep as exc:
+        raise HttpError(400, "invalid_request_error", str(exc), exc.field or None) from exc
+    try:
+        return json.loads(data, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HttpError(400, "invalid_request_error", f"invalid JSON body: {exc}") from exc
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: a free port); OSError naming the flag."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as exc:
+        sock.close()
+        reason = exc.strerror or exc
+        raise OSError(f"--http-port: cannot bind {host}:{port}: {reason}") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpApiServer:
+    """The HTTP API on host:port (port 0: a free one), served by uvicorn from a thread."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        auth_token: str | ClientTokens | None = None,
+        tls: ServerTls | None = None,
+        model_name: str | None = None,
+        registry: CollectorRegistry | None = None,
+        stopping: threading.Event | None = None,
+        admin: GraphAdmin | None = None,
+    ) -> None:
+        """tls: serve HTTPS with the gateway's certificate (and require client certificates
+        signed by its client CA, if any). registry: the metrics to serve at /metrics.
+        stopping, admin: see HttpApi."""
+        self.api = HttpApi(
+            engine,
+            auth_token=auth_token,
+            model_name=model_name,
+            registry=registry,
+            stopping=stopping,
+            admin=admin,
+        )
+        ssl_context = tls.ssl_context() if tls else None  # before binding: a clear error
+        self._socket = _bind(host, port)
+        self.host = host
+        self.port = self._socket.getsockname()[1]
+        self.scheme = "https" if tls else "http"
+        config = uvicorn.Config(
+            self.api,
+            http="h11",
+            loop="asyncio",
+            ws="none",
+            lifespan="off",
+            log_config=None,  # the process's logging, as configured
+            access_log=False,  # HttpApi writes one access line per request, with its id
+            server_header=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=GRACEFUL_STOP_S,
+            limit_concurrency=MAX_CONNECTIONS,
+            backlog=BACKLOG,
+        )
+        config.load()
+        config.ssl = ssl_context  # the same context as the gRPC server's credentials
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._serve, name="http-api", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._socket]))
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.address}"
+
+    def start(self) -> HttpApiServer:
+        """Serve; return once uvicorn accepts connections (RuntimeError if it does not)."""
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self._socket.close()
+                raise RuntimeError(f"the HTTP API did not start on {self.address}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stop accepting connections; requests in flight get GRACEFUL_STOP_S to end."""
+        if self._thread.is_alive():
+            self._server.should_exit = True
+            self._thread.join()
+        self._socket.close()

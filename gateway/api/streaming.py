@@ -1,11 +1,14 @@
-"""The generations of one HTTP answer, run in worker threads and read from the event loop.
+"""The generations of one HTTP answer, run in worker threads and read from the event loop, and
+the server-sent events that stream them.
 
 GenerationEngine.generate is blocking (gRPC calls to the backends, round after round), so each
 *choice* of an answer (OpenAI's ``n``, and a completion's several prompts) runs it in a thread
 of its own, and its items reach the event loop through an asyncio queue. Setting
 :attr:`ChoiceRuns.cancel` (the client went away, or another choice failed) ends every choice
 between two rounds: its generation is closed, which frees its verifier session and its slot of
-the gateway's ``--max-concurrent``.
+the gateway's ``--max-concurrent``. A stream (:func:`answer_events`, sent by
+:class:`EventStream`) is server-sent events ending with ``data: [DONE]``; a client that
+disconnects is noticed (:func:`on_disconnect`) and cancels the choices.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import json
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from gateway.api.http_logprobs import LogprobEntry, TokenTexts
+from starlette.types import Receive, Scope, Send
+
+from gateway.api.answers import LogprobEntry, ResponseWriter, TokenTexts, http_error
+from gateway.api.requests import ApiRequest
 from gateway.engine import GenerationEngine
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 
@@ -139,3 +147,75 @@ class ChoiceRuns:
         if any(r is None for r in results):
             return None
         return [r for r in results if r is not None], entries
+
+
+async def answer_events(
+    runs: ChoiceRuns, writer: ResponseWriter, request: ApiRequest
+) -> AsyncIterator[bytes]:
+    """Server-sent events: per choice (indexed), chunks as tokens are accepted and the finish;
+    the usage if asked for; [DONE]. The status is sent first, so an error during the rounds is
+    sent as an event ``{"error": ...}``."""
+    results: list[GenerationResult | None] = [None] * runs.count
+    try:
+        for chunk in writer.opening_chunks(runs.count):
+            yield event(chunk)
+        async for choice in runs.items():
+            item = choice.item
+            if isinstance(item, GenerationResult):
+                results[choice.index] = item
+                for chunk in writer.final_chunks(choice.index, item):
+                    yield event(chunk)
+            elif item.text_delta or choice.entries:
+                for chunk in writer.text_chunks(choice.index, item.text_delta, choice.entries):
+                    yield event(chunk)
+        finished = [r for r in results if r is not None]
+        if request.include_usage and len(finished) == runs.count:
+            yield event(writer.usage_chunk(finished))
+    except Exception as exc:
+        yield event(http_error(exc, request).body())
+    yield event("[DONE]")
+
+
+def event(body: dict[str, Any] | str) -> bytes:
+    """One server-sent event (a JSON object, or the final "[DONE]")."""
+    data = body if isinstance(body, str) else json.dumps(body)
+    return f"data: {data}\n\n".encode()
+
+
+@contextlib.asynccontextmanager
+async def on_disconnect(receive: Receive, gone: Callable[[], None]) -> AsyncIterator[None]:
+    """Call gone() if the client disconnects while the block runs (the body is read)."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
+class EventStream:
+    """An ASGI response: the server-sent events of `events`, sent as they come; when the client
+    disconnects, `gone` is called (which must make `events` end soon)."""
+
+    def __init__(self, events: AsyncIterator[bytes], gone: Callable[[], None]) -> None:
+        self.events = events
+        self.gone = gone
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        async with contextlib.aclosing(self.events) as events:
+            try:
+                async with on_disconnect(receive, self.gone):
+                    await send({"type": "http.response.start", "status": 200, "headers": headers})
+                    async for data in events:  # once gone, they end after the current round
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                    await send({"type": "http.response.body", "body": b""})
+            except OSError:  # the client went away mid-send
+                self.gone()
