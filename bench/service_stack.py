@@ -273,9 +273,8 @@ class ServiceStack:
         ids, rendered with them, since GenerateRequest carries no tools) under its constraint."""
         from google.protobuf import json_format
 
-        from speculant.strategies import STRATEGY_TO_PROTO
         from speculant.v1 import common_pb2, gateway_pb2
-        from speculant.wire import constraint_to_pb
+        from speculant.wire import STRATEGY_TO_PROTO, constraint_to_pb
 
         strategy = STRATEGY_TO_PROTO[self.settings.strategy]
         tokenized = bool(prompt.tools)

@@ -32,10 +32,9 @@ import grpc
 from speculant.auth import bearer_metadata
 from speculant.constraint import Constraint
 from speculant.errors import RemoteError
-from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.tls import ClientTls, open_channel
 from speculant.v1 import admin_pb2, admin_pb2_grpc, common_pb2, gateway_pb2, gateway_pb2_grpc
-from speculant.wire import constraint_to_pb
+from speculant.wire import STRATEGY_TO_PROTO, constraint_to_pb
 
 GATEWAY_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name
 

@@ -24,7 +24,6 @@ from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
-from speculant.strategies import STRATEGY_FROM_PROTO, STRATEGY_TO_PROTO
 from speculant.types import (
     DraftProposal,
     DraftTarget,
@@ -37,6 +36,13 @@ from speculant.types import (
     VerifyResult,
 )
 from speculant.v1 import admin_pb2, common_pb2, draft_pb2, verifier_pb2
+
+# The draft strategy names of speculant.draft_params and their values in the proto enum
+STRATEGY_TO_PROTO = {
+    "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
+    "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,
+}
+STRATEGY_FROM_PROTO = {value: name for name, value in STRATEGY_TO_PROTO.items()}
 
 
 def sparse_to_pb(dist: SparseDistribution) -> common_pb2.SparseDistribution:

@@ -47,7 +47,6 @@ from gateway.generation import PromptRequest
 from speculant.constraint import Constraint, json_schema_constraint
 from speculant.errors import InvalidArgumentError
 from speculant.graph_catalog import NO_GRAPH, check_graph_name
-from speculant.strategies import STRATEGY_TO_PROTO
 from speculant.structured import (
     ToolCalling,
     response_format_constraint,
@@ -55,7 +54,7 @@ from speculant.structured import (
     tool_calling,
 )
 from speculant.v1 import common_pb2, gateway_pb2
-from speculant.wire import draft_fields_from_pb
+from speculant.wire import STRATEGY_TO_PROTO, draft_fields_from_pb
 
 _STRATEGY_NAMES = {  # "greedy" -> "DRAFT_STRATEGY_GREEDY" (the JSON form of the enum)
     name: common_pb2.DraftStrategy.Name(value) for name, value in STRATEGY_TO_PROTO.items()
