@@ -15,9 +15,8 @@ import torch
 
 from speculant.tokenizer import load_tokenizer
 from tests.assets import STORIES_MODEL, load_dev_prompts
-from verifier_service.capabilities import lean_matches_reference
 from verifier_service.lean_llama import LeanLlama
-from verifier_service.model import LoadedModel
+from verifier_service.model import LoadedModel, lean_matches_reference
 
 
 def _twin(loaded: LoadedModel, use_lean: bool) -> LoadedModel:
