@@ -128,6 +128,9 @@ class VerifyResult:
     # Seconds the verifier spent on the model for it (the forward pass and sampling, no RPC);
     # 0 when unknown.
     seconds: float = 0.0
+    # Rows of the forward that verified it: 1 alone, more when batched with other sessions'
+    # steps (then seconds is the batch's forward)
+    batch_rows: int = 1
 
 
 @dataclass

@@ -213,6 +213,7 @@ def verify_result_to_pb(result: VerifyResult) -> verifier_pb2.VerifyResponse:
         accepted_draft_indices=result.accepted_nodes,
         logprobs=logprobs_to_pb(result.logprobs),
         forward_seconds=result.seconds,
+        batch_rows=result.batch_rows,
     )
 
 
@@ -223,6 +224,7 @@ def verify_result_from_pb(message: verifier_pb2.VerifyResponse) -> VerifyResult:
         list(message.accepted_draft_indices),
         logprobs_from_pb(message.logprobs),
         message.forward_seconds,
+        max(1, message.batch_rows),  # 0: an older server, taken as alone
     )
 
 

@@ -24,8 +24,9 @@ import torch
 
 from gateway.launch.baseline import PlainDecoder
 from speculant.config import VerifierConfig
-from speculant.types import SparseDistribution
-from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from speculant.types import SparseDistribution, VerifyResult
+from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2
+from speculant.wire import verify_result_from_pb, verify_result_to_pb
 from tests.assets import STORIES_MODEL, dev_prompt_sets, load_dev_prompts
 from tests.concurrency import hold_first_batch, run_threads
 from tests.fixtures.models import first_token, hf_greedy
@@ -330,6 +331,36 @@ def test_a_failed_batch_fails_its_calls_and_keeps_their_sessions(
 
 
 # -- configuration ---------------------------------------------------------------------------
+
+
+def test_a_verify_reports_the_rows_of_the_forward_that_ran_it(loaded, references) -> None:
+    """The gateway's sizer prices a draft by the rows it shares a forward with: each Verify
+    says how many there were (1 alone)."""
+    batched, alone = make_verifier(loaded, max_batch=8), make_verifier(loaded, max_batch=1)
+    try:
+        assert batched.batcher is not None
+        hold_first_batch(batched.batcher, N_SESSIONS - 1)
+        rows: dict[str, list[int]] = {"batched": [], "alone": []}
+
+        def session(i: int) -> None:
+            prompt, ref = references[i]
+            for name, verifier in (("batched", batched), ("alone", alone)):
+                first_token(verifier, f"r{i}", prompt, temperature=0.0)
+                rows[name].append(verifier.verify(f"r{i}", ref[1:4]).batch_rows)
+
+        run_threads(session, N_SESSIONS)
+        assert max(rows["batched"]) >= N_SESSIONS - 1
+        assert rows["alone"] == [1] * N_SESSIONS
+    finally:
+        batched.close()
+        alone.close()
+
+
+def test_the_rows_travel_over_the_wire_and_an_older_server_counts_as_alone() -> None:
+    result = VerifyResult(1, [5, 6], seconds=0.01, batch_rows=3)
+    assert verify_result_from_pb(verify_result_to_pb(result)).batch_rows == 3
+    older = verifier_pb2.VerifyResponse(accepted_count=0, token_ids=[5])  # no batch_rows
+    assert verify_result_from_pb(older).batch_rows == 1
 
 
 def test_max_batch_one_runs_every_call_alone(loaded, references) -> None:

@@ -105,6 +105,40 @@ def test_a_snapshot_of_a_measured_profile_is_refreshed_from_the_verifiers_forwar
     assert SizingModel(own).profile is own  # the verifier's own (embedded): refreshed there
 
 
+def batched_rounds(model: SizingModel, rows: int, rounds: int = 100) -> None:
+    """Rounds whose Verify ran in forwards of `rows` rows (what the verifier reports)."""
+    params = DraftParams(k=4)
+    sizer = model.for_request(params)
+    for position in range(rounds):
+        sizer.plan(params, 4)
+        cut = sizer.cut(DraftProposal(), 0.0)
+        result = VerifyResult(0, [7], seconds=0.040, batch_rows=rows)
+        sizer.observe(None, cut, result, position + 2, [7] * (position + 3), (0, 0.04, 0.04))
+
+
+def test_in_a_batch_a_draft_is_sized_by_what_its_tokens_cost_every_row():
+    """Where a forward's cost grows with its tokens, verifying a token in a batch of 4 rows
+    delays all four: the cut keeps fewer drafts than alone. With a flat profile it keeps as
+    many; a batch's seconds do not refresh the profile (they are the rows' together)."""
+    draft = DraftProposal(list(range(10, 18)), path_probs=[0.9**i for i in range(1, 9)])
+    kept = {}
+    for name, profile, rows in (
+        ("growing alone", CostProfile.from_points({1: 0.010, 65: 0.330}, refresh=True), 1),
+        ("growing, batched", CostProfile.from_points({1: 0.010, 65: 0.330}, refresh=True), 4),
+        ("flat, batched", CostProfile.flat(0.010), 4),
+    ):
+        model = SizingModel(profile)
+        teach(model, accepted=True)
+        cost_before = model.profile.cost(1)
+        batched_rounds(model, rows)
+        assert model.batch_rows.value == pytest.approx(rows, rel=0.01)
+        if rows > 1:
+            assert model.profile.cost(1) == cost_before
+        kept[name] = len(model.for_request(DraftParams(k=8)).decide(draft, 0.0).keep)
+    assert kept["growing, batched"] < kept["growing alone"]
+    assert kept["flat, batched"] == len(draft.token_ids)
+
+
 def test_a_moving_average_is_a_plain_mean_until_its_weight_takes_over():
     average = _Average()
     for sample in (10.0, 1.0, 1.0, 1.0):  # a cold first sample weighs no more than the others

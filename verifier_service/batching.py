@@ -64,6 +64,7 @@ class VerifyJob:
     logprobs: list[TokenLogprobs] | None = None  # one per emitted token, with top_logprobs
     error: BaseException | None = None
     done: bool = False
+    batch_rows: int = 1  # the jobs of the forward that ran it (1: alone)
 
 
 def decide(job: VerifyJob, logits: torch.Tensor, input_ids: torch.Tensor) -> RejectionOutput:
@@ -228,6 +229,8 @@ class VerifyBatcher:
             if not job.done:  # no batch runs and the job is still queued: run one
                 self._running = True
                 batch = self._take(job)
+                for member in batch:
+                    member.batch_rows = len(batch)
         if batch:
             try:
                 self.on_model(lambda: run_batch(self.model, batch))

@@ -305,9 +305,11 @@ class LocalVerifier:
             if len(drafts) > room:
                 drafts = drafts[:room]
                 q = None if q is None else q[:room]
-            out, logprobs, seconds = self._run(session, drafts, q)
+            out, logprobs, seconds, rows = self._run(session, drafts, q)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
-        return VerifyResult(out.accepted_count, out.token_ids, logprobs=logprobs, seconds=seconds)
+        return VerifyResult(
+            out.accepted_count, out.token_ids, [], logprobs, seconds=seconds, batch_rows=rows
+        )
 
     def _run(
         self,
@@ -315,11 +317,12 @@ class LocalVerifier:
         drafts: list[int],
         q: torch.Tensor | None,
         parents: list[int] | None = None,
-    ) -> tuple[RejectionOutput, list[TokenLogprobs], float]:
+    ) -> tuple[RejectionOutput, list[TokenLogprobs], float, int]:
         """The session's verify step (batching.VerifyJob): in a batch when the verifier
         batches, else alone on the model; the session then moves past the accepted drafts.
-        Returns the outcome, the emitted tokens' logprobs when the session reports them, and
-        the step's seconds on the model (its wait for the model and its batch included)."""
+        Returns the outcome, the emitted tokens' logprobs when the session reports them, the
+        step's seconds on the model (its wait for the model and its batch included) and the
+        rows of the forward that ran it (1: alone)."""
         job = VerifyJob(
             cache=session.cache,
             start=session.length,
@@ -338,12 +341,13 @@ class LocalVerifier:
         else:
             out = self._on_model(lambda: run_job(self.model, job))
         seconds = time.perf_counter() - started
-        self.cost_profile.observe(len(job.input_ids), seconds)
+        if job.batch_rows == 1:  # a batch's seconds are not what its rows cost alone
+            self.cost_profile.observe(len(job.input_ids), seconds)
         if session.counts is not None:  # the pending token and the accepted drafts are cached
             count_tokens(session.counts, [session.pending_token, *out.token_ids[:-1]])
         session.length += 1 + out.accepted_count
         session.pending_token = out.token_ids[-1]
-        return out, job.logprobs or [], seconds
+        return out, job.logprobs or [], seconds, job.batch_rows
 
     def _room(self, session_id: str, length: int) -> int:
         """Draft positions that still fit after a session of `length` cached tokens and its
@@ -380,10 +384,10 @@ class LocalVerifier:
             drafts, parents = kept_tree.token_ids, kept_tree.parents
             if q is not None:
                 q = q[torch.tensor(kept, dtype=torch.long, device=q.device)]  # [kept, V]
-            out, logprobs, seconds = self._run(session, drafts, q, parents)
+            out, logprobs, seconds, rows = self._run(session, drafts, q, parents)
         self._count(forward=1, drafts=len(drafts), accepted=out.accepted_count)
         accepted = [kept[i] for i in out.accepted_nodes]  # indices into the request's tree
-        return VerifyResult(out.accepted_count, out.token_ids, accepted, logprobs, seconds)
+        return VerifyResult(out.accepted_count, out.token_ids, accepted, logprobs, seconds, rows)
 
     def warm_up(self) -> None:
         """Run one short session through prefill and verify, so the first real request does not

@@ -171,6 +171,23 @@ class SizingModel:
         """V(drafts): the expected seconds of a Verify call with this many draft tokens."""
         return self.profile.cost(drafts + 1) + self.verify_overhead.value
 
+    def forward_costs(self, drafts: int) -> list[float]:
+        """What verifying n = 0..drafts draft tokens costs a round: the profile's forward over
+        n + 1 tokens, and where the verifier batches this request's steps with others' (on
+        average batch_rows rows a forward), each token beyond the first once more for every
+        other row, which its place in the batched forward delays as much as this one. So a
+        draft is sized by its marginal cost in the batch: at high concurrency on hardware whose
+        forward grows with its tokens, drafts shrink instead of slowing every stream; with a
+        flat profile (a GPU below saturation) nothing changes. The rate a cut maximises stays
+        this request's (its round's time, the batch's wait included through the Verify
+        overhead); the batch's aggregate rate is about it times the rows."""
+        forward = self.profile.costs(drafts + 1)
+        others = self.batch_rows.value - 1.0
+        if others <= 0.0:
+            return forward
+        base = forward[0]
+        return [cost + others * (cost - base) for cost in forward]
+
     def __init__(self, profile: CostProfile) -> None:
         # a measured profile that is not refreshed is a snapshot (the services' GetModelInfo at
         # connection): refreshed here from the forward seconds each Verify reports, as the
@@ -179,8 +196,10 @@ class SizingModel:
         self.profile = profile.copy(refresh=True) if self.refreshes else profile
         self.acceptance = SharedAcceptance()
         self.other_seconds = _Average()  # the coordinator's own time per round
-        # what a Verify call costs beyond the profile's forward (sampling, the RPC)
+        # what a Verify call costs beyond the profile's forward (sampling, the RPC, a batch's
+        # other rows)
         self.verify_overhead = _Average()
+        self.batch_rows = _Average(1.0)  # rows of the forwards that verified the drafts
         # by draft shape: the drafter's own seconds by drafted nodes, and the tokens emitted
         # and seconds taken per drafting round; what a draft call costs beyond the drafter's
         # own time (the RPC)
@@ -321,7 +340,7 @@ class RequestSizer:
         # likeliest first, ties by position (a stable sort keeps them in order)
         order = sorted(range(len(survival)), key=survival.__getitem__, reverse=True)
         model = self.model
-        forward = model.profile.costs(len(order) + 1)  # V(n) = forward[n] + the call's overhead
+        forward = model.forward_costs(len(order))  # V(n) = forward[n] + the call's overhead
         fixed = draft_seconds + model.other_seconds.value + model.verify_overhead.value
         best_n, best = 0, 1.0 / (fixed + forward[0])
         expected = 1.0
@@ -355,7 +374,9 @@ class RequestSizer:
         model = self.model
         draft_s, verify_s, round_s = self._without_stall(seconds)
         forward = model.profile.cost(len(verified.token_ids) + 1)  # what the profile expects
-        if model.refreshes and result.seconds > 0:
+        model.batch_rows.add(float(max(1, result.batch_rows)))
+        if model.refreshes and result.seconds > 0 and result.batch_rows <= 1:
+            # (a batch's seconds are its rows' together, not what this one costs alone)
             model.profile.observe(len(verified.token_ids) + 1, result.seconds)
         model.verify_overhead.add(max(0.0, verify_s - forward))
         model.other_seconds.add(max(0.0, round_s - draft_s - verify_s))
@@ -397,7 +418,7 @@ class RequestSizer:
         (_DraftCost), V the verify call and T the rest of a round with the draft call's
         overhead (N = 0: no draft call at all)."""
         model = self.model
-        forward = model.profile.costs(len(ranked) + 1)  # V(n) = forward[n] + the overhead
+        forward = model.forward_costs(len(ranked))  # V(n) = forward[n] + the overhead
         other = model.other_seconds.value + model.verify_overhead.value
         per_call, per_node = model.draft_cost[self.shape].split()
         fixed = other + model.call_overhead.value + per_call

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from speculant.v1 import common_pb2 as speculant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspeculant/v1/verifier.proto\x12\x0cspeculant.v1\x1a\x19speculant/v1/common.proto\"\x90\x02\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x30\n\x08sampling\x18\x05 \x01(\x0b\x32\x1e.speculant.v1.SamplingControls\x12\x19\n\x0ctop_logprobs\x18\x06 \x01(\x05H\x02\x88\x01\x01\x12,\n\nconstraint\x18\x07 \x01(\x0b\x32\x18.speculant.v1.ConstraintB\x0e\n\x0c_temperatureB\x07\n\x05_seedB\x0f\n\r_top_logprobs\"e\n\x0fPrefillResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.speculant.v1.TokenLogprob\"\x92\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12=\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32 .speculant.v1.SparseDistribution\x12\x15\n\rdraft_parents\x18\x04 \x03(\x05\"\xa2\x01\n\x0eVerifyResponse\x12\x16\n\x0e\x61\x63\x63\x65pted_count\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1e\n\x16\x61\x63\x63\x65pted_draft_indices\x18\x03 \x03(\x05\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.speculant.v1.TokenLogprob\x12\x17\n\x0f\x66orward_seconds\x18\x05 \x01(\x01\"x\n\x0eSessionRequest\x12/\n\x07prefill\x18\x01 \x01(\x0b\x32\x1c.speculant.v1.PrefillRequestH\x00\x12-\n\x06verify\x18\x02 \x01(\x0b\x32\x1b.speculant.v1.VerifyRequestH\x00\x42\x06\n\x04step\"{\n\x0fSessionResponse\x12\x30\n\x07prefill\x18\x01 \x01(\x0b\x32\x1d.speculant.v1.PrefillResponseH\x00\x12.\n\x06verify\x18\x02 \x01(\x0b\x32\x1c.speculant.v1.VerifyResponseH\x00\x42\x06\n\x04step\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"\xe4\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0etokenizer_name\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\x05\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x1a\n\x12max_context_length\x18\x06 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x1b\n\x13verify_cost_seconds\x18\t \x03(\x01\"\x11\n\x0fGetStatsRequest\"\xbf\x01\n\x10GetStatsResponse\x12\x15\n\rlive_sessions\x18\x01 \x01(\x05\x12\x18\n\x10sessions_created\x18\x02 \x01(\x03\x12\x19\n\x11sessions_released\x18\x03 \x01(\x03\x12\x18\n\x10sessions_expired\x18\x04 \x01(\x03\x12\x16\n\x0e\x66orward_passes\x18\x05 \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\x06 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x07 \x01(\x03\x32\xd4\x03\n\x0fVerifierService\x12\x46\n\x07Prefill\x12\x1c.speculant.v1.PrefillRequest\x1a\x1d.speculant.v1.PrefillResponse\x12\x43\n\x06Verify\x12\x1b.speculant.v1.VerifyRequest\x1a\x1c.speculant.v1.VerifyResponse\x12\x46\n\x07Release\x12\x1c.speculant.v1.ReleaseRequest\x1a\x1d.speculant.v1.ReleaseResponse\x12J\n\x07Session\x12\x1c.speculant.v1.SessionRequest\x1a\x1d.speculant.v1.SessionResponse(\x01\x30\x01\x12U\n\x0cGetModelInfo\x12!.speculant.v1.GetModelInfoRequest\x1a\".speculant.v1.GetModelInfoResponse\x12I\n\x08GetStats\x12\x1d.speculant.v1.GetStatsRequest\x1a\x1e.speculant.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bspeculant/v1/verifier.proto\x12\x0cspeculant.v1\x1a\x19speculant/v1/common.proto\"\x90\x02\n\x0ePrefillRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x12\x30\n\x08sampling\x18\x05 \x01(\x0b\x32\x1e.speculant.v1.SamplingControls\x12\x19\n\x0ctop_logprobs\x18\x06 \x01(\x05H\x02\x88\x01\x01\x12,\n\nconstraint\x18\x07 \x01(\x0b\x32\x18.speculant.v1.ConstraintB\x0e\n\x0c_temperatureB\x07\n\x05_seedB\x0f\n\r_top_logprobs\"e\n\x0fPrefillResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.speculant.v1.TokenLogprob\"\x92\x01\n\rVerifyRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x03(\x05\x12=\n\x13\x64raft_distributions\x18\x03 \x03(\x0b\x32 .speculant.v1.SparseDistribution\x12\x15\n\rdraft_parents\x18\x04 \x03(\x05\"\xb6\x01\n\x0eVerifyResponse\x12\x16\n\x0e\x61\x63\x63\x65pted_count\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x1e\n\x16\x61\x63\x63\x65pted_draft_indices\x18\x03 \x03(\x05\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.speculant.v1.TokenLogprob\x12\x17\n\x0f\x66orward_seconds\x18\x05 \x01(\x01\x12\x12\n\nbatch_rows\x18\x06 \x01(\x05\"x\n\x0eSessionRequest\x12/\n\x07prefill\x18\x01 \x01(\x0b\x32\x1c.speculant.v1.PrefillRequestH\x00\x12-\n\x06verify\x18\x02 \x01(\x0b\x32\x1b.speculant.v1.VerifyRequestH\x00\x42\x06\n\x04step\"{\n\x0fSessionResponse\x12\x30\n\x07prefill\x18\x01 \x01(\x0b\x32\x1d.speculant.v1.PrefillResponseH\x00\x12.\n\x06verify\x18\x02 \x01(\x0b\x32\x1c.speculant.v1.VerifyResponseH\x00\x42\x06\n\x04step\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\x15\n\x13GetModelInfoRequest\"\xe4\x01\n\x14GetModelInfoResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x16\n\x0etokenizer_name\x18\x02 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\x05\x12\x15\n\reos_token_ids\x18\x05 \x03(\x05\x12\x1a\n\x12max_context_length\x18\x06 \x01(\x05\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x1b\n\x13verify_cost_seconds\x18\t \x03(\x01\"\x11\n\x0fGetStatsRequest\"\xbf\x01\n\x10GetStatsResponse\x12\x15\n\rlive_sessions\x18\x01 \x01(\x05\x12\x18\n\x10sessions_created\x18\x02 \x01(\x03\x12\x19\n\x11sessions_released\x18\x03 \x01(\x03\x12\x18\n\x10sessions_expired\x18\x04 \x01(\x03\x12\x16\n\x0e\x66orward_passes\x18\x05 \x01(\x03\x12\x14\n\x0c\x64raft_tokens\x18\x06 \x01(\x03\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x07 \x01(\x03\x32\xd4\x03\n\x0fVerifierService\x12\x46\n\x07Prefill\x12\x1c.speculant.v1.PrefillRequest\x1a\x1d.speculant.v1.PrefillResponse\x12\x43\n\x06Verify\x12\x1b.speculant.v1.VerifyRequest\x1a\x1c.speculant.v1.VerifyResponse\x12\x46\n\x07Release\x12\x1c.speculant.v1.ReleaseRequest\x1a\x1d.speculant.v1.ReleaseResponse\x12J\n\x07Session\x12\x1c.speculant.v1.SessionRequest\x1a\x1d.speculant.v1.SessionResponse(\x01\x30\x01\x12U\n\x0cGetModelInfo\x12!.speculant.v1.GetModelInfoRequest\x1a\".speculant.v1.GetModelInfoResponse\x12I\n\x08GetStats\x12\x1d.speculant.v1.GetStatsRequest\x1a\x1e.speculant.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,23 +39,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST']._serialized_start=451
   _globals['_VERIFYREQUEST']._serialized_end=597
   _globals['_VERIFYRESPONSE']._serialized_start=600
-  _globals['_VERIFYRESPONSE']._serialized_end=762
-  _globals['_SESSIONREQUEST']._serialized_start=764
-  _globals['_SESSIONREQUEST']._serialized_end=884
-  _globals['_SESSIONRESPONSE']._serialized_start=886
-  _globals['_SESSIONRESPONSE']._serialized_end=1009
-  _globals['_RELEASEREQUEST']._serialized_start=1011
-  _globals['_RELEASEREQUEST']._serialized_end=1047
-  _globals['_RELEASERESPONSE']._serialized_start=1049
-  _globals['_RELEASERESPONSE']._serialized_end=1084
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1086
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1107
-  _globals['_GETMODELINFORESPONSE']._serialized_start=1110
-  _globals['_GETMODELINFORESPONSE']._serialized_end=1338
-  _globals['_GETSTATSREQUEST']._serialized_start=1340
-  _globals['_GETSTATSREQUEST']._serialized_end=1357
-  _globals['_GETSTATSRESPONSE']._serialized_start=1360
-  _globals['_GETSTATSRESPONSE']._serialized_end=1551
-  _globals['_VERIFIERSERVICE']._serialized_start=1554
-  _globals['_VERIFIERSERVICE']._serialized_end=2022
+  _globals['_VERIFYRESPONSE']._serialized_end=782
+  _globals['_SESSIONREQUEST']._serialized_start=784
+  _globals['_SESSIONREQUEST']._serialized_end=904
+  _globals['_SESSIONRESPONSE']._serialized_start=906
+  _globals['_SESSIONRESPONSE']._serialized_end=1029
+  _globals['_RELEASEREQUEST']._serialized_start=1031
+  _globals['_RELEASEREQUEST']._serialized_end=1067
+  _globals['_RELEASERESPONSE']._serialized_start=1069
+  _globals['_RELEASERESPONSE']._serialized_end=1104
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1106
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1127
+  _globals['_GETMODELINFORESPONSE']._serialized_start=1130
+  _globals['_GETMODELINFORESPONSE']._serialized_end=1358
+  _globals['_GETSTATSREQUEST']._serialized_start=1360
+  _globals['_GETSTATSREQUEST']._serialized_end=1377
+  _globals['_GETSTATSRESPONSE']._serialized_start=1380
+  _globals['_GETSTATSRESPONSE']._serialized_end=1571
+  _globals['_VERIFIERSERVICE']._serialized_start=1574
+  _globals['_VERIFIERSERVICE']._serialized_end=2042
 # @@protoc_insertion_point(module_scope)

@@ -48,18 +48,20 @@ class VerifyRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., draft_distributions: _Optional[_Iterable[_Union[_common_pb2.SparseDistribution, _Mapping]]] = ..., draft_parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("accepted_count", "token_ids", "accepted_draft_indices", "logprobs", "forward_seconds")
+    __slots__ = ("accepted_count", "token_ids", "accepted_draft_indices", "logprobs", "forward_seconds", "batch_rows")
     ACCEPTED_COUNT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_INDICES_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     accepted_count: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     accepted_draft_indices: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
     forward_seconds: float
-    def __init__(self, accepted_count: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., accepted_draft_indices: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., forward_seconds: _Optional[float] = ...) -> None: ...
+    batch_rows: int
+    def __init__(self, accepted_count: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., accepted_draft_indices: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., forward_seconds: _Optional[float] = ..., batch_rows: _Optional[int] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("prefill", "verify")
