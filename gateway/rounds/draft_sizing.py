@@ -13,7 +13,9 @@ to verify. Each round of a request (gateway.rounds.coordinator) asks its :class:
    pending token and n drafts (the cost profile's forward over n + 1 tokens,
    speculant.cost_profile, plus the call's measured overhead) and T this round's drafting time
    plus the coordinator's own time per round. The cut takes the n (0 included: a plain decoding
-   step) that maximises expected tokens per second, (1 + s_1 + ... + s_n) / (T + V(n));
+   step) that maximises expected tokens per second, (1 + s_1 + ... + s_n) / (T + V(n)); where
+   the verifier batches this request's steps with others', each token beyond the first costs
+   once more for every other row of the forward (SizingModel.forward_costs);
 3. **observe** (after verifying): the round's timings and outcome, which refresh the Verify
    call's overhead, the drafting cost, the calibration and the next round's budget.
 
@@ -31,8 +33,8 @@ ones: MARGIN, or as many as the drafter makes in ROOM_SHARE of a plain decoding 
 more (by its mean seconds per node: about 20 nodes on a CPU where a forward costs ~55 ms and a
 node ~25 us; the cut then verifies the few of them that pay). It drafts twice the budget
 instead when all of a full-budget draft paid; always within the request's limits (``k``
-deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid twice in a row a request
-stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless drafting costs less
+deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid for QUIET_ROUNDS rounds in a
+row a request stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless drafting costs less
 than SKIP_FRACTION of a plain step (then it drafts every round, a cheap look-out for text the
 drafts know): where drafts do not pay, it decodes plainly.
 
