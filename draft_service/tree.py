@@ -5,7 +5,7 @@ q(t_1) * ... * q(t_d) under the mixed q.
 greedy chain is its first branch. ``sampling``: each node's children are SAMPLED_TREE_WIDTH
 draws from its q *without replacement* (fewer where q has fewer tokens or the budget ends; how
 many is fixed before drawing), child i reporting q_i = q without the earlier children, renormalised:
-what the verifier's recursive rejection rule needs (verifier_service.rejection). The verifier
+what the verifier's recursive rejection rule needs (verifier_service.sampling). The verifier
 checks every branch in one forward pass and keeps the path it accepts.
 """
 
