@@ -41,7 +41,7 @@ class FinishReason(StrEnum):
 class PromptRequest:
     """A generation as a client asks for it, whatever the door (gRPC, HTTP, the library):
     the prompt untokenized, and None (or empty) wherever the serving defaults apply
-    (:meth:`gateway.request_defaults.RequestDefaults.prepare` fills them and validates).
+    (:meth:`gateway.engine.RequestDefaults.prepare` fills them and validates).
 
     Exactly one of ``prompt``, ``messages`` (chat messages, ``{"role", "content"}`` and, as
     Hugging Face's chat templates take them, an assistant's ``tool_calls`` or a tool's
