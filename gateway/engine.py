@@ -49,7 +49,6 @@ from typing import Any
 
 import grpc
 
-from gateway.backends.streams import request_deadline
 from gateway.generation import GenerationRequest, GenerationResult, PromptRequest, StreamChunk
 from gateway.interfaces import (
     DraftTierGraph,
@@ -78,6 +77,7 @@ from speculant.errors import (
 )
 from speculant.graph_catalog import NO_GRAPH, check_graph_name
 from speculant.prompting import encode_prompt, rendered_with_tools, token_id_prompt
+from speculant.request_context import request_deadline
 from speculant.sampling_controls import SamplingControls
 from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftProposal, DraftTarget
