@@ -44,7 +44,7 @@ per-prompt value is the median over repetitions; ``total`` = sums over prompts, 
   measures them (its RPCs included) and ``client_overhead`` = client wall - gateway total
   (the client's RPC, serialization and tokenization in the gateway);
 - per Verify round (the prefill not included; ``round_breakdown``), p50 / p99 / mean of the
-  round's wall time and of its parts (gateway.rounds.round_times): drafting, the draft hop, the
+  round's wall time and of its parts (gateway.generation.RoundTimes): drafting, the draft hop, the
   sizer, the forward, the verify hop and the gateway's own work (a hop: the call's wait beyond
   the work the backend reports; over the services the gRPC hop), and of the round beyond the
   forward; and per ``services`` variant what its round costs more than the ``embedded`` variant

@@ -1,5 +1,5 @@
 """Where a round's time goes, per variant: p50 / p99 / mean of each part of the Verify rounds
-(GenerationStats.round_times, see gateway.rounds.round_times; the prefill not included), what
+(GenerationStats.round_times, see gateway.generation.RoundTimes; the prefill not included), what
 the services add to the same round embedded, and their table."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from bench.settings import Variant
-from gateway.rounds.round_times import FIELDS, PARTS
+from gateway.generation import FIELDS, PARTS
 
 BEYOND_FORWARD = "beyond_forward"  # round - forward: what a round costs beside the model
 COLUMNS = (*FIELDS, BEYOND_FORWARD)

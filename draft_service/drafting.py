@@ -29,7 +29,7 @@ Terms:
   ``sampling``: each node's children are TREE_WIDTH draws from its q *without replacement*
   (fewer where q has fewer tokens or the budget ends; how many is fixed before drawing), child
   i reporting q_i = q without the earlier children, renormalised: what the verifier's recursive
-  rejection rule needs (verifier_service.rejection). The verifier checks every branch in one
+  rejection rule needs (verifier_service.sampling). The verifier checks every branch in one
   forward pass and keeps the path it accepts.
 - *overlay*: with ``overlay_weight`` > 0 the whole context_ids (prompt + generated tokens) is a
   second source of n-grams; wherever it has successors for the tail, q is mixed from the combined

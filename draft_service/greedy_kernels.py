@@ -55,13 +55,12 @@ import numpy as np
 
 from draft_service.live_layer import LiveLayer
 from draft_service.overlay import ContextIndex, overlay_matches
-from draft_service.step_cache import point_mass
 from draft_service.tree import TREE_WIDTH
 from speculant.draft_params import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_reader import LONGEST_FROM, NGramGraph
 from speculant.suffix_index import SuffixIndex, match_ranges
-from speculant.types import DraftProposal
+from speculant.types import DraftProposal, point_mass
 
 log = logging.getLogger(__name__)
 COMPILING = (

@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from draft_service.catalog import LINGER_S
-from draft_service.graph_slot import STILL_OPENING
+from draft_service.catalog import LINGER_S, STILL_OPENING
 from draft_service.learning import Learning, LearningConfig
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher

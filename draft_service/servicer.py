@@ -21,9 +21,8 @@ from collections.abc import Iterator, Sequence
 import grpc
 import numpy as np
 
-from draft_service.catalog import GraphCatalog
+from draft_service.catalog import STILL_OPENING, GraphCatalog
 from draft_service.drafting import Drafter
-from draft_service.graph_slot import STILL_OPENING
 from draft_service.learning import Learning
 from draft_service.metrics import DraftMetrics
 from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS

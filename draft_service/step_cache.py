@@ -10,10 +10,8 @@ rounds of one generation revisit the same tails, so steps are kept.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 from speculant.draft_params import DraftParams
-from speculant.types import SparseDistribution
 
 DEFAULT_CACHE_SIZE = 32768  # steps kept per cache (their memory: docs/benchmarks.md)
 
@@ -53,12 +51,3 @@ def mix_key(params: DraftParams) -> tuple:
     if mode == "witten-bell":
         return (mode, p.escape_weight)
     return (mode, p.order_bias, p.reliability_weight, p.entropy_penalty, p.mix_temperature)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def point_mass(token: int) -> SparseDistribution:
-    """The point mass at token (a greedy draft's q), shared between drafts: read-only arrays."""
-    dist = SparseDistribution.point_mass(token)
-    dist.token_ids.flags.writeable = False
-    dist.probs.flags.writeable = False
-    return dist

@@ -5,7 +5,7 @@ q(t_1) * ... * q(t_d) under the mixed q.
 greedy chain is its first branch. ``sampling``: each node's children are SAMPLED_TREE_WIDTH
 draws from its q *without replacement* (fewer where q has fewer tokens or the budget ends; how
 many is fixed before drawing), child i reporting q_i = q without the earlier children, renormalised:
-what the verifier's recursive rejection rule needs (verifier_service.rejection). The verifier
+what the verifier's recursive rejection rule needs (verifier_service.sampling). The verifier
 checks every branch in one forward pass and keeps the path it accepts.
 """
 
@@ -20,11 +20,11 @@ import numpy as np
 
 from draft_service.chain import sample
 from draft_service.overlay import ContextIndex
-from draft_service.step_cache import StepCache, mix_key, point_mass
+from draft_service.step_cache import StepCache, mix_key
 from draft_service.successors import Successors, overlay_successors
 from speculant.draft_params import DraftParams
 from speculant.graph_format import extend_tail, tail_key
-from speculant.types import DraftProposal
+from speculant.types import DraftProposal, point_mass
 
 # Successors a greedy tree node offers, at most: the tree is grown best-first on path
 # probability, so a wide cap lets an uncertain node take several children where they are

@@ -9,12 +9,12 @@ round) = generated tokens / rounds is the figure peers report as tokens per targ
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from gateway.rounds.round_times import RoundTimes
 from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
@@ -23,6 +23,9 @@ from speculant.types import TokenLogprobs
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000  # per stop string
+# Every part of a round, in the order a round runs them; "round" is their sum.
+PARTS = ("draft", "draft_hop", "sizer", "forward", "verify_hop", "gateway")
+FIELDS = ("round", *PARTS)
 
 
 class FinishReason(StrEnum):
@@ -38,7 +41,7 @@ class FinishReason(StrEnum):
 class PromptRequest:
     """A generation as a client asks for it, whatever the door (gRPC, HTTP, the library):
     the prompt untokenized, and None (or empty) wherever the serving defaults apply
-    (:meth:`gateway.request_defaults.RequestDefaults.prepare` fills them and validates).
+    (:meth:`gateway.engine.RequestDefaults.prepare` fills them and validates).
 
     Exactly one of ``prompt``, ``messages`` (chat messages, ``{"role", "content"}`` and, as
     Hugging Face's chat templates take them, an assistant's ``tool_calls`` or a tool's
@@ -130,6 +133,45 @@ class StreamChunk:
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked
 
 
+class RoundTimes:
+    """Where each round's time goes: every Verify round's parts of one generation, one array of
+    seconds per field (FIELDS; GenerationStats.round_times in gateway.proto), as the
+    coordinator's RoundClock (gateway.rounds.coordinator) times them.
+
+    The parts of a round (seconds; they add up to the round's wall time, ``round``):
+
+    - ``draft``: the drafter's own work (DraftProposal.seconds: the draft service's
+      ``ProposeResponse.draft_seconds``, or the in-process drafter's);
+    - ``draft_hop``: the rest of the time the round waited for its draft calls: over the
+      services the gRPC hop to the draft service (serialization, transport, the service's
+      handling), embedded the in-process call;
+    - ``sizer``: the cost-aware sizing (gateway.rounds.draft_sizing): plan, cut and observe;
+    - ``forward``: the verifier's forward pass and sampling (VerifyResult.seconds:
+      ``VerifyResponse.forward_seconds`` over the services);
+    - ``verify_hop``: the rest of the Verify call: the gRPC hop to the verifier service, or the
+      in-process call;
+    - ``gateway``: everything else: the coordinator's own work (planning, the constraint's
+      drafts, taking the tokens into the output and detokenizing them, bookkeeping).
+
+    The prefill (a generation's first round) is not among them. Timing a round costs a few
+    ``time.perf_counter`` calls and seven floats."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, array] = {name: array("d") for name in FIELDS}
+
+    def __len__(self) -> int:
+        return len(self.seconds["round"])
+
+    def add(self, parts: tuple[float, ...]) -> None:
+        """One round's figures, as RoundClock.parts gives them."""
+        for name, value in zip(FIELDS, parts, strict=True):
+            self.seconds[name].append(value)
+
+    def as_dict(self) -> dict[str, list[float]]:
+        """{field: [seconds of each round]} (GenerationStats.round_times in gateway.proto)."""
+        return {name: values.tolist() for name, values in self.seconds.items()}
+
+
 @dataclass
 class GenerationStats:
     """Counters and timings of one generation (mirrors speculant.v1.GenerationStats)."""
@@ -151,7 +193,7 @@ class GenerationStats:
     accepted_from_grammar: int = 0  # drafts the constraint forced (gateway.rounds.constrained)
     unverified_draft_tokens: int = 0  # drafted, then cut by the sizer (gateway.rounds.draft_sizing)
     rounds_without_draft: int = 0  # Verify rounds with no draft token (plain decoding steps)
-    # each Verify round's seconds by part (gateway.rounds.round_times)
+    # each Verify round's seconds by part (RoundTimes)
     round_times: RoundTimes = field(default_factory=RoundTimes)
 
     @property

@@ -1,4 +1,5 @@
-"""Request ids carried through gRPC metadata, and logs that name them (text or JSON lines).
+"""Request ids carried through gRPC metadata, and logs that name them (text or JSON lines); a
+client request's deadline, carried by every backend call made for it (:func:`request_deadline`).
 
 A *request id* names one client request across services: the gateway takes it from the
 ``x-request-id`` metadata of the incoming call (or makes one, a uuid4 in hex), returns it in the
@@ -14,6 +15,7 @@ import contextlib
 import json
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -30,6 +32,33 @@ LOG_FORMATS = ("text", "json")
 
 # The id of the request being served on this thread (None outside a call).
 REQUEST_ID: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+
+# The deadline (time.monotonic()) of the client request being served, if it has one: every
+# backend call made for it carries the remaining time, so a request past its deadline stops
+# its backends' work too. Set by the gateway's engine around each request (see `request_deadline`).
+REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("request_deadline", default=None)
+
+
+@contextlib.contextmanager
+def request_deadline(remaining_s: float | None) -> Iterator[None]:
+    """Within this block, backend calls carry at most `remaining_s` (None: no deadline)."""
+    token = REQUEST_DEADLINE.set(
+        None if remaining_s is None else time.monotonic() + max(0.0, remaining_s)
+    )
+    try:
+        yield
+    finally:
+        REQUEST_DEADLINE.reset(token)
+
+
+def remaining_time(default_s: float | None) -> float | None:
+    """The smaller of default_s and the time left before the request's deadline."""
+    deadline = REQUEST_DEADLINE.get()
+    if deadline is None:
+        return default_s
+    left = max(0.001, deadline - time.monotonic())
+    return left if default_s is None else min(default_s, left)
 
 
 def new_request_id() -> str:

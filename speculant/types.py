@@ -18,6 +18,7 @@ Each verification therefore emits accepted + 1 tokens.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +45,16 @@ class SparseDistribution:
     @classmethod
     def point_mass(cls, token_id: int) -> SparseDistribution:
         return cls(np.array([token_id], dtype=np.int64), np.array([1.0]))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def point_mass(token: int) -> SparseDistribution:
+    """The point mass at token (a greedy draft's q), shared between drafts: read-only arrays
+    (:meth:`SparseDistribution.point_mass` makes a fresh one)."""
+    dist = SparseDistribution.point_mass(token)
+    dist.token_ids.flags.writeable = False
+    dist.probs.flags.writeable = False
+    return dist
 
 
 @dataclass

@@ -156,7 +156,7 @@ def proposal_from_pb(message: draft_pb2.ProposeResponse, greedy: bool) -> DraftP
 
 def draft_fields_from_pb(options: common_pb2.DraftOptions) -> dict[str, object]:
     """The drafting fields a request's DraftOptions set, by DraftParams name (``strategy`` as
-    its name, e.g. "greedy"); see gateway.request_defaults for the defaults of the others."""
+    its name, e.g. "greedy"); see gateway.engine.RequestDefaults for the defaults of the others."""
     if options.strategy not in REQUESTED_STRATEGY:
         raise InvalidArgumentError("draft.strategy", f"unknown strategy {options.strategy}")
     given = _given(options, _OPTION_FIELDS)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.rounds.acceptance import NodeFeatures
 from gateway.rounds.constrained import GRAMMAR, ConstrainedDrafts
-from gateway.rounds.draft_sizing import RequestSizer, SizingModel
+from gateway.rounds.draft_sizing import NodeFeatures, RequestSizer, SizingModel
 from speculant.constraint import Constraint, json_schema_constraint
 from speculant.cost_profile import CostProfile
 from speculant.draft_params import DraftParams

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-import verifier_service.processing as processing
 from gateway.generation import GenerationRequest
 from speculant.constraint import Constraint
 from speculant.draft_params import DraftParams
 from speculant.grammar import ConstraintMatcher, grammars_for
 from speculant.sampling_controls import SamplingControls
 from tests.sampling_checks import PROMPT, RUNS, chi_square_p_value, processed_probs
+from verifier_service import sampling
 
 # Lower-case words after a space: most of the model's likeliest first tokens (capitals,
 # punctuation, the end) are forbidden, and the second token's mask depends on the first.
@@ -112,7 +112,7 @@ def test_first_two_tokens_follow_the_constrained_model(embedded_decoder, case):
 def test_a_mask_skipped_at_one_position_is_caught(embedded_decoder, monkeypatch):
     """Negative control: the rows of a Verify are not masked from the second position on (a
     walk that forgot to mask them); the matcher is told to accept whatever was emitted."""
-    masked = processing.ConstrainedRows.__call__
+    masked = sampling.ConstrainedRows.__call__
 
     def skipping(self, row):
         if self.matcher.consumed >= 1:  # the second position on
@@ -127,7 +127,7 @@ def test_a_mask_skipped_at_one_position_is_caught(embedded_decoder, monkeypatch)
         with contextlib.suppress(RuntimeError):  # the forbidden token the skip let through
             consume(self, token_ids)
 
-    monkeypatch.setattr(processing.ConstrainedRows, "__call__", skipping)
+    monkeypatch.setattr(sampling.ConstrainedRows, "__call__", skipping)
     monkeypatch.setattr(ConstraintMatcher, "consume", lenient)
     monkeypatch.setattr(ConstraintMatcher, "consumed", 0, raising=False)
     temperature, draft, _ = CASES["sampled drafts"]

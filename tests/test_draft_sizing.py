@@ -12,28 +12,26 @@ import math
 
 import pytest
 
-from gateway.rounds.acceptance import (
+from gateway.rounds.coordinator import Coordinator
+from gateway.rounds.draft_sizing import (
     BINS,
+    CHAIN,
     CONTEXT,
+    FIRST_BUDGET,
     GRAPH,
+    MARGIN,
+    MAX_SKIP,
     SHARE_EVERY,
+    STALL_STEPS,
     NodeFeatures,
     PendingDrafts,
     RequestAcceptance,
-    SharedAcceptance,
-    confidence_bin,
-)
-from gateway.rounds.coordinator import Coordinator
-from gateway.rounds.draft_sizing import (
-    CHAIN,
-    FIRST_BUDGET,
-    MARGIN,
-    MAX_SKIP,
-    STALL_STEPS,
     Shape,
+    SharedAcceptance,
     SizingModel,
     _Average,
     _DraftCost,
+    confidence_bin,
 )
 from speculant.cost_profile import (
     MAX_FORWARD_TOKENS,

@@ -36,7 +36,7 @@ from tests.sampling_checks import (
     exact_joint,
     sample_pairs,
 )
-from verifier_service.rejection import RejectionOutput, tree_sample
+from verifier_service.sampling import RejectionOutput, tree_sample
 
 CONTEXT = [1, 403, 407, 261, 378, 432]  # BOS "Once upon a time," (stories260K tokenizer)
 K = 8

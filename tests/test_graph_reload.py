@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from builder import GraphBuilder
 from builder.publish import publish
 from draft_service import cli as draft_cli
-from draft_service.graph_slot import GraphSlot
+from draft_service.catalog import GraphSlot
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S
 from draft_service.server import DraftServer, start_server
 from speculant.graph_manifest import DATA_FILE, write_manifest

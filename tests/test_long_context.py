@@ -91,7 +91,7 @@ def test_a_format_1_graph_reads_its_order(core_graph: NGramGraph) -> None:
 
 
 def test_the_draft_service_installs_every_graph_with_it(tinystories_graph: Path) -> None:
-    from draft_service.graph_slot import GraphSlot
+    from draft_service.catalog import GraphSlot
 
     slot = GraphSlot(long_context=WINDOW)
     loaded = slot.install(NGramGraph.open(tinystories_graph))

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from draft_service.server import start_server
+from gateway.engine import RequestDefaults
 from gateway.generation import GenerationRequest
-from gateway.request_defaults import RequestDefaults
 from speculant.config import DraftConfig
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError

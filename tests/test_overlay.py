@@ -20,8 +20,8 @@ from draft_service import overlay
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache, merge_order
+from gateway.engine import RequestDefaults
 from gateway.generation import GenerationRequest
-from gateway.request_defaults import RequestDefaults
 from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError

@@ -1,4 +1,4 @@
-"""The target processor (verifier_service.processing) against Hugging Face's own logits processors,
+"""The target processor (verifier_service.sampling) against Hugging Face's own logits processors,
 on random logits and histories: the scores it samples from are the ones generate would."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from transformers import (
 
 from speculant.errors import InvalidArgumentError
 from speculant.sampling_controls import SamplingControls
-from verifier_service.processing import TargetProcessor, history_counts
+from verifier_service.sampling import TargetProcessor, history_counts
 
 VOCAB = 64
 CONTROLS = [

@@ -1,4 +1,4 @@
-"""Unit tests of the pure rejection sampler (verifier_service.rejection) on tiny vocabularies."""
+"""Unit tests of the pure rejection sampler (verifier_service.sampling) on tiny vocabularies."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from verifier_service import rejection
-from verifier_service.rejection import rejection_sample, residual_distribution
+from verifier_service import sampling
+from verifier_service.sampling import rejection_sample, residual_distribution
 
 NEG_INF = -math.inf
 
@@ -214,7 +214,7 @@ def test_first_token_marginal_equals_p_for_sampled_q() -> None:
 def test_marginal_test_has_power_against_a_wrong_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: resampling from p (instead of the residual) after a rejection is biased
     towards the draft distribution's gaps, and the same chi-square test must catch it."""
-    monkeypatch.setattr(rejection, "residual_distribution", lambda p, q, d: p)
+    monkeypatch.setattr(sampling, "residual_distribution", lambda p, q, d: p)
     counts, _ = _first_token_counts(P_TARGET, Q_DRAFT, 6000, seed=5)
     with pytest.raises(AssertionError):
         assert_matches(counts, P_TARGET)
@@ -225,5 +225,5 @@ def test_sample_index_follows_weights_and_skips_zeros() -> None:
     g = gen(6)
     counts = [0] * 6
     for _ in range(4000):
-        counts[rejection.sample_index(weights, g)] += 1
+        counts[sampling.sample_index(weights, g)] += 1
     assert_matches(counts, [0.0, 0.5, 0.0, 0.25, 0.25, 0.0])

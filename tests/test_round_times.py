@@ -1,4 +1,4 @@
-"""Where a round's time goes (gateway.rounds.round_times): every Verify round's parts are
+"""Where a round's time goes (gateway.generation.RoundTimes): every Verify round's parts are
 reported, embedded and over the three services, on stories260K; and `bench generate` reports
 their p50 / p99 and what the services add (its runs: tests/test_bench.py). No timing is asserted
 beyond the parts' own consistency: the machine is shared."""
@@ -9,7 +9,7 @@ import pytest
 
 from bench.round_breakdown import COLUMNS, breakdown, format_round_table, services_overhead
 from bench.settings import Variant
-from gateway.rounds.round_times import FIELDS, PARTS
+from gateway.generation import FIELDS, PARTS
 from speculant.config import GenerationConfig
 from speculant.v1 import gateway_pb2
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-import verifier_service.rejection as rejection
 from tests.fixtures.e2e import verifier_config
 from tests.sampling_checks import (
     PROMPT,
@@ -20,6 +19,7 @@ from tests.sampling_checks import (
     exact_joint,
     sample_pairs,
 )
+from verifier_service import sampling
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_a_wrong_rejection_rule_is_caught(embedded_decoder, monkeypatch):
     def wrong_residual(p, q, draft_id):
         return p.clone()
 
-    monkeypatch.setattr(rejection, "residual_distribution", wrong_residual)
+    monkeypatch.setattr(sampling, "residual_distribution", wrong_residual)
     prompt_ids = embedded_decoder.tokenizer(PROMPT).input_ids
     joint = exact_joint(embedded_decoder, prompt_ids, 1.0)
     counts = sample_pairs(embedded_decoder, prompt_ids, 1.0, "sampling")

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from gateway.api.requests import parse_openai_request
+from gateway.engine import PromptLimits, RequestDefaults
 from gateway.generation import PromptRequest
-from gateway.request_defaults import PromptLimits, RequestDefaults
 from speculant.constraint import Constraint
 from speculant.errors import InvalidArgumentError
 from speculant.prompting import load_chat_template, render_chat, rendered_with_tools

@@ -4,10 +4,10 @@ Terms:
 
 - *job*: one session's Verify step: its KV cache (``start`` cached positions), the new tokens
   ``[pending, d_1..d_n]``, the q of each draft (None = point-mass drafts), the session's
-  target processor (temperature and sampling controls, :mod:`verifier_service.processing`),
+  target processor (temperature and sampling controls, :mod:`verifier_service.sampling`),
   token counts and generator, and for a draft tree the parent of each draft (None: a chain).
 - *run alone* (:func:`run_job`): one forward over the job's tokens, then rejection sampling
-  (:func:`~verifier_service.rejection.rejection_sample` for a chain, ``tree_sample`` for a
+  (:func:`~verifier_service.sampling.rejection_sample` for a chain, ``tree_sample`` for a
   tree) and the cache surgery that keeps the pending token and the accepted drafts.
 - *batch*: jobs run together in ONE forward (:meth:`LoadedModel.forward_batch`), a tree's
   row masked as its lone forward would be (each token sees its ancestors); then each row is
@@ -37,13 +37,16 @@ import torch
 from speculant.grammar import ConstraintMatcher
 from speculant.types import TokenLogprobs
 from verifier_service.model import LoadedModel
-from verifier_service.processing import (
+from verifier_service.sampling import (
     ConstrainedRows,
+    RejectionOutput,
     TargetProcessor,
     history_counts,
+    rejection_sample,
     token_logprobs,
+    tree_sample,
+    walk_tree,
 )
-from verifier_service.rejection import RejectionOutput, rejection_sample, tree_sample, walk_tree
 
 
 @dataclass(eq=False)
@@ -117,7 +120,7 @@ def sample_constrained(
 ) -> tuple[RejectionOutput, list[TokenLogprobs]]:
     """The outcome of a forward's logits [n+1, V] (counts [n+1, V] with a penalty) under a
     constraint: the draft walked as a tree (a chain is one), each row masked by the grammar at
-    the state of its own path as the walk reaches it (processing.ConstrainedRows), and the
+    the state of its own path as the walk reaches it (sampling.ConstrainedRows), and the
     matcher moved past the emitted tokens; with top_logprobs, their logprobs. No drafts: the
     first token after a prefill."""
     drafts = list(drafts)

@@ -3,7 +3,7 @@
 A *session* is one generation in progress: its KV cache (``length`` positions, the prompt and
 the tokens emitted so far except the last), the *pending* token (the last emitted token, not yet
 in the cache: the next Verify's forward starts with it), how its target distribution is made
-(temperature and sampling controls: a :class:`~verifier_service.processing.TargetProcessor`,
+(temperature and sampling controls: a :class:`~verifier_service.sampling.TargetProcessor`,
 with the cached tokens' counts when a penalty needs them), its RNG, whether it reports
 logprobs, and the state of its constraint (speculant.grammar), if it has one.
 
@@ -33,7 +33,7 @@ import torch
 
 from speculant.errors import AlreadyExistsError, NotFoundError, ResourceExhaustedError
 from speculant.grammar import ConstraintMatcher
-from verifier_service.processing import TargetProcessor
+from verifier_service.sampling import TargetProcessor
 
 log = logging.getLogger(__name__)
 

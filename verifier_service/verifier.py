@@ -3,7 +3,7 @@
 One session = one generation. ``prefill`` runs the prompt through the model and samples the first
 token (the session's *pending* token); each ``verify`` runs ONE forward over
 ``[pending, d_1..d_k]``, accepts a prefix of the draft by exact rejection sampling
-(:mod:`verifier_service.rejection`), emits the accepted drafts plus one corrected or bonus token,
+(:mod:`verifier_service.sampling`), emits the accepted drafts plus one corrected or bonus token,
 and crops the KV cache so that it holds exactly the emitted tokens but the last (the new pending
 token). Terms (p, q, accepted, bonus) are defined in :mod:`speculant.types`. Chain verifies of
 concurrent sessions share one forward pass (:mod:`verifier_service.batching`, up to
@@ -48,8 +48,13 @@ from speculant.types import (
 from verifier_service.batching import VerifyBatcher, VerifyJob, run_job, sample_constrained
 from verifier_service.cost_probe import measure_cost_profile
 from verifier_service.model import LoadedModel
-from verifier_service.processing import TargetProcessor, count_tokens, token_logprobs
-from verifier_service.rejection import RejectionOutput, sample_token
+from verifier_service.sampling import (
+    RejectionOutput,
+    TargetProcessor,
+    count_tokens,
+    sample_token,
+    token_logprobs,
+)
 from verifier_service.sessions import Session, SessionStore
 
 log = logging.getLogger(__name__)

@@ -31,13 +31,12 @@ from gateway.backends.streams import (
     StreamPool,
     StreamWatchdog,
     backend_channel,
-    remaining_time,
 )
 from speculant.auth import bearer_metadata
 from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
-from speculant.request_context import REQUEST_ID, request_metadata
+from speculant.request_context import REQUEST_ID, remaining_time, request_metadata
 from speculant.tls import ClientTls
 from speculant.types import DraftProposal, DraftTarget
 from speculant.v1 import admin_pb2, admin_pb2_grpc, draft_pb2, draft_pb2_grpc

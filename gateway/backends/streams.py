@@ -1,9 +1,8 @@
 """Channels and streams to the backends and their upkeep: the channel every gateway client
 opens to a backend (:func:`backend_channel`: shared options, fast reconnects); an open
-bidirectional stream used as request -> response (:class:`StreamExchange`); a client request's
-deadline, carried by every backend call made for it; a watchdog that cancels a stream read
-outliving its deadline; and the pools of open streams kept for reuse, one a backend, within what
-the backend accepts.
+bidirectional stream used as request -> response (:class:`StreamExchange`); a watchdog that
+cancels a stream read outliving its deadline (a client request's, speculant.request_context);
+and the pools of open streams kept for reuse, one a backend, within what the backend accepts.
 
 Pools. A backend serves each open stream on one of its worker threads for as long as the
 stream is open, idle or not, and refuses a new stream with RESOURCE_EXHAUSTED once it serves its
@@ -23,9 +22,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 
 import grpc
 
@@ -113,33 +110,6 @@ class StreamExchange:
             self.cancel()
         except grpc.FutureCancelledError:
             pass
-
-
-# The deadline (time.monotonic()) of the client request being served, if it has one: every
-# backend call made for it carries the remaining time, so a request past its deadline stops
-# its backends' work too. Set by the gateway around each request (see `request_deadline`).
-REQUEST_DEADLINE: ContextVar[float | None] = ContextVar("request_deadline", default=None)
-
-
-@contextmanager
-def request_deadline(remaining_s: float | None) -> Iterator[None]:
-    """Within this block, backend calls carry at most `remaining_s` (None: no deadline)."""
-    token = REQUEST_DEADLINE.set(
-        None if remaining_s is None else time.monotonic() + max(0.0, remaining_s)
-    )
-    try:
-        yield
-    finally:
-        REQUEST_DEADLINE.reset(token)
-
-
-def remaining_time(default_s: float | None) -> float | None:
-    """The smaller of default_s and the time left before the request's deadline."""
-    deadline = REQUEST_DEADLINE.get()
-    if deadline is None:
-        return default_s
-    left = max(0.001, deadline - time.monotonic())
-    return left if default_s is None else min(default_s, left)
 
 
 class StreamWatchdog:

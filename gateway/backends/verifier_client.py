@@ -14,10 +14,9 @@ from gateway.backends.streams import (
     StreamExchange,
     StreamWatchdog,
     backend_channel,
-    remaining_time,
 )
 from speculant.errors import NotFoundError, RemoteError, UnavailableError
-from speculant.request_context import request_metadata
+from speculant.request_context import remaining_time, request_metadata
 from speculant.sampling_controls import SessionOptions
 from speculant.tls import ClientTls
 from speculant.types import ModelInfo, SparseDistribution, VerifyResult

@@ -15,6 +15,9 @@ nothing: then the round is a plain decoding step). With "fixed" every drafted to
 verified. A constrained request's drafts know its grammar
 (:mod:`gateway.rounds.constrained`). Drafts are only an optimisation: if the drafter fails, the
 round goes on with an empty draft and the output is unchanged.
+
+Each Verify round is timed by a :class:`RoundClock`, its parts kept in the generation's stats
+(:class:`gateway.generation.RoundTimes`, which names the parts).
 """
 
 from __future__ import annotations
@@ -24,15 +27,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from gateway.generation import GenerationRequest, GenerationResult, GenerationStats, StreamChunk
+from gateway.generation import (
+    GenerationRequest,
+    GenerationResult,
+    GenerationStats,
+    StreamChunk,
+)
 from gateway.interfaces import DraftSource, GenerationLearner, TargetVerifier
 from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
-from gateway.rounds.round_times import RoundClock
 from speculant.cost_profile import CostProfile, verify_cost_profile
 from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError
@@ -41,10 +49,51 @@ from speculant.types import DraftProposal, VerifyResult
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 def _draft_seed(seed: int | None, round_index: int) -> int | None:
     """A distinct, reproducible drafter seed per round of a seeded request."""
     return None if seed is None else (seed * 1_000_003 + round_index) % 2**63
+
+
+class RoundClock:
+    """Times one round: the calls charged to the draft call, the sizer or the verify call, and
+    the work the backends report doing inside them."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.draft_call = 0.0  # waiting for draft calls (the drafter's work included)
+        self.sizer = 0.0
+        self.verify_call = 0.0  # the Verify call (the forward included)
+        self.draft = 0.0  # the drafter's own seconds, as it reports them
+        self.forward = 0.0  # the verifier's own seconds, as it reports them
+
+    def timed(self, part: str, work: Callable[..., T], *args: object) -> T:
+        """work(*args), its wall seconds added to `part` (draft_call, sizer or verify_call)."""
+        t0 = time.perf_counter()
+        try:
+            return work(*args)
+        finally:
+            setattr(self, part, getattr(self, part) + time.perf_counter() - t0)
+
+    def parts(self) -> tuple[float, ...]:
+        """The round now: its wall seconds, then each part's (in gateway.generation.FIELDS'
+        order). A backend's own seconds count at most its call's, so no part is negative and
+        they add up to the round."""
+        wall = time.perf_counter() - self.started
+        draft = min(self.draft, self.draft_call)
+        forward = min(self.forward, self.verify_call)
+        gateway = max(0.0, wall - self.draft_call - self.sizer - self.verify_call)
+        return (
+            wall,
+            draft,
+            self.draft_call - draft,
+            self.sizer,
+            forward,
+            self.verify_call - forward,
+            gateway,
+        )
 
 
 @dataclass
