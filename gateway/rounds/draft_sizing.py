@@ -32,9 +32,9 @@ ones: MARGIN, or as many as the drafter makes in ROOM_SHARE of a plain decoding 
 more (by its mean seconds per node: about 20 nodes on a CPU where a forward costs ~55 ms and a
 node ~25 us; the cut then verifies the few of them that pay). It drafts twice the budget
 instead when all of a full-budget draft paid; always within the request's limits (``k``
-deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid for QUIET_ROUNDS rounds in a
-row a request stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless drafting costs less
-than SKIP_FRACTION of a plain step (then it drafts every round, a cheap look-out for text the
+deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid for QUIET_ROUNDS rounds
+in a row a request stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless
+drafting costs less than SKIP_FRACTION of a plain step (then it drafts every round, a cheap look-out for text the
 drafts know): where drafts do not pay, it decodes plainly.
 
 Exactness: sizing applies to point-mass (greedy) drafts, the default. They are verified by
