@@ -34,8 +34,8 @@ node ~25 us; the cut then verifies the few of them that pay). It drafts twice th
 instead when all of a full-budget draft paid; always within the request's limits (``k``
 deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid for QUIET_ROUNDS rounds
 in a row a request stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless
-drafting costs less than SKIP_FRACTION of a plain step (then it drafts every round, a cheap look-out for text the
-drafts know): where drafts do not pay, it decodes plainly.
+drafting costs less than SKIP_FRACTION of a plain step (then it drafts every round, a cheap
+look-out for text the drafts know): where drafts do not pay, it decodes plainly.
 
 Exactness: sizing applies to point-mass (greedy) drafts, the default. They are verified by
 sample-and-match, so any choice of verified nodes leaves the output a plain draw from p, and a
