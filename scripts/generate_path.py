@@ -89,6 +89,8 @@ def main(graph: str, model: str) -> None:
             call()  # warm: the backends found, the streams open
             show(label, files_run(call))
     finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
         http.stop()
         server.stop(0)
         verifier.stop(0)
