@@ -2,7 +2,8 @@
 the admin token that alone opens ``speculant.v1.AdminService``.
 
 A client sends the metadata ``authorization: Bearer <token>`` on every call; any other call gets
-UNAUTHENTICATED before it reaches a handler. Health checks stay open, so load balancers and
+UNAUTHENTICATED before it reaches a handler
+(speculant.grpc_server.BearerTokenInterceptor). Health checks stay open, so load balancers and
 `speculant up` can probe a protected service. Tokens are read from files or an environment
 variable, never from the command line (where `ps` would show them).
 
@@ -20,15 +21,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-
 from speculant.errors import InvalidArgumentError
 from speculant.graph_catalog import check_tenant
-from speculant.interceptors import HandlerInterceptor, refusing_handler
 
 TOKEN_ENV = "SPECULANT_AUTH_TOKEN"
 ADMIN_TOKEN_ENV = "SPECULANT_ADMIN_TOKEN"
-_OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+OPEN_PREFIXES = (  # calls that need no token
+    "/grpc.health.v1.Health/",
+)
 ADMIN_PREFIX = "/speculant.v1.AdminService/"
 ADMIN_OFF = "admin calls are off: start the service with --admin-token-file"
 
@@ -166,38 +166,6 @@ def authorization(metadata: object) -> str | None:
         if key == "authorization":
             return value
     return None
-
-
-class BearerTokenInterceptor(HandlerInterceptor):
-    """Rejects calls without a client's ``authorization: Bearer <token>`` (health checks
-    exempt; none needed without client tokens), and AdminService calls without the admin
-    token (PERMISSION_DENIED without one configured)."""
-
-    def __init__(self, clients: ClientTokens | None, admin_token: str | None = None) -> None:
-        self._clients = clients
-        self._admin = None if admin_token is None else expected_bearer(admin_token)
-
-    def intercept(
-        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        if handler is None or details.method.startswith(_OPEN_PREFIXES):
-            return handler
-        if details.method.startswith(ADMIN_PREFIX):
-            if self._admin is None:
-                return refusing_handler(handler, grpc.StatusCode.PERMISSION_DENIED, ADMIN_OFF)
-            if bearer_matches(authorization(details.invocation_metadata), self._admin):
-                return handler
-            return refusing_handler(
-                handler, grpc.StatusCode.UNAUTHENTICATED, "missing or bad admin token"
-            )
-        if self._clients is None:
-            return handler
-        if self._clients.tenant_of(authorization(details.invocation_metadata)) is not None:
-            return handler
-        # No deserializer: the request is never parsed before the caller is authenticated.
-        return refusing_handler(
-            handler, grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token"
-        )
 
 
 def bearer_matches(header: str | bytes | None, expected: bytes) -> bool:

@@ -1,8 +1,18 @@
-"""Running a gRPC service: health (grpc.health.v1), server reflection, errors, shutdown.
+"""Running a gRPC service: health (grpc.health.v1), server reflection, errors, every call's
+interceptors, shutdown.
 
 Every Speculant service starts through :class:`ServiceServer`, so all of them answer
 ``grpcurl -plaintext HOST:PORT list`` / ``describe`` without .proto files, report NOT_SERVING
 until they are ready, and turn library errors into gRPC status codes the same way.
+
+Every call passes the server's interceptors, outermost first: its request id
+(:class:`RequestIdInterceptor`, speculant.request_context), its metrics
+(:class:`MetricsInterceptor`, speculant.metrics), a refusal while the server stops, the bearer
+tokens (:class:`BearerTokenInterceptor`, speculant.auth) and a refusal of a request that does not
+parse. Each is a :class:`HandlerInterceptor`: it looks at a method's handler and wraps its
+behaviour or replaces it with one that refuses the call. A handler has one behaviour of four
+kinds: unary_unary and stream_unary return one response, unary_stream and stream_stream yield
+responses; request_streaming says whether the first argument is a request iterator.
 """
 
 from __future__ import annotations
@@ -20,11 +30,23 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from speculant import termination
-from speculant.auth import BearerTokenInterceptor, ClientTokens
+from speculant.auth import (
+    ADMIN_OFF,
+    ADMIN_PREFIX,
+    OPEN_PREFIXES,
+    ClientTokens,
+    authorization,
+    bearer_matches,
+    expected_bearer,
+)
 from speculant.errors import InvalidArgumentError, ResourceExhaustedError, SpeculantError
-from speculant.interceptors import HandlerInterceptor, refusing_handler, wrap_behaviour, wrappable
 from speculant.metrics import Metrics
-from speculant.request_context import RequestIdInterceptor
+from speculant.request_context import (
+    REQUEST_ID_HEADER,
+    new_request_id,
+    request_id_from_metadata,
+    request_id_scope,
+)
 from speculant.tls import ServerTls
 
 log = logging.getLogger(__name__)
@@ -121,6 +143,158 @@ def map_stream_errors(handler: HandlerT) -> HandlerT:
             context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}")
 
     return wrapper  # type: ignore[return-value]
+
+
+# -- Interceptors: every call's plumbing --------------------------------------------------
+
+# wrap(inner behaviour, request_streaming) -> the behaviour that replaces it
+Wrap = Callable[[Callable[..., Any], bool], Callable[..., Any]]
+
+_KINDS = (  # (behaviour, request_streaming, response_streaming)
+    ("unary_unary", False, False),
+    ("stream_unary", True, False),
+    ("unary_stream", False, True),
+    ("stream_stream", True, True),
+)
+
+
+def wrappable(handler: grpc.RpcMethodHandler | None) -> bool:
+    """Whether handler is grpc's own (namedtuple) method handler, the kind interceptors change."""
+    return handler is not None and hasattr(handler, "_replace")
+
+
+def wrap_behaviour(
+    handler: grpc.RpcMethodHandler, unary: Wrap, streaming: Wrap, **changes: Any
+) -> grpc.RpcMethodHandler:
+    """handler with its behaviour wrapped: by unary(...) when it returns one response, by
+    streaming(...) when it yields responses; changes replace other fields (e.g. a
+    deserializer)."""
+    for kind, request_streaming, response_streaming in _KINDS:
+        inner = getattr(handler, kind)
+        if inner is not None:
+            wrap = streaming if response_streaming else unary
+            changes[kind] = wrap(inner, request_streaming)
+    return handler._replace(**changes)
+
+
+def refusing_handler(
+    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
+) -> grpc.RpcMethodHandler:
+    """A handler of the same call shape that refuses every call with code and details. No
+    deserializer: the request is never parsed."""
+
+    def refuse(request_or_iterator: object, context: grpc.ServicerContext) -> None:
+        context.abort(code, details)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+class HandlerInterceptor(grpc.ServerInterceptor):
+    """A server interceptor that sees each call's method handler and returns the one to run
+    (the same, a wrapped one, or one that refuses the call): subclasses define
+    :meth:`intercept`."""
+
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        return self.intercept(continuation(handler_call_details), handler_call_details)
+
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        """The handler to run for this call (None: the method does not exist)."""
+        raise NotImplementedError
+
+
+class RequestIdInterceptor(HandlerInterceptor):
+    """Serve each call under its request id: the call's x-request-id or a new one, returned to
+    the caller in the initial metadata."""
+
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        if not wrappable(handler):
+            return handler
+        given = request_id_from_metadata(details.invocation_metadata)
+
+        def begin(context: grpc.ServicerContext) -> str:
+            request_id = given or new_request_id()
+            # ValueError: metadata already sent; RpcError: the client has gone already.
+            with contextlib.suppress(ValueError, grpc.RpcError):
+                context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
+            return request_id
+
+        def unary(inner: Callable[..., Any], _request_streaming: bool) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Any:
+                with request_id_scope(begin(context)):
+                    return inner(request, context)
+
+            return call
+
+        def streaming(inner: Callable[..., Any], _request_streaming: bool) -> Callable[..., Any]:
+            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+                with request_id_scope(begin(context)):
+                    yield from inner(request, context)
+
+            return call
+
+        return wrap_behaviour(handler, unary, streaming)
+
+
+class MetricsInterceptor(HandlerInterceptor):
+    """Counts every call by status code, times it, and counts streaming calls' messages."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        if not wrappable(handler):
+            return handler
+        service, _, method = details.method.lstrip("/").rpartition("/")
+        measured = self._metrics.method_metrics(service, method, handler)
+        return wrap_behaviour(handler, measured.unary, measured.streaming)
+
+
+class BearerTokenInterceptor(HandlerInterceptor):
+    """Rejects calls without a client's ``authorization: Bearer <token>`` (health checks
+    exempt; none needed without client tokens), and AdminService calls without the admin
+    token (PERMISSION_DENIED without one configured)."""
+
+    def __init__(self, clients: ClientTokens | None, admin_token: str | None = None) -> None:
+        self._clients = clients
+        self._admin = None if admin_token is None else expected_bearer(admin_token)
+
+    def intercept(
+        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
+        if handler is None or details.method.startswith(OPEN_PREFIXES):
+            return handler
+        if details.method.startswith(ADMIN_PREFIX):
+            if self._admin is None:
+                return refusing_handler(handler, grpc.StatusCode.PERMISSION_DENIED, ADMIN_OFF)
+            if bearer_matches(authorization(details.invocation_metadata), self._admin):
+                return handler
+            return refusing_handler(
+                handler, grpc.StatusCode.UNAUTHENTICATED, "missing or bad admin token"
+            )
+        if self._clients is None:
+            return handler
+        if self._clients.tenant_of(authorization(details.invocation_metadata)) is not None:
+            return handler
+        # No deserializer: the request is never parsed before the caller is authenticated.
+        return refusing_handler(
+            handler, grpc.StatusCode.UNAUTHENTICATED, "missing or bad bearer token"
+        )
 
 
 # The health service name that reports only whether the process is up and serving calls at all
@@ -320,7 +494,7 @@ class ServiceServer:
         # calls refused while stopping or by authentication too.
         interceptors: list[grpc.ServerInterceptor] = [RequestIdInterceptor()]
         if metrics is not None:
-            interceptors.append(metrics.interceptor())
+            interceptors.append(MetricsInterceptor(metrics))
         interceptors.append(RefuseWhileStoppingInterceptor(self.service_names, self._stopping))
         clients = ClientTokens.single(auth_token) if isinstance(auth_token, str) else auth_token
         interceptors.append(BearerTokenInterceptor(clients, admin_token))

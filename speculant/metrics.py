@@ -31,8 +31,6 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
-from speculant.interceptors import HandlerInterceptor, wrap_behaviour, wrappable
-
 log = logging.getLogger(__name__)
 
 # Seconds: from a draft proposal (~0.1 ms) to a long generation.
@@ -100,8 +98,10 @@ class Metrics:
         self._server: WSGIServer | None = None
         self.port: int | None = None
 
-    def interceptor(self) -> MetricsInterceptor:
-        return MetricsInterceptor(self)
+    def method_metrics(self, service: str, method: str, handler: Any) -> MethodMetrics:
+        """The metrics of one method's calls (what speculant.grpc_server.MetricsInterceptor
+        wraps each call of a server with metrics in)."""
+        return MethodMetrics(self, service, method, handler)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Start the /metrics endpoint (once); return its port."""
@@ -153,7 +153,7 @@ class _Round:
         self.received_at: float | None = None
 
 
-class _MethodMetrics:
+class MethodMetrics:
     """The metrics of one method's calls: its status codes, its latency and, for streams, its
     messages (sent, received, and the time from a request message to its answer)."""
 
@@ -236,22 +236,6 @@ class _MethodMetrics:
                     yield response
 
         return call
-
-
-class MetricsInterceptor(HandlerInterceptor):
-    """Counts every call by status code, times it, and counts streaming calls' messages."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._metrics = metrics
-
-    def intercept(
-        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        if not wrappable(handler):
-            return handler
-        service, _, method = details.method.lstrip("/").rpartition("/")
-        measured = _MethodMetrics(self._metrics, service, method, handler)
-        return wrap_behaviour(handler, measured.unary, measured.streaming)
 
 
 def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:

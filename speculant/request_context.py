@@ -17,14 +17,10 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
-
-import grpc
-
-from speculant.interceptors import HandlerInterceptor, wrap_behaviour, wrappable
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_CHARS = 128
@@ -102,41 +98,6 @@ def request_id_scope(request_id: str | None) -> Iterator[None]:
     finally:
         with contextlib.suppress(ValueError):  # a generator closed from another context
             REQUEST_ID.reset(token)
-
-
-class RequestIdInterceptor(HandlerInterceptor):
-    """Serve each call under its request id: the call's x-request-id or a new one, returned to
-    the caller in the initial metadata."""
-
-    def intercept(
-        self, handler: grpc.RpcMethodHandler | None, details: grpc.HandlerCallDetails
-    ) -> grpc.RpcMethodHandler | None:
-        if not wrappable(handler):
-            return handler
-        given = request_id_from_metadata(details.invocation_metadata)
-
-        def begin(context: grpc.ServicerContext) -> str:
-            request_id = given or new_request_id()
-            # ValueError: metadata already sent; RpcError: the client has gone already.
-            with contextlib.suppress(ValueError, grpc.RpcError):
-                context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
-            return request_id
-
-        def unary(inner: Callable[..., Any], _request_streaming: bool) -> Callable[..., Any]:
-            def call(request: Any, context: grpc.ServicerContext) -> Any:
-                with request_id_scope(begin(context)):
-                    return inner(request, context)
-
-            return call
-
-        def streaming(inner: Callable[..., Any], _request_streaming: bool) -> Callable[..., Any]:
-            def call(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-                with request_id_scope(begin(context)):
-                    yield from inner(request, context)
-
-            return call
-
-        return wrap_behaviour(handler, unary, streaming)
 
 
 class RequestIdFilter(logging.Filter):

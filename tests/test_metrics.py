@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
+from speculant.grpc_server import MetricsInterceptor
 from speculant.metrics import Metrics
 from speculant.request_context import REQUEST_ID_HEADER, log_handler
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
@@ -299,7 +300,7 @@ def test_a_cancel_seen_as_the_request_stream_ending_is_counted_cancelled():
     handler = grpc.method_handlers_generic_handler(
         "test.Echo", {"Chat": grpc.stream_stream_rpc_method_handler(echo)}
     )
-    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[metrics.interceptor()])
+    server = grpc.server(futures.ThreadPoolExecutor(4), interceptors=[MetricsInterceptor(metrics)])
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
