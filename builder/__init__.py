@@ -13,7 +13,7 @@ One code path, several executors:
    :mod:`builder.task_runner`): documents are read as a
    stream (:mod:`builder.corpus`), tokenized in batches (:mod:`builder.tokenize`), and the
    partition's token stream and its positions sorted by the text before them
-   (:mod:`builder.suffix_sort`) are written into the task's directory under the shared work
+   (:mod:`speculant.suffix_index`) are written into the task's directory under the shared work
    directory;
 3. merge: this process concatenates the partitions' streams, merges their sorted positions and
    derives the tables of the index (:mod:`builder.index_writer`) in a temporary directory that

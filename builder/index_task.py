@@ -44,8 +44,7 @@ from builder.disk import save_array
 from builder.errors import BuildError
 from builder.index_writer import Part
 from builder.partition import Partition
-from speculant.suffix_index import MAX_CONTEXT, separator, stream_dtype
-from speculant.suffix_sort import merge_sorted, sort_entries
+from speculant.suffix_index import MAX_CONTEXT, merge_sorted, separator, sort_entries, stream_dtype
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "speculant-index-part"

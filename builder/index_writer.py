@@ -34,16 +34,14 @@ from speculant.suffix_index import (
     TABLE_RANGES_FILE,
     TABLE_START_FILE,
     WEIGHTS_FILE,
-    separator,
-    stream_dtype,
-)
-from speculant.suffix_sort import (
     common_prefixes_into,
     first_offsets,
     frequent_ranges,
     merge_into,
     order_statistics,
     range_tables,
+    separator,
+    stream_dtype,
 )
 
 log = logging.getLogger("builder")

@@ -14,9 +14,9 @@ from speculant.graph_format import (
     open_graph_env,
     order_db_name,
     read_meta,
+    resident_bytes,
 )
 from speculant.graph_reader import folder_bytes
-from speculant.map_guard import resident_bytes
 
 
 def disk_usage(path: Path) -> int:

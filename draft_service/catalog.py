@@ -26,7 +26,7 @@ two graphs. (The catalog may keep a replaced graph open a while longer instead, 
 that began on it: ``on_replaced``, the lingering above.)
 
 A *damaged* graph is one whose mapped data file shrank or changed while served
-(:mod:`speculant.map_guard`): checked before and after every call, it answers nothing more
+(:mod:`speculant.graph_format`): checked before and after every call, it answers nothing more
 (GraphDamagedError, UNAVAILABLE) until another graph is installed; ``on_health`` hears False
 when the current graph is found damaged, True when a graph is installed.
 

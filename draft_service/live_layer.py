@@ -304,11 +304,11 @@ class LiveLayer:
 
 def documents_index(documents: list[bytes], vocab_size: int) -> SuffixIndex:
     """A suffix index of documents (packed big-endian uint32 ids), as the builder indexes a
-    corpus (builder.suffix_sort): each document followed by SEP, every position with a
+    corpus (speculant.suffix_index): each document followed by SEP, every position with a
     successor in its document an entry, the ranges of at least FREQUENT_MIN entries tabled.
     Ids outside the vocabulary are dropped with their documents' tails (the graph's ids are
     all the drafts know). Its arrays are read-only, like a graph's."""
-    from speculant.suffix_sort import (
+    from speculant.suffix_index import (
         common_prefixes,
         first_offsets,
         frequent_ranges,

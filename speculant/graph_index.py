@@ -8,10 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from speculant.graph_format import NPY_FORMAT, GraphFormatError, GraphMeta, SharedGraphEnv
+from speculant.graph_format import (
+    NPY_FORMAT,
+    GraphFormatError,
+    GraphMeta,
+    MappedFile,
+    SharedGraphEnv,
+)
 from speculant.graph_manifest import manifest_sizes
 from speculant.graph_store import read_arrays
-from speculant.map_guard import MappedFile
 from speculant.suffix_index import INDEX_FILES, WEIGHTS_FILE, SuffixIndex
 
 
@@ -51,7 +56,7 @@ def open_index(
 
 def _npy_arrays(path: Path, names: list[str], guards: list[MappedFile]) -> dict[str, np.ndarray]:
     """Map a format 2 graph's index files (each checked against the manifest first), guarding
-    each map (speculant.map_guard)."""
+    each map (speculant.graph_format)."""
     sizes = manifest_sizes(path, checksum=False)  # open_graph_env checksummed them
     arrays: dict[str, np.ndarray] = {}
     for name in names:

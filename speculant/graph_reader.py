@@ -45,16 +45,18 @@ from speculant.graph_format import (
     MAX_SUPPORTED_ORDER,
     GraphFormatError,
     GraphMeta,
+    MappedFile,
     SharedGraphEnv,
     decode_successors,
+    libc_function,
     open_graph_env,
     order_db_name,
     read_meta,
+    resident_bytes,
 )
 from speculant.graph_index import open_index
 from speculant.graph_lmdb import decode_values, match_orders
 from speculant.graph_manifest import MANIFEST_FILE
-from speculant.map_guard import MappedFile, libc_function, resident_bytes
 from speculant.suffix_index import MAX_CONTEXT, SuffixIndex
 
 _MADV_DONTNEED = 4
@@ -209,7 +211,7 @@ class NGramGraph:
 
     def damage(self) -> str | None:
         """Why a mapped file of the graph can no longer be trusted (it shrank or changed since
-        it was verified, or a read hit its truncated end), or None (speculant.map_guard)."""
+        it was verified, or a read hit its truncated end), or None (speculant.graph_format)."""
         for guard in (self._env.mapped, *self._guards):
             reason = guard.damage()
             if reason is not None:
