@@ -82,7 +82,7 @@ class InProcessSystems:
     def live_layer(self, path: str) -> Any:
         """The live layer that the learn variants drafting from graph `path` share."""
         if path not in self.live_layers:
-            from draft_service.live_layer import LiveLayer
+            from draft_service.learning import LiveLayer
 
             self.live_layers[path] = LiveLayer(self.graph(path).max_order)
         return self.live_layers[path]

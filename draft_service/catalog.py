@@ -47,8 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from draft_service.drafting import Drafter
-from draft_service.learning import Learning, LearnOutcome
-from draft_service.live_layer import LiveLayer
+from draft_service.learning import Learning, LearnOutcome, LiveLayer
 from speculant.errors import FailedPreconditionError, NotFoundError, UnavailableError
 from speculant.graph_catalog import (
     NO_GRAPH,

@@ -36,7 +36,7 @@ Terms:
   counts c_graph,o + overlay_weight * c_context,o (:mod:`draft_service.overlay`), else from the
   graph alone as above. Each draft token's *source* ("graph", "overlay" or "both") says which
   sources listed it as a successor at the orders q was mixed from.
-- *live layer*: with a :class:`~draft_service.live_layer.LiveLayer` (what the draft service
+- *live layer*: with a :class:`~draft_service.learning.LiveLayer` (what the draft service
   learned from the generations it served), its counts join the graph's first: c_graph,o +
   live.weight * c_live,o, then the overlay's as above. Its tokens count as source "graph" (the
   draft tier's shared counts). Drafts change as the layer learns; outputs do not (drafts are
@@ -52,7 +52,7 @@ import numpy as np
 
 from draft_service.chain import ChainDrafter
 from draft_service.greedy_kernels import CompiledDrafts
-from draft_service.live_layer import LiveLayer
+from draft_service.learning import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import ContextIndexCache
 from draft_service.step_cache import DEFAULT_CACHE_SIZE, StepCache
@@ -77,7 +77,7 @@ class Drafter:
     ) -> None:
         """cache_size: greedy steps kept per cache (0: none); live: a live layer (what this
         service learned from generations it served) whose counts join the graph's (see
-        :mod:`draft_service.live_layer`)."""
+        :mod:`draft_service.learning`)."""
         self.graph = graph
         self.live = live
         self.max_order = graph.max_order

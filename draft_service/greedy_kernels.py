@@ -53,7 +53,7 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from draft_service.live_layer import LiveLayer
+from draft_service.learning import LiveLayer
 from draft_service.overlay import ContextIndex, overlay_matches
 from draft_service.tree import TREE_WIDTH
 from speculant.draft_params import DraftParams

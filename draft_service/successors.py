@@ -1,7 +1,7 @@
 """The successor counts drafting mixes q from, after one context tail.
 
 Three sources, highest order first at each: the graph's counts c_graph,o; the live layer's
-(what the draft tier learned from the generations it served, :mod:`draft_service.live_layer`),
+(what the draft tier learned from the generations it served, :mod:`draft_service.learning`),
 added as live.weight * c_live,o; and the overlay's (the request's own context,
 :mod:`draft_service.overlay`), added as overlay_weight * c_context,o. Each successor's *source*
 says who listed it: "graph" (the graph or the live layer: the tier's shared counts),
@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from draft_service.live_layer import LiveLayer
+from draft_service.learning import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextIndex, as_arrays, combine
 from speculant.draft_params import DraftParams

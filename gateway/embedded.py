@@ -144,7 +144,7 @@ class SpeculativeDecoder:
         that name none, by default the first).
 
         learn: the drafter learns from every finished generation (a live layer per graph in
-        this process, draft_service.live_layer: drafts improve as similar text is generated;
+        this process, draft_service.learning: drafts improve as similar text is generated;
         the output never changes). False: drafts from the graphs alone.
 
         long_context: draft from the longest match of up to this many context tokens too

@@ -115,7 +115,7 @@ class RemoteVerifier(TargetVerifier, Protocol):
 
 class GenerationLearner(Protocol):
     """Learns from finished generations (the coordinator's): a live layer
-    (draft_service.live_layer), or the engine's TierLearner bound to a request's target. Best
+    (draft_service.learning), or the engine's TierLearner bound to a request's target. Best
     effort and quick: it never raises into the request and never waits for the network."""
 
     def learn(self, token_ids: Sequence[int]) -> object:

@@ -53,7 +53,7 @@ MAX_DRAFT_CONTEXT = 64
 # forward pass grows with its square; the gateway sends at most MAX_DRAFT_K).
 DEFAULT_MAX_CONTEXT_TOKENS = 65_536
 DEFAULT_MAX_DRAFT_TOKENS = 64
-# Online learning in the draft tier (draft_service.live_layer): the live layer's memory cap and
+# Online learning in the draft tier (draft_service.learning): the live layer's memory cap and
 # the weight of its counts against the graph's (docs/benchmarks.md "Why the defaults").
 DEFAULT_LEARN_MEMORY_MB = 256
 DEFAULT_LEARN_WEIGHT = 16.0

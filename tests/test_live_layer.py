@@ -23,8 +23,7 @@ import pytest
 from graph_factory import write_graph
 
 from draft_service.drafting import Drafter
-from draft_service.learning import LearnLog, LearnLogError
-from draft_service.live_layer import LiveLayer
+from draft_service.learning import LearnLog, LearnLogError, LiveLayer
 from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph
 
