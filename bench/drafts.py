@@ -33,7 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
-from gateway.backends.streams import StreamExchange
+from gateway.backends import StreamExchange
 from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
 from speculant.draft_params import DraftParams
 from speculant.graph_reader import NGramGraph

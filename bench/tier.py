@@ -187,7 +187,7 @@ def client_main(argv: list[str]) -> int:
     """One closed-loop client process; prints {"latencies_ms": [...], "elapsed_s": s} as JSON."""
     import grpc
 
-    from gateway.backends.streams import StreamExchange
+    from gateway.backends import StreamExchange
     from speculant.config import DraftConfig
     from speculant.draft_params import DraftParams
     from speculant.v1 import draft_pb2_grpc

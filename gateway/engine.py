@@ -279,7 +279,7 @@ class GenerationEngine:
         max_concurrent: generations in flight at once; more get RESOURCE_EXHAUSTED.
         metrics: count generations in it.
         learner: gets every finished generation with its graph and tenant
-        (gateway.backends.draft_client.LearnReporter; None: the draft tier learns nothing from
+        (gateway.backends.LearnReporter; None: the draft tier learns nothing from
         this gateway). verify_cost: the cost profile
         that sizes drafts, "measured" (the verifier's, as GetModelInfo reports it), "flat", a cost
         profile file (see speculant.cost_profile.verify_cost_profile) or the profile itself.

@@ -2,8 +2,8 @@
 
 Two carry a round: a drafter (DraftSource) and a verifier (TargetVerifier). Each has an
 in-process implementation (embedded mode: draft_service.drafting.Drafter and
-verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.backends.draft_client,
-gateway.backends.verifier_client), so the same round logic runs in one process or across services.
+verifier_service.verifier.LocalVerifier) and a gRPC one (gateway.backends), so the same round
+logic runs in one process or across services.
 The engine (gateway.engine) drives them as a draft tier and a verifier it can check
 (RemoteDraftTier, RemoteVerifier: the gRPC clients, or the in-process ones wrapped by
 gateway.embedded); a draft tier binds each request's graph and tenant (RequestDrafter), and
@@ -82,7 +82,7 @@ class RequestDrafter(DraftSource, Protocol):
 
 
 class RemoteDraftTier(DraftSource, Protocol):
-    """A draft tier as the engine drives it: the draft services (gateway.backends.draft_client)
+    """A draft tier as the engine drives it: the draft services (gateway.backends)
     or the graph catalog in this process (gateway.embedded). Its own propose drafts from the
     default graph for the default tenant."""
 
@@ -99,7 +99,7 @@ class RemoteDraftTier(DraftSource, Protocol):
 
 
 class RemoteVerifier(TargetVerifier, Protocol):
-    """A verifier as the engine drives it: the verifier service (gateway.backends.verifier_client)
+    """A verifier as the engine drives it: the verifier service (gateway.backends)
     or the model in this process (gateway.embedded)."""
 
     address: str
@@ -127,7 +127,7 @@ class TierLearner(Protocol):
     """What a draft tier learns from the generations it drafted for (the engine's): into the
     learned layer of the generation's graph and tenant. The catalog in one process
     (gateway.embedded), a reporter to the draft services over gRPC
-    (gateway.backends.draft_client.LearnReporter)."""
+    (gateway.backends.LearnReporter)."""
 
     def learn(self, token_ids: Sequence[int], target: DraftTarget | None = None) -> object:
         """Take one finished generation's tokens (the prompt's, then the output's), drafted

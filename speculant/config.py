@@ -36,7 +36,7 @@ DEFAULT_OVERLAY_WEIGHT = 64.0
 MAX_MIXING_WEIGHT = 1e6
 MIN_MIX_TEMPERATURE = 1e-6
 # How often the draft service looks for a newly published graph (draft_service.reload), and how
-# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.backends.draft_client), in
+# often the gateway resolves dns:NAME:PORT draft replicas again (gateway.backends), in
 # seconds.
 DEFAULT_RELOAD_INTERVAL_S = 2.0
 DEFAULT_DRAFT_REFRESH_S = 10.0

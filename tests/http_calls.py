@@ -99,8 +99,7 @@ def live_sessions(http: Http) -> int:
 
 def backendless_engine() -> GenerationEngine:
     """A gateway engine whose draft and verifier addresses lead nowhere (port 1)."""
-    from gateway.backends.draft_client import GrpcDraftClient
-    from gateway.backends.verifier_client import GrpcVerifierClient
+    from gateway.backends import GrpcDraftClient, GrpcVerifierClient
 
     return GenerationEngine(GrpcDraftClient(["127.0.0.1:1"]), GrpcVerifierClient("127.0.0.1:1"))
 

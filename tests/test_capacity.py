@@ -283,7 +283,7 @@ class FakeExchange:
 
 
 def test_stream_pool_reuses_the_latest_stream_and_closes_idle_ones():
-    from gateway.backends.streams import StreamPool
+    from gateway.backends import StreamPool
 
     pool = StreamPool(FakeExchange, idle_s=5.0)
     a, b = pool.checkout(), pool.checkout()
@@ -297,7 +297,7 @@ def test_stream_pool_reuses_the_latest_stream_and_closes_idle_ones():
 
 
 def test_stream_pool_opens_no_stream_past_a_refusal_until_the_retry_time():
-    from gateway.backends.streams import StreamPool
+    from gateway.backends import StreamPool
 
     pool = StreamPool(FakeExchange, refused_retry_s=0.2)
     held = pool.checkout()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from gateway.backends.draft_client import REPLICA_HOLD_OFF_S, GrpcDraftClient, expand_addresses
+from gateway.backends import REPLICA_HOLD_OFF_S, GrpcDraftClient, expand_addresses
 from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.health import wait_until_serving

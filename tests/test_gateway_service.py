@@ -10,8 +10,7 @@ import grpc
 import pytest
 
 from gateway.api.server import start_gateway
-from gateway.backends.draft_client import GrpcDraftClient
-from gateway.backends.verifier_client import GrpcVerifierClient
+from gateway.backends import GrpcDraftClient, GrpcVerifierClient
 from gateway.engine import GenerationEngine
 from speculant.config import GenerationConfig
 from speculant.errors import FailedPreconditionError

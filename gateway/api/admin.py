@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import grpc
 
-from gateway.backends.draft_client import GrpcDraftClient
+from gateway.backends import GrpcDraftClient
 from gateway.engine import GenerationEngine
 from speculant.errors import InvalidArgumentError
 from speculant.graph_catalog import check_graph_name

@@ -20,8 +20,12 @@ from dataclasses import replace
 import grpc
 
 from gateway.api.admin import GatewayAdminServicer, GraphAdmin
-from gateway.backends.draft_client import GrpcDraftClient, LearnReporter
-from gateway.backends.verifier_client import DEFAULT_VERIFIER_TIMEOUT_S, GrpcVerifierClient
+from gateway.backends import (
+    DEFAULT_VERIFIER_TIMEOUT_S,
+    GrpcDraftClient,
+    GrpcVerifierClient,
+    LearnReporter,
+)
 from gateway.engine import GenerationEngine
 from gateway.generation import (
     FinishReason,
@@ -170,7 +174,7 @@ def start_gateway(
     tls: serve TLS; backend_tls: reach the backends over TLS. verifier_timeout_s: the most a
     verifier call or Session step may wait for its answer.
     metrics: count calls and generations in it (its /metrics endpoint is the caller's).
-    learn: report every finished generation to the draft tier (gateway.backends.draft_client);
+    learn: report every finished generation to the draft tier (gateway.backends);
     verify_cost: the cost profile that sizes drafts (GenerationEngine's); chat_template: the
     chat template every chat request is rendered with (None: the tokenizer's)."""
     drafter = GrpcDraftClient(
