@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from speculant.config import SamplingControls
 from speculant.constraint import Constraint
 from speculant.prompt_records import PromptRecord
-from speculant.sampling_controls import SamplingControls
 
 # Systems that cannot generate under a constraint: HF prompt lookup calls a logits processor
 # once per candidate position, candidates it then rejects included, which a grammar's state

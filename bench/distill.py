@@ -40,7 +40,7 @@ from bench.settings import DEMO_PROMPTS, SHARED_DEV_PROMPTS
 from distill.generation import Generation
 from distill.run import append_generations, continuations, prepare
 from speculant.cli_errors import EXIT_USAGE, CommandError
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.prompt_records import PromptRecord, PromptsError, load_prompts
 

@@ -34,8 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from draft_service.drafting import Drafter
 from draft_service.step_cache import DEFAULT_CACHE_SIZE
 from gateway.backends import StreamExchange
-from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
-from speculant.draft_params import DraftParams
+from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES, DraftParams
 from speculant.graph_reader import NGramGraph
 from speculant.ports import free_port
 from speculant.v1 import draft_pb2_grpc

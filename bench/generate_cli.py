@@ -32,7 +32,7 @@ from bench.settings import (
 )
 from gateway.launch.cli import add_sampling_arguments
 from gateway.launch.commands import check_verify_cost, sampling_options
-from speculant.draft_params import DRAFT_SIZES
+from speculant.config import DRAFT_SIZES
 from speculant.errors import SpeculantError
 from speculant.prompt_records import PromptRecord, PromptsError
 

@@ -33,10 +33,9 @@ from typing import Any
 
 from draft_service.drafting import Drafter
 from gateway.rounds.draft_sizing import SizingModel
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams, SamplingControls
 from speculant.errors import InvalidArgumentError
 from speculant.prompt_records import PromptRecord
-from speculant.sampling_controls import SamplingControls
 from speculant.types import DraftProposal, VerifyResult
 
 

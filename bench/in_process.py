@@ -10,10 +10,9 @@ from typing import Any
 
 from bench.constrained import hf_generate_constrained
 from bench.settings import BenchSettings, RunRecord, Variant
-from speculant.config import DraftConfig
+from speculant.config import DraftConfig, SamplingControls
 from speculant.constraint import Constraint
 from speculant.prompt_records import PromptRecord
-from speculant.sampling_controls import SamplingControls
 
 
 class ForwardCounter:
@@ -236,7 +235,7 @@ class InProcessSystems:
         constraint: Constraint | None = None,
     ) -> RunRecord:
         """embedded, or plain (its drafter never drafts), under the constraint when given."""
-        from speculant.draft_params import DraftParams
+        from speculant.config import DraftParams
 
         draft = DraftConfig(
             k=variant.k or 1,  # plain: its drafter ignores k

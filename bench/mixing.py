@@ -37,8 +37,7 @@ from bench.settings import (
     load_prompt_texts,
 )
 from bench.summary import per_prompt_values, summarize_variant
-from speculant.config import DEFAULT_TREE_NODES, MIXING_MODES
-from speculant.draft_params import DraftParams
+from speculant.config import DEFAULT_TREE_NODES, MIXING_MODES, DraftParams
 
 
 @dataclass(frozen=True)

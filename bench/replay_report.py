@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.prompt_records import PromptRecord, kinds_of
 
 NO_KIND = "(none)"  # the group of records without a kind, when others have one

@@ -188,8 +188,7 @@ def client_main(argv: list[str]) -> int:
     import grpc
 
     from gateway.backends import StreamExchange
-    from speculant.config import DraftConfig
-    from speculant.draft_params import DraftParams
+    from speculant.config import DraftConfig, DraftParams
     from speculant.v1 import draft_pb2_grpc
     from speculant.wire import propose_request_to_pb
 

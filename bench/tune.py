@@ -45,8 +45,7 @@ from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate_all
 from bench.replay_report import every_8, kind_labels, kinds_in, replayed_drafts
 from bench.tune_search import Scorer, best_of, describe, mixing_of, search
 from speculant.cli_errors import EXIT_USAGE, CommandError
-from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES
-from speculant.draft_params import DraftParams
+from speculant.config import DEFAULT_DRAFT_K, DEFAULT_TREE_NODES, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.prompt_records import PromptRecord, PromptsError, load_prompts
 

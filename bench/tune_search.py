@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from bench.greedy_sim import GreedyTrace, SimResult, verify_all
-from speculant.draft_params import BUILTIN_TUNABLE_DEFAULTS, DraftParams
+from speculant.config import BUILTIN_TUNABLE_DEFAULTS, DraftParams
 
 ESCAPE_WEIGHTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 SEED_GRID: dict[str, tuple[float, ...]] = {

@@ -22,9 +22,8 @@ import grpc
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from speculant.config import VerifierConfig
+from speculant.config import SessionOptions, VerifierConfig
 from speculant.ports import free_port
-from speculant.sampling_controls import SessionOptions
 from speculant.v1 import verifier_pb2, verifier_pb2_grpc
 from verifier_service.verifier import LocalVerifier
 

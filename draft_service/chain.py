@@ -15,7 +15,7 @@ import numpy as np
 from draft_service.overlay import ContextIndex
 from draft_service.step_cache import StepCache, mix_key
 from draft_service.successors import Successors, overlay_successors
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_format import extend_tail, tail_key
 from speculant.types import DraftProposal, SparseDistribution, point_mass
 

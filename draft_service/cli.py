@@ -36,7 +36,7 @@ from speculant.tls import add_server_tls_arguments, server_tls_from_args
 
 if TYPE_CHECKING:
     from draft_service.learning import LearningConfig
-    from speculant.draft_params import DraftParams
+    from speculant.config import DraftParams
     from speculant.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -210,8 +210,8 @@ def learning_from_args(args: argparse.Namespace):
 def serve_draft(args: argparse.Namespace) -> int:
     """Run the draft service; one error line for a bad graph or port (exit status 1) or flag (2)."""
     from speculant.auth import load_admin_token
+    from speculant.config import DraftParams
     from speculant.draft_flags import draft_defaults_from_args
-    from speculant.draft_params import DraftParams
     from speculant.metrics import metrics_from_args
 
     termination.catch()  # before anything can report SERVING

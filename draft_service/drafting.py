@@ -58,7 +58,7 @@ from draft_service.overlay import ContextIndexCache
 from draft_service.step_cache import DEFAULT_CACHE_SIZE, StepCache
 from draft_service.successors import Successors
 from draft_service.tree import TreeDrafter
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import encode_context, tail_key
 from speculant.graph_reader import NGramGraph

@@ -56,7 +56,7 @@ import numpy as np
 from draft_service.learning import LiveLayer
 from draft_service.overlay import ContextIndex, overlay_matches
 from draft_service.tree import TREE_WIDTH
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_reader import LONGEST_FROM, NGramGraph
 from speculant.suffix_index import SuffixIndex, match_ranges

@@ -36,7 +36,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 
 
 def order_weights(

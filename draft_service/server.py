@@ -21,8 +21,7 @@ from draft_service.learning import Learning, LearningConfig
 from draft_service.metrics import DraftMetrics
 from draft_service.reload import DEFAULT_RELOAD_INTERVAL_S, GraphWatcher
 from draft_service.servicer import AdminServicer, DraftServicer
-from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
-from speculant.draft_params import DraftParams
+from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS, DraftParams
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.graph_catalog import CatalogFile, GraphSpec, parse_graph_specs
 from speculant.graph_reader import NGramGraph

@@ -25,8 +25,7 @@ from draft_service.catalog import STILL_OPENING, GraphCatalog
 from draft_service.drafting import Drafter
 from draft_service.learning import Learning
 from draft_service.metrics import DraftMetrics
-from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS
-from speculant.draft_params import DraftParams
+from speculant.config import DEFAULT_MAX_CONTEXT_TOKENS, DraftParams
 from speculant.errors import InvalidArgumentError, UnavailableError
 from speculant.graph_catalog import NO_GRAPH, CatalogFile, GraphSpec, graph_name_of
 from speculant.graph_reader import NGramGraph, folder_bytes

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 
 DEFAULT_CACHE_SIZE = 32768  # steps kept per cache (their memory: docs/benchmarks.md)
 

@@ -18,7 +18,7 @@ import numpy as np
 from draft_service.learning import LiveLayer
 from draft_service.mixing import Mixer
 from draft_service.overlay import Combined, ContextIndex, as_arrays, combine
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_reader import NGramGraph
 
 DEAD_END = (-1, 0, 0.0)  # a greedy step where no order matches: (token, order, q)

@@ -56,12 +56,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from speculant.auth import bearer_metadata
-from speculant.config import DEFAULT_DRAFT_REFRESH_S, DEFAULT_MAX_CONTEXT_TOKENS
-from speculant.draft_params import DraftParams
+from speculant.config import (
+    DEFAULT_DRAFT_REFRESH_S,
+    DEFAULT_MAX_CONTEXT_TOKENS,
+    DraftParams,
+    SessionOptions,
+)
 from speculant.errors import InvalidArgumentError, NotFoundError, RemoteError, UnavailableError
 from speculant.grpc_server import CLIENT_KEEPALIVE_OPTIONS, GRPC_OPTIONS
 from speculant.request_context import REQUEST_ID, remaining_time, request_metadata
-from speculant.sampling_controls import SessionOptions
 from speculant.tls import ClientTls, open_channel
 from speculant.types import DraftProposal, DraftTarget, ModelInfo, SparseDistribution, VerifyResult
 from speculant.v1 import (

@@ -28,10 +28,14 @@ from draft_service.learning import Learning, LearningConfig
 from gateway.engine import GenerationEngine, check_tokenizer_alignment
 from gateway.generation import GenerationResult, PromptRequest, StreamChunk
 from gateway.rounds.coordinator import Coordinator
-from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
-from speculant.draft_params import DraftParams
+from speculant.config import (
+    DraftConfig,
+    DraftParams,
+    GenerationConfig,
+    SamplingControls,
+    VerifierConfig,
+)
 from speculant.graph_catalog import parse_graph_specs
-from speculant.sampling_controls import SamplingControls
 from speculant.types import DraftProposal, DraftTarget, ModelInfo
 from verifier_service.verifier import LocalVerifier
 

@@ -61,10 +61,11 @@ from gateway.rounds.coordinator import Coordinator
 from speculant.config import (
     MAX_DRAFT_CONTEXT,
     DraftConfig,
+    DraftParams,
     GenerationConfig,
+    SamplingControls,
 )
 from speculant.cost_profile import CostProfile, verify_cost_profile
-from speculant.draft_params import DraftParams
 from speculant.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -78,7 +79,6 @@ from speculant.errors import (
 from speculant.graph_catalog import NO_GRAPH, check_graph_name
 from speculant.prompting import encode_prompt, rendered_with_tools, token_id_prompt
 from speculant.request_context import request_deadline
-from speculant.sampling_controls import SamplingControls
 from speculant.tokenizer import TokenizerLoadError, load_tokenizer, tokenizer_fingerprint
 from speculant.types import DraftProposal, DraftTarget
 

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from speculant.config import DraftParams, SamplingControls, SessionOptions, check_top_logprobs
 from speculant.constraint import Constraint
-from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
 from speculant.types import TokenLogprobs
 
 MAX_STOP_STRINGS = 16

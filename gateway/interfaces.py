@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from speculant.draft_params import DraftParams
-from speculant.sampling_controls import SessionOptions
+from speculant.config import DraftParams, SessionOptions
 from speculant.types import (
     DraftProposal,
     DraftTarget,

@@ -20,8 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.greedy_sim import GreedyTrace, prompt_traces, simulate_all, verify_all
 from draft_service.drafting import Drafter
 from speculant import graph_reader
-from speculant.config import DraftConfig, VerifierConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DraftConfig, DraftParams, VerifierConfig
 from speculant.prompt_records import load_prompts
 
 

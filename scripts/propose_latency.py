@@ -16,7 +16,7 @@ import json
 import sys
 
 from bench.drafts import bench_in_process, make_contexts
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_reader import NGramGraph
 
 

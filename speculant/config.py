@@ -1,19 +1,172 @@
-"""Settings: pydantic-settings models read from arguments, then SPECULANT_* environment variables.
+"""The parameters, each declared once: a request's drafting parameters and sampling controls,
+and the services' settings built from them.
 
-Each model reads its own prefix (``SPECULANT_DRAFT__K=10`` sets ``DraftConfig().k``), and
-:class:`SpeculantSettings` nests them all with prefix ``SPECULANT_`` and delimiter ``__``, so the
-same variable works both ways. Explicit constructor arguments win over the environment.
+- Sampling controls (:class:`SamplingControls`): how the target's logits become p beside the
+  temperature, their bounds, the bound on the logprob alternatives a request may ask for
+  (:func:`check_top_logprobs`), and all a verifier session is started with beside its prompt
+  (:class:`SessionOptions`). Terms (p) are defined in :mod:`speculant.types`.
+- Settings: pydantic-settings models read from arguments, then SPECULANT_* environment
+  variables. Each model reads its own prefix (``SPECULANT_DRAFT__K=10`` sets
+  ``DraftConfig().k``), and :class:`SpeculantSettings` nests them all with prefix
+  ``SPECULANT_`` and delimiter ``__``, so the same variable works both ways. Explicit
+  constructor arguments win over the environment. :class:`DraftConfig` declares the drafting
+  fields (type, bound, default, help); :class:`GenerationConfig`'s sampling fields are
+  SamplingControls'.
+- Drafting parameters (:class:`DraftParams`): one request's, derived from DraftConfig's fields,
+  with the names and defaults they use. Terms (draft tokens, q) are defined in
+  :mod:`speculant.types`. The mixing parameters a graph may carry tuned defaults for are
+  TUNABLE_FIELDS; BUILTIN_TUNABLE_DEFAULTS are the values used where neither the request nor the
+  graph sets one.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_type_hints
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, get_type_hints
 
 from pydantic import Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from speculant.constraint import Constraint
-from speculant.sampling_controls import SamplingControls
+from speculant.errors import InvalidArgumentError
+
+MAX_TOP_LOGPROBS = 20  # most alternatives a request may ask for with each token's logprob
+MAX_ABS_OPENAI_PENALTY = 2.0  # presence_penalty and frequency_penalty are in [-2, 2]
+# repetition_penalty's range: a logit divided by a tinier one could overflow float32
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
+
+# The sampling controls, and the value of each that turns it off.
+SAMPLING_CONTROLS_OFF: dict[str, float] = {
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
+@dataclass(frozen=True)
+class SamplingControls:
+    """How p is made from the target's logits at each position, beside the temperature.
+
+    Applied in Hugging Face ``generate``'s order: ``repetition_penalty`` (HF's: a logit l of a
+    token that occurred becomes l / penalty if l > 0 else l * penalty; in [0.01, 100], 1 =
+    off), then OpenAI's ``presence_penalty`` / ``frequency_penalty`` (l -= presence * [count > 0] +
+    frequency * count; in [-2, 2], 0 = off), then the temperature, ``top_k`` (keep the k most
+    likely; 0 = off), ``top_p`` (keep the smallest most-likely set with mass >= top_p; in (0,
+    1], 1 = off) and ``min_p`` (drop tokens below min_p * the largest probability; in [0, 1],
+    0 = off). Occurrences count the prompt and every token before the position.
+    Temperature 0 (greedy) takes the argmax of the penalised logits.
+
+    None: the model's own default (its generation_config.json) where it sets one, else off
+    (see :meth:`resolved`).
+    """
+
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    @classmethod
+    def of_settings(cls, settings: object) -> SamplingControls:
+        """The controls that settings with these field names set, the others unset (a
+        speculant.config.GenerationConfig, whose sampling fields are declared by this class)."""
+        return cls(**{name: getattr(settings, name) for name in SAMPLING_CONTROLS_OFF})
+
+    def resolved(self, model_defaults: Mapping[str, float] | None = None) -> SamplingControls:
+        """Every field set: the request's value, else the model's default, else off."""
+        model_defaults = model_defaults or {}
+        return SamplingControls(
+            **{
+                name: value
+                if (value := getattr(self, name)) is not None
+                else model_defaults.get(name, off)
+                for name, off in SAMPLING_CONTROLS_OFF.items()
+            }
+        )
+
+    @property
+    def penalises(self) -> bool:
+        """Whether a penalty is on (p then depends on the tokens before each position)."""
+        return (
+            self.repetition_penalty not in (None, 1.0)
+            or self.presence_penalty not in (None, 0.0)
+            or self.frequency_penalty not in (None, 0.0)
+        )
+
+    @property
+    def is_off(self) -> bool:
+        """Whether every control is unset or off (p is then softmax(logits / temperature))."""
+        return all(
+            getattr(self, name) in (None, off) for name, off in SAMPLING_CONTROLS_OFF.items()
+        )
+
+    def set_fields(self) -> dict[str, float]:
+        """The fields that are set (not None), by name."""
+        return {
+            name: value
+            for name in SAMPLING_CONTROLS_OFF
+            if (value := getattr(self, name)) is not None
+        }
+
+    def validate(self) -> SamplingControls:
+        """Raise InvalidArgumentError naming the first bad field; return self when valid."""
+        checks = (
+            ("top_k", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
+            ("top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)"),
+            ("min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)"),
+            (
+                "repetition_penalty",
+                lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
+                f"a number in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] (1 = off)",
+            ),
+            *(
+                (
+                    name,
+                    lambda v: abs(v) <= MAX_ABS_OPENAI_PENALTY,
+                    f"a number in [-{MAX_ABS_OPENAI_PENALTY:g}, {MAX_ABS_OPENAI_PENALTY:g}]",
+                )
+                for name in ("presence_penalty", "frequency_penalty")
+            ),
+        )
+        for name, ok, what in checks:
+            value = getattr(self, name)
+            if value is not None and not ok(value):  # NaN fails every check
+                raise InvalidArgumentError(name, f"must be {what}, got {value}")
+        if self.top_k is not None and int(self.top_k) != self.top_k:
+            raise InvalidArgumentError("top_k", f"must be an integer, got {self.top_k}")
+        return self
+
+
+def check_top_logprobs(top_logprobs: int | None) -> None:
+    """InvalidArgumentError unless top_logprobs is None (no logprobs) or in 0..MAX_TOP_LOGPROBS."""
+    if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidArgumentError(
+            "top_logprobs", f"must be in 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}"
+        )
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """How a verifier session samples, fixed for its whole life (a Prefill's fields beside the
+    prompt): ``temperature`` (0: greedy, the argmax of p), the sampling ``controls`` (unset
+    fields: the model's defaults), the ``seed`` of the session's generator (None: random) and
+    ``top_logprobs``, the alternatives each token's logprobs report (None: no logprobs), and
+    the ``constraint`` every emitted token must keep to (None: none; see speculant.grammar)."""
+
+    temperature: float = 1.0
+    controls: SamplingControls = field(default_factory=SamplingControls)
+    seed: int | None = None
+    top_logprobs: int | None = None
+    constraint: Constraint | None = None
+
+
+GREEDY = SessionOptions(temperature=0.0)
+
 
 DraftStrategyName = Literal["greedy", "sampling"]
 # How the successor distributions of the matching orders become one q (draft_service.mixing):
@@ -177,3 +330,137 @@ class SpeculantSettings(BaseSettings):
     draft: DraftConfig = Field(default_factory=DraftConfig)
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+
+
+DraftSizeName = Literal["cost", "fixed"]
+DRAFT_SIZES: tuple[str, ...] = ("cost", "fixed")
+
+# The mixing parameters a graph may carry tuned defaults for (``speculant tune``, stored in its
+# meta record under ``tuned.params``). In DraftParams they are None when the request did not
+# set them: the drafter then takes the graph's tuned value, else the built-in default below.
+TUNABLE_FIELDS: tuple[str, ...] = (
+    "mixing",
+    "escape_weight",
+    "order_bias",
+    "reliability_weight",
+    "entropy_penalty",
+    "mix_temperature",
+)
+BUILTIN_TUNABLE_DEFAULTS: dict[str, Any] = {
+    name: DraftConfig.model_fields[name].default for name in TUNABLE_FIELDS
+}
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    """Per-request drafting parameters (see :class:`speculant.config.DraftConfig`).
+
+    ``mixing`` ("seed", "backoff", "witten-bell") picks how the matching orders are combined into
+    q; ``attentive_mix=False`` forces "backoff" (see :attr:`effective_mixing`). ``escape_weight``
+    (> 0, 1 = classic) scales the mass each order lends to the lower ones under "witten-bell".
+    ``overlay_weight`` (finite, >= 0; 0 = off) adds the request's own context as a second source:
+    at every order o the successor counts become c_graph,o + overlay_weight * c_context,o before
+    mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
+    ``tree_nodes`` (0..64; 0 = a chain) drafts a tree of up to that many tokens when
+    :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
+    ``draft_size`` (a gateway-side choice): "cost" sizes each round's draft by the verifier's
+    cost profile, with k and tree_nodes as limits, and verifies its best-first part that pays
+    (possibly none); "fixed" verifies every drafted token (see :mod:`gateway.rounds.draft_sizing`).
+
+    The mixing parameters (TUNABLE_FIELDS) are None when not set: the drafter fills them with
+    its graph's tuned defaults, else the built-in ones (:meth:`with_defaults`).
+    """
+
+    k: int = DEFAULT_DRAFT_K
+    strategy: DraftStrategyName = "greedy"
+    attentive_mix: bool = True
+    order_bias: float | None = None
+    mix_temperature: float | None = None
+    reliability_weight: float | None = None
+    entropy_penalty: float | None = None
+    mixing: MixingName | None = None
+    escape_weight: float | None = None
+    overlay_weight: float = DEFAULT_OVERLAY_WEIGHT
+    tree_nodes: int = DEFAULT_TREE_NODES
+    draft_size: DraftSizeName = "cost"
+
+    @property
+    def drafts_tree(self) -> bool:
+        """Whether drafts are trees: tree_nodes > 0 (the overlay applies to chains and trees)."""
+        return self.tree_nodes > 0
+
+    @property
+    def effective_mixing(self) -> str:
+        """The mixing actually used: "backoff" when attentive_mix is off, else ``mixing``
+        (the built-in default mode while it is unset)."""
+        if not self.attentive_mix:
+            return "backoff"
+        return self.mixing or BUILTIN_TUNABLE_DEFAULTS["mixing"]
+
+    @property
+    def unset_fields(self) -> tuple[str, ...]:
+        """The mixing parameters this request left to the drafter's defaults."""
+        return tuple(name for name in TUNABLE_FIELDS if getattr(self, name) is None)
+
+    def with_defaults(self, graph_defaults: Mapping[str, Any] | None = None) -> DraftParams:
+        """Every unset mixing parameter filled: from graph_defaults (a graph's tuned values)
+        where they have it, else the built-in default. Explicit values are kept."""
+        unset = self.unset_fields
+        if not unset:
+            return self
+        graph_defaults = graph_defaults or {}
+        return replace(
+            self,
+            **{name: graph_defaults.get(name, BUILTIN_TUNABLE_DEFAULTS[name]) for name in unset},
+        )
+
+    @classmethod
+    def from_config(cls, config: DraftConfig) -> DraftParams:
+        """The config's values; its mixing parameters only where set explicitly (as arguments
+        or SPECULANT_DRAFT__* variables), else None (the graph's tuned or built-in default)."""
+        values = config.model_dump()
+        for name in TUNABLE_FIELDS:
+            if name not in config.model_fields_set:
+                values[name] = None
+        return cls(**values)
+
+    def validate(self) -> DraftParams:
+        """Raise InvalidArgumentError naming the first bad field; return self when valid."""
+        if not 1 <= self.k <= MAX_DRAFT_K:
+            raise InvalidArgumentError("k", f"must be in 1..{MAX_DRAFT_K}, got {self.k}")
+        if not 0 <= self.tree_nodes <= MAX_DRAFT_K:
+            raise InvalidArgumentError(
+                "tree_nodes", f"must be in 0..{MAX_DRAFT_K}, got {self.tree_nodes}"
+            )
+        if self.strategy not in ("greedy", "sampling"):
+            raise InvalidArgumentError(
+                "strategy", f"must be 'greedy' or 'sampling', got {self.strategy!r}"
+            )
+        top = MAX_MIXING_WEIGHT
+        for name in ("order_bias", "reliability_weight", "entropy_penalty"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= top:  # NaN fails too
+                raise InvalidArgumentError(name, f"must be a number in [0, {top:g}], got {value}")
+        if self.escape_weight is not None and not 0 < self.escape_weight <= top:
+            raise InvalidArgumentError(
+                "escape_weight", f"must be a number in (0, {top:g}], got {self.escape_weight}"
+            )
+        low = MIN_MIX_TEMPERATURE
+        if self.mix_temperature is not None and not low <= self.mix_temperature < float("inf"):
+            raise InvalidArgumentError(
+                "mix_temperature",
+                f"must be a finite number >= {low:g}, got {self.mix_temperature}",
+            )
+        if self.mixing is not None and self.mixing not in MIXING_MODES:
+            raise InvalidArgumentError(
+                "mixing", f"must be one of {', '.join(MIXING_MODES)}, got {self.mixing!r}"
+            )
+        if not 0 <= self.overlay_weight <= top:
+            raise InvalidArgumentError(
+                "overlay_weight", f"must be a number in [0, {top:g}], got {self.overlay_weight}"
+            )
+        if self.draft_size not in DRAFT_SIZES:
+            raise InvalidArgumentError(
+                "draft_size", f"must be one of {', '.join(DRAFT_SIZES)}, got {self.draft_size!r}"
+            )
+        return self

@@ -154,7 +154,7 @@ class GraphMeta:
     sources: list[dict[str, Any]] = field(default_factory=list)
     # Written by ``speculant tune --write``: {"params": {mixing parameter: value}, and how they
     # were measured}. The drafter uses tuned["params"] for every mixing parameter a request
-    # leaves unset (see speculant.draft_params.TUNABLE_FIELDS). Empty: the built-in defaults.
+    # leaves unset (see speculant.config.TUNABLE_FIELDS). Empty: the built-in defaults.
     tuned: dict[str, Any] = field(default_factory=dict)
     # Formats 2 and 3: the suffix index (speculant.suffix_index): stream_tokens (its length,
     # SEPs included), entries, frequent_min (the smallest range tabled), table_ranges, weighted

@@ -37,7 +37,7 @@ from typing import Any
 import lmdb
 import numpy as np
 
-from speculant.draft_params import TUNABLE_FIELDS, DraftParams
+from speculant.config import TUNABLE_FIELDS, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import (
     INDEXED_FORMATS,

@@ -1,13 +1,13 @@
 """Plain data passed between the drafter, the verifier and the coordinator (no gRPC inside):
-drafts, verification results and the services' reports. The request parameters live beside it:
-:mod:`speculant.draft_params` (drafting) and :mod:`speculant.sampling_controls` (making p).
+drafts, verification results and the services' reports. The request's parameters (drafting,
+and the sampling controls that make p) live in :mod:`speculant.config`.
 
 Terms used across the project:
 - *draft tokens*: the tokens the drafter proposes for the next positions, d_1..d_k.
 - *q*: the (sparse) distribution a draft token was drawn from by the drafter.
 - *p*: the target model's distribution at a position: its logits processed by the request's
   sampling controls (penalties, temperature, top_k / top_p / min_p: :class:`SamplingControls`
-  in :mod:`speculant.sampling_controls`), then softmax; plain softmax(logits / temperature) when
+  in :mod:`speculant.config`), then softmax; plain softmax(logits / temperature) when
   no control is set.
 - *accepted* tokens: the prefix of the draft that rejection sampling keeps.
 - *rejected*: the first draft token that is not kept; everything after it is discarded.

@@ -20,10 +20,9 @@ from dataclasses import asdict, fields, replace
 
 import numpy as np
 
+from speculant.config import DraftParams, SamplingControls, SessionOptions, check_top_logprobs
 from speculant.constraint import Constraint
-from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import SamplingControls, SessionOptions, check_top_logprobs
 from speculant.types import (
     DraftProposal,
     DraftTarget,
@@ -37,7 +36,7 @@ from speculant.types import (
 )
 from speculant.v1 import admin_pb2, common_pb2, draft_pb2, verifier_pb2
 
-# The draft strategy names of speculant.draft_params and their values in the proto enum
+# The draft strategy names of speculant.config and their values in the proto enum
 STRATEGY_TO_PROTO = {
     "greedy": common_pb2.DRAFT_STRATEGY_GREEDY,
     "sampling": common_pb2.DRAFT_STRATEGY_SAMPLING,

@@ -32,7 +32,7 @@ from transformers import (
 )
 
 from gateway.generation import GenerationRequest
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 
 PROMPT = "One day,"
 RUNS = 3000  # seeded runs per chi-square test (the acceptance asks >= 3,000)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from gateway.generation import GenerationRequest, GenerationResult, StreamChunk
 from gateway.rounds.coordinator import Coordinator
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.types import DraftProposal, ModelInfo, VerifyResult
 
 EOS = 2

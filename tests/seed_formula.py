@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from functools import partial
 
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from tests.draft_checks import as_dict
 from tests.fixtures.graphs import CORE_CHAINS
 

@@ -11,12 +11,16 @@ import pytest
 import torch
 
 from gateway.generation import GenerationRequest
-from speculant.config import DraftConfig, GenerationConfig, VerifierConfig
+from speculant.config import (
+    DraftConfig,
+    DraftParams,
+    GenerationConfig,
+    SessionOptions,
+    VerifierConfig,
+)
 from speculant.constraint import Constraint, json_schema_constraint
-from speculant.draft_params import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.grammar import ConstraintLogitsProcessor, grammars_for
-from speculant.sampling_controls import SessionOptions
 from speculant.types import DraftProposal
 from speculant.v1 import gateway_pb2
 from speculant.wire import constraint_to_pb

@@ -11,9 +11,9 @@ from transformers import AutoTokenizer
 
 from gateway.rounds.constrained import GRAMMAR, ConstrainedDrafts
 from gateway.rounds.draft_sizing import NodeFeatures, RequestSizer, SizingModel
+from speculant.config import DraftParams
 from speculant.constraint import Constraint, json_schema_constraint
 from speculant.cost_profile import CostProfile
-from speculant.draft_params import DraftParams
 from speculant.grammar import grammars_for
 from speculant.types import DraftProposal
 from tests.assets import STORIES_MODEL

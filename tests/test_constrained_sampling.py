@@ -18,10 +18,9 @@ import pytest
 import torch
 
 from gateway.generation import GenerationRequest
+from speculant.config import DraftParams, SamplingControls
 from speculant.constraint import Constraint
-from speculant.draft_params import DraftParams
 from speculant.grammar import ConstraintMatcher, grammars_for
-from speculant.sampling_controls import SamplingControls
 from tests.sampling_checks import PROMPT, RUNS, chi_square_p_value, processed_probs
 from verifier_service import sampling
 

@@ -8,8 +8,7 @@ import random
 
 import numpy as np
 
-from speculant.config import VerifierConfig
-from speculant.sampling_controls import SamplingControls, SessionOptions
+from speculant.config import SamplingControls, SessionOptions, VerifierConfig
 from speculant.types import SparseDistribution
 from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.test_batching import hold_first_batch, run_threads

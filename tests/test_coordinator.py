@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.generation import FinishReason, GenerationRequest, GenerationResult
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.errors import InvalidArgumentError, OutOfRangeError
 from tests.scripted_round import STORY, run, setup
 

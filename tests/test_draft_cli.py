@@ -17,7 +17,7 @@ from graph_factory import write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.drafts import FAST_RECONNECT
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.ports import free_port
 from tests.fixtures.graphs import CORE_CHAINS
 

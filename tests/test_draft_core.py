@@ -18,7 +18,7 @@ from scipy import stats
 
 from draft_service.drafting import Drafter
 from draft_service.mixing import order_weights
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_reader import NGramGraph
 from tests.draft_checks import as_dict
 from tests.graph_factory import write_graph

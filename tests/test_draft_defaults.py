@@ -58,7 +58,7 @@ def test_a_bad_default_is_one_usage_line(tinystories_graph):
 def test_the_servers_defaults_fill_unset_request_fields(services, tinystories_graph):
     from draft_service.server import start_server as start_draft
     from gateway.api.server import start_gateway
-    from speculant.draft_params import DraftParams
+    from speculant.config import DraftParams
 
     chains_of_3 = draft_defaults_from_args(
         parse(

@@ -13,8 +13,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from launcher.cli import _subparsers, build_parser
-from speculant.config import DraftConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DraftConfig, DraftParams
 from speculant.v1 import common_pb2, draft_pb2
 from speculant.wire import GATEWAY_SIDE_FIELDS
 

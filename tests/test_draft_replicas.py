@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from gateway.backends import REPLICA_HOLD_OFF_S, GrpcDraftClient, expand_addresses
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.health import wait_until_serving
 from speculant.ports import free_ports

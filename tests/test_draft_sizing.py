@@ -33,13 +33,13 @@ from gateway.rounds.draft_sizing import (
     _DraftCost,
     confidence_bin,
 )
+from speculant.config import DraftParams
 from speculant.cost_profile import (
     MAX_FORWARD_TOKENS,
     CostProfile,
     CostProfileError,
     verify_cost_profile,
 )
-from speculant.draft_params import DraftParams
 from speculant.types import DraftProposal, ModelInfo, VerifyResult
 from tests.scripted_round import EOS, OracleDrafter, ScriptedVerifier, run
 

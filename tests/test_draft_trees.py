@@ -16,8 +16,7 @@ from scipy.stats import chisquare
 
 import verifier_service.batching as batching_module
 from draft_service.tree import SAMPLED_TREE_WIDTH, TREE_WIDTH
-from speculant.config import DraftConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DraftConfig, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.types import DraftProposal
 from speculant.v1 import common_pb2, gateway_pb2

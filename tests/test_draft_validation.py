@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from draft_service.drafting import Drafter
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.errors import InvalidArgumentError
 from tests.fixtures.graphs import CORE_VOCAB
 from tests.seed_formula import SeedParams

@@ -15,7 +15,7 @@ from draft_service.catalog import GraphCatalog
 from draft_service.learning import Learning, LearningConfig
 from draft_service.server import start_server
 from speculant.auth import ClientTokens, check_admin_token, load_client_tokens
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from speculant.graph_catalog import CatalogFile, GraphSpec, parse_graph_specs
 from speculant.graph_format import GraphFormatError

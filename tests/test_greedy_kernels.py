@@ -15,8 +15,7 @@ from bench.drafts import make_contexts
 from draft_service.drafting import Drafter
 from draft_service.greedy_kernels import SHORT_LIST, CompiledDrafts, row_of, views_of
 from draft_service.learning import LiveLayer
-from speculant.config import LONG_CONTEXT
-from speculant.draft_params import DraftParams
+from speculant.config import LONG_CONTEXT, DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_reader import NGramGraph
 from speculant.suffix_index import table_row

@@ -11,8 +11,8 @@ import pytest
 
 from gateway.api.bodies import AddGraphBody, CompletionBody, SamplingFields, read_body
 from gateway.api.requests import parse_openai_request
+from speculant.config import SamplingControls
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import SamplingControls
 
 USER = {"role": "user", "content": "hi"}
 

@@ -24,7 +24,7 @@ from graph_factory import write_graph
 
 from draft_service.drafting import Drafter
 from draft_service.learning import LearnLog, LearnLogError, LiveLayer
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_reader import NGramGraph
 
 MAX_ORDER = 3

@@ -25,8 +25,7 @@ import torch
 from transformers import DynamicCache
 
 from gateway.generation import GenerationRequest, GenerationResult
-from speculant.draft_params import DraftParams
-from speculant.sampling_controls import SamplingControls
+from speculant.config import DraftParams, SamplingControls
 from speculant.v1 import common_pb2, gateway_pb2
 from tests.assets import load_dev_prompts
 from tests.sampling_checks import processed_log_probs

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from draft_service.drafting import Drafter
-from speculant.config import LONG_CONTEXT, DraftConfig
-from speculant.draft_params import DraftParams
+from speculant.config import LONG_CONTEXT, DraftConfig, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_format import tail_key
 from speculant.graph_reader import LONGEST_FROM, NGramGraph

@@ -13,8 +13,7 @@ import pytest
 
 from draft_service.drafting import Drafter
 from draft_service.mixing import witten_bell_weights
-from speculant.config import DraftConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DraftConfig, DraftParams
 from speculant.graph_reader import NGramGraph
 from tests.draft_checks import as_dict
 from tests.fixtures.graphs import CORE_CHAINS

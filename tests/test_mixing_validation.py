@@ -13,8 +13,7 @@ import pytest
 from draft_service.server import start_server
 from gateway.engine import RequestDefaults
 from gateway.generation import GenerationRequest
-from speculant.config import DraftConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DraftConfig, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.v1 import common_pb2, draft_pb2, draft_pb2_grpc
 from speculant.wire import draft_fields_from_pb, draft_params_from_pb

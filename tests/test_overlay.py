@@ -22,8 +22,7 @@ from draft_service.mixing import witten_bell_weights
 from draft_service.overlay import ContextIndex, ContextIndexCache, merge_order
 from gateway.engine import RequestDefaults
 from gateway.generation import GenerationRequest
-from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DEFAULT_OVERLAY_WEIGHT, DraftConfig, DraftParams
 from speculant.errors import InvalidArgumentError
 from speculant.graph_reader import NGramGraph
 from speculant.v1 import common_pb2, draft_pb2

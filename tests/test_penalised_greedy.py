@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForCausalLM
 
-from speculant.config import DraftConfig, GenerationConfig
-from speculant.sampling_controls import SamplingControls
+from speculant.config import DraftConfig, GenerationConfig, SamplingControls
 from speculant.v1 import common_pb2
 from tests.assets import STORIES_MODEL, load_dev_prompts
 from tests.exactness_checks import assert_drafts_served

@@ -14,8 +14,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from speculant.config import SamplingControls
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import SamplingControls
 from verifier_service.sampling import TargetProcessor, history_counts
 
 VOCAB = 64

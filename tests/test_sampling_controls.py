@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import pytest
 
-from speculant.draft_params import DraftParams
-from speculant.sampling_controls import SamplingControls
+from speculant.config import DraftParams, SamplingControls
 from speculant.v1 import common_pb2
 from tests.sampling_checks import (
     PairSample,

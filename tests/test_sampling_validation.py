@@ -10,10 +10,8 @@ import grpc
 import pytest
 
 from gateway.generation import GenerationRequest
-from speculant.config import GenerationConfig
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams, GenerationConfig, SamplingControls
 from speculant.errors import InvalidArgumentError
-from speculant.sampling_controls import SamplingControls
 from speculant.v1 import common_pb2, gateway_pb2
 
 NAN = math.nan

@@ -15,7 +15,7 @@ import torch
 from gateway import DraftConfig, SpeculativeDecoder, VerifierConfig
 from gateway.generation import GenerationRequest
 from gateway.launch.baseline import PlainDecoder
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.prompt_records import load_prompts
 from tests.assets import PYTHON_CORPUS, SMOLLM2_MODEL, needs
 

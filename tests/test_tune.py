@@ -17,7 +17,7 @@ from draft_service.drafting import Drafter
 from draft_service.servicer import DraftServicer
 from gateway.generation import GenerationRequest
 from launcher.cli import main
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 from speculant.graph_format import GraphFormatError
 from speculant.graph_manifest import DATA_FILE, verify_manifest, write_manifest
 from speculant.graph_reader import NGramGraph

@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 
-from speculant.draft_params import DraftParams
+from speculant.config import DraftParams
 
 VOCAB = 100
 

@@ -12,7 +12,7 @@ Terms:
   path, accepted or not yet decided).
 - *counts*: how often each vocabulary token occurs in a history, ``[rows, V]``.
 - *scores*: processed logits, ``[rows, V]`` float32, in Hugging Face ``generate``'s order (see
-  :class:`speculant.sampling_controls.SamplingControls`): penalties over the history, then the
+  :class:`speculant.config.SamplingControls`): penalties over the history, then the
   temperature and the warpers, removed tokens at -inf. At temperature > 0, p = softmax(scores); at
   temperature 0 the scores are the penalised logits and the emitted token is their argmax.
 
@@ -78,8 +78,8 @@ from dataclasses import dataclass
 
 import torch
 
+from speculant.config import SamplingControls
 from speculant.grammar import ConstraintMatcher
-from speculant.sampling_controls import SamplingControls
 from speculant.types import TokenLogprobs
 
 _FLOAT32_TINY = torch.finfo(torch.float32).tiny

@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from speculant.config import VerifierConfig
+from speculant.config import GREEDY, SessionOptions, VerifierConfig, check_top_logprobs
 from speculant.errors import (
     AlreadyExistsError,
     InvalidArgumentError,
@@ -65,7 +65,6 @@ from speculant.errors import (
     ResourceExhaustedError,
 )
 from speculant.grammar import ConstraintMatcher, Grammars, grammars_for
-from speculant.sampling_controls import GREEDY, SessionOptions, check_top_logprobs
 from speculant.tokenizer import tokenizer_fingerprint
 from speculant.types import (
     DraftProposal,

@@ -50,9 +50,9 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from speculant.config import MAX_TOP_LOGPROBS, SamplingControls
 from speculant.errors import InvalidArgumentError
 from speculant.graph_catalog import NO_GRAPH, check_graph_name
-from speculant.sampling_controls import MAX_TOP_LOGPROBS, SamplingControls
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # choices per request (prompts x n): each is a generation, a gateway slot

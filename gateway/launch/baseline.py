@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, PreTrainedModel
 
-from speculant.sampling_controls import SamplingControls
+from speculant.config import SamplingControls
 
 
 class OpenAIPenalties(LogitsProcessor):
     """OpenAI's presence and frequency penalties over the whole sequence (prompt included), as
-    the verifier applies them (see speculant.sampling_controls.SamplingControls); HF has no such
+    the verifier applies them (see speculant.config.SamplingControls); HF has no such
     processor."""
 
     def __init__(self, presence: float, frequency: float) -> None:

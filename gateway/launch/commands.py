@@ -40,7 +40,7 @@ def _error_status(exc: BaseException) -> int:
 
 
 # The sampling-control flags: (name, type, help); default None = the model's generation_config
-# value where it sets one, else off (see speculant.sampling_controls.SamplingControls).
+# value where it sets one, else off (see speculant.config.SamplingControls).
 SAMPLING_FLAGS = (
     ("top_k", int, "keep the k most likely tokens (0 = off)"),
     ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),

@@ -41,8 +41,8 @@ from gateway.interfaces import DraftSource, GenerationLearner, TargetVerifier
 from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
+from speculant.config import DraftParams
 from speculant.cost_profile import CostProfile, verify_cost_profile
-from speculant.draft_params import DraftParams
 from speculant.errors import OutOfRangeError
 from speculant.grammar import grammars_for
 from speculant.types import DraftProposal, VerifyResult

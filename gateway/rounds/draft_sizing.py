@@ -110,8 +110,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from speculant.config import DraftParams
 from speculant.cost_profile import CostProfile
-from speculant.draft_params import DraftParams
 from speculant.types import DraftProposal, VerifyResult
 
 # Upper edges of the confidence bins (the last bin is [0.99, 1]).
