@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from bench.options import options_from_args
+from bench.settings import options_from_args
 from builder.cli import add_corpus_args, builder_errors
 from distill.cli import add_source_args, budgets, distill_errors, positive
 from speculant.cli_errors import fail, usage_error
@@ -22,7 +22,7 @@ def register(
 ) -> None:
     """Add ``load`` and every ``speculant bench`` target."""
     from bench.generate_cli import register_bench
-    from bench.load_cli import register_load
+    from bench.load import register_load
 
     bench = bench_subparsers.add_parser(
         "draft", help="Propose latency in-process and over gRPC, time to SERVING, server RSS"
