@@ -3,10 +3,10 @@
 The model's continuations of max(budgets) prompts are generated once; for each budget b a copy
 of the graph gets the first b of them (in prompt order) appended, as ``speculant distill
 --generations b`` would. The model's greedy continuations of the held-out prompts are also
-computed once (:func:`bench.greedy_sim.prompt_traces`): at temperature 0 speculative decoding
+computed once (:func:`distill.replay.prompt_traces`): at temperature 0 speculative decoding
 outputs the model's greedy continuation whatever the drafts, so for each budget the rounds of
 greedy decoding with the default drafts (``DraftConfig``'s shape, the graph's mixing defaults,
-learning off: tau of the graph alone) are replayed against them (:mod:`bench.greedy_sim`:
+learning off: tau of the graph alone) are replayed against them (:mod:`distill.replay`:
 exact, no model call), with every drafted token verified: tau under a flat cost profile, the
 figure that carries to a GPU (there a forward over the draft costs about one over a token).
 
@@ -34,10 +34,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.greedy_sim import GreedyTrace, SimResult, prompt_traces, simulate, verify_all
-from bench.replay_report import every_8, kind_labels, kinds_in, replayed_drafts
 from bench.settings import DEMO_PROMPTS, SHARED_DEV_PROMPTS
 from distill.generation import Generation
+from distill.replay import (
+    GreedyTrace,
+    SimResult,
+    every_8,
+    kind_labels,
+    kinds_in,
+    prompt_traces,
+    replayed_drafts,
+    simulate,
+    verify_all,
+)
 from distill.run import append_generations, continuations, prepare
 from speculant.cli_errors import EXIT_USAGE, CommandError
 from speculant.config import DraftParams

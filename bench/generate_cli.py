@@ -12,9 +12,8 @@ from typing import Any
 
 from bench import cost, cost_projection
 from bench.constrained import UNCONSTRAINED_ONLY, check_systems
-from bench.cost_cli import add_cost_options, cost_settings_from_args, register_cost
+from bench.cost import add_cost_options, cost_settings_from_args, register_cost
 from bench.generate import run_benchmark
-from bench.options import options_from_args
 from bench.plot import PlotUnavailable, require_matplotlib, write_plot
 from bench.report import format_footer, format_table
 from bench.round_breakdown import format_round_table
@@ -29,6 +28,7 @@ from bench.settings import (
     BenchSettings,
     default_prompts_path,
     load_prompts,
+    options_from_args,
 )
 from gateway.launch.cli import add_sampling_arguments
 from gateway.launch.commands import check_verify_cost, sampling_options

@@ -1,12 +1,13 @@
 """What a `speculant bench generate` run measures: its settings, the systems and variants, the
-prompts, and one record per generation."""
+prompts, and one record per generation; and how a benchmark's options come from its flags."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from speculant.config import DraftConfig
 from speculant.prompt_records import PromptRecord, PromptsError
@@ -18,6 +19,18 @@ DEMO_PROMPTS = ROOT / "demo" / "prompts.jsonl"
 SYSTEMS = ("hf", "hf-lookup", "plain", "embedded", "services")
 SERVICES_AS = ("bench", "up", "serve")
 RPC_TIMEOUT_S = 600.0
+T = TypeVar("T")  # a benchmark's options dataclass
+
+
+def options_from_args(options: type[T], args: argparse.Namespace, **given: object) -> T:
+    """A benchmark's options dataclass: each field from the flag of its name (json_out from
+    --json), unless given; a field without a flag keeps its default."""
+    values = dict(given)
+    for option in fields(options):  # type: ignore[arg-type]
+        flag = "json" if option.name == "json_out" else option.name
+        if option.name not in values and hasattr(args, flag):
+            values[option.name] = getattr(args, flag)
+    return options(**values)
 
 
 def default_prompts_path() -> Path:

@@ -5,13 +5,17 @@ prompts (corpus document prefixes, or a prompts file), lets the target model con
 batched, and appends the continuations to the graph as ``speculant build --append`` adds a corpus
 (a new version, atomic, locked, hot-reloaded by draft services). Only the continuations' n-grams
 are counted (their contexts may reach into the prompt), and the graph's meta records what was
-distilled (model fingerprint, generations, tokens, temperature, prompt source).
+distilled (model fingerprint, generations, tokens, temperature, prompt source). ``speculant
+tune`` fits the graph's mixing parameters to the same model, by replaying greedy speculative
+decoding against its continuations.
 
 Modules: :mod:`distill.options` (the job's options and their checks), :mod:`distill.prompts`
-(where prompts come from), :mod:`distill.prompt_source` (which prompts a job sends),
-:mod:`distill.generation` (batched continuations with Hugging Face ``generate``),
-:mod:`distill.progress` (progress bar or log lines), :mod:`distill.run` (the whole job),
-:mod:`distill.cli` (the commands ``distill`` and ``bench distill``).
+(where prompts come from), :mod:`distill.generation` (batched continuations with Hugging Face
+``generate``, under a prompt's constraint), :mod:`distill.progress` (progress bar or log lines),
+:mod:`distill.run` (the whole job, and which prompts it sends), :mod:`distill.cli` (the command
+``distill``; ``bench distill`` stands on its flags), :mod:`distill.replay` (greedy speculative
+decoding replayed against the model's continuations), :mod:`distill.tune` (the command
+``tune``).
 """
 
 from importlib import import_module

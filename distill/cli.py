@@ -1,4 +1,5 @@
-"""The ``speculant distill`` command (``speculant bench distill`` is in :mod:`bench.cli`).
+"""The ``speculant distill`` command (``speculant tune`` is :mod:`distill.tune`, ``speculant bench
+distill`` is in :mod:`bench.cli`).
 
 - ``speculant distill --graph G --model M [--corpus PATH... | --prompts FILE.jsonl]
   [--doc-separator S] [--text-field F] [--corpus-prompts auto|prefixes|passages]

@@ -55,7 +55,7 @@ class DistillOptions:
     progress: bool | None = None  # None: a bar on a terminal, else log lines; False: neither
     progress_seconds: float = defaults.PROGRESS_SECONDS  # between two progress log lines
     # a prompt record's response_format / tools: its continuation is generated under that
-    # constraint (distill.constrained); off: every continuation is free text
+    # constraint (distill.generation); off: every continuation is free text
     constraints: bool = defaults.CONSTRAINTS
 
     def validate(self) -> DistillOptions:

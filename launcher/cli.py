@@ -106,6 +106,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     from bench import cli as bench_cli
     from builder import cli as builder_cli
     from distill import cli as distill_cli
+    from distill import tune as distill_tune
     from draft_service import cli as draft_cli
     from gateway.launch import cli as gateway_cli
     from gateway.launch.up import register_up
@@ -116,6 +117,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         module.register(subparsers)
     register_up(subparsers)
     register_demo(subparsers)
+    distill_tune.register(subparsers)
     bench_cli.register(subparsers, bench_subparsers)
     return _finish(parser)
 

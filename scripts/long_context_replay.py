@@ -1,5 +1,5 @@
 """tau (tokens per verifier forward, over all tokens) of the default drafts with and without long
-context, by greedy replay (bench/greedy_sim.py: every drafted token verified, a flat cost, as
+context, by greedy replay (distill/replay.py: every drafted token verified, a flat cost, as
 `speculant tune` scores) against the model's greedy continuations of the prompts.
 
     .venv/bin/python scripts/long_context_replay.py GRAPH MODEL PROMPTS.jsonl \\
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.greedy_sim import GreedyTrace, prompt_traces, simulate_all, verify_all
+from distill.replay import GreedyTrace, prompt_traces, simulate_all, verify_all
 from draft_service.drafting import Drafter
 from speculant import graph_reader
 from speculant.config import DraftConfig, DraftParams, VerifierConfig

@@ -12,8 +12,14 @@ import sys
 
 import pytest
 
-from bench.cost import CostSettings, format_cost_table, load_cost_model, run_cost
-from bench.cost_cli import cost_settings_from_args, parse_counts
+from bench.cost import (
+    CostSettings,
+    cost_settings_from_args,
+    format_cost_table,
+    load_cost_model,
+    parse_counts,
+    run_cost,
+)
 from bench.cost_projection import cost_at, format_projection, project_all
 from bench.generate import rotated, run_benchmark
 from bench.generate_cli import settings_from_args

@@ -32,9 +32,8 @@ from builder.errors import BuildError
 from builder.info import distilled_line
 from distill.options import DistillOptions, OptionsError
 from distill.progress import Progress
-from distill.prompt_source import prompt_kind
 from distill.prompts import PASSAGE_TEMPLATES, corpus_passages, file_prompts
-from distill.run import continuations, distill_graph, prepare
+from distill.run import continuations, distill_graph, prepare, prompt_kind
 from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder
 from gateway.launch.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta

@@ -1,5 +1,5 @@
 """`speculant distill --prompts` with constrained records (response_format, tools): each
-continuation is generated under its record's constraint (distill.constrained), rows with and
+continuation is generated under its record's constraint (distill.generation), rows with and
 without one batched together; --constraints off generates free text; a constraint that does not
 compile is refused in one line before any generation."""
 

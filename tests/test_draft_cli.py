@@ -18,10 +18,26 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.drafts import FAST_RECONNECT
 from speculant.config import DraftParams
+from speculant.graph_manifest import DATA_FILE
 from speculant.ports import free_port
 from tests.fixtures.graphs import CORE_CHAINS
 
 SPECULANT = [sys.executable, "-m", "launcher.cli"]
+
+
+def graph_private_dirty(pid: int, file_name: str = DATA_FILE) -> int:
+    """Private_Dirty bytes of the process's mappings of `file_name` (from /proc/PID/smaps): a
+    per-process copy of the graph's pages, which must be 0 (the graph is mapped shared)."""
+    dirty = 0
+    in_mapping = False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if not first.endswith(":"):  # a mapping header: "start-end perms offset dev inode path"
+                in_mapping = line.rstrip().endswith("/" + file_name)
+            elif in_mapping and first == "Private_Dirty:":
+                dirty += int(line.split()[1]) * 1024  # "Private_Dirty:  12 kB"
+    return dirty
 
 
 def run_serve(graph: Path) -> subprocess.CompletedProcess:
@@ -76,6 +92,9 @@ def test_serve_draft_serves_then_stops_on_sigterm(core_graph_dir: Path) -> None:
                 time.sleep(0.01)
         # The target is 1 s on an idle machine (see `speculant bench draft`); be lenient here.
         assert time.perf_counter() - started < 10
+        # The graph is mapped read-only and shared: its pages are the page cache's, one copy
+        # for every draft process, and this one holds no private copy of them.
+        assert graph_private_dirty(proc.pid) == 0
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=20)
     finally:
@@ -116,47 +135,15 @@ def test_bench_draft_refuses_a_bad_graph(tmp_path: Path) -> None:
     assert "graph not found" in result.stderr
 
 
-def test_bench_draft_tier_runs_each_process_count(core_graph_dir: Path, tmp_path: Path) -> None:
-    out = tmp_path / "tier.json"
-    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(core_graph_dir), "--processes", "1,2"]
-    cmd += ["--clients", "2", "--seconds", "0.5", "--k", "4", "--json", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=180, check=False)
-    assert result.returncode == 0, result.stderr
-    figures = json.loads(out.read_text())
-    assert [run["processes"] for run in figures["runs"]] == [1, 2]
-    for run in figures["runs"]:
-        assert run["calls"] > 0 and run["calls_per_s"] > 0
-        assert run["p99_ms"] >= run["p50_ms"] > 0
-        assert len(run["server_memory"]) == run["processes"]
-        # Every process maps the one graph file shared and read-only: no private copy of it.
-        assert all(m["graph_private_dirty"] == 0 and m["uss"] > 0 for m in run["server_memory"])
-    assert figures["runs"][0]["throughput_vs_first"] == 1.0
-
-
-def test_graph_mapping_dirty_bytes_counts_only_the_named_file(tmp_path: Path) -> None:
+def test_graph_private_dirty_counts_only_the_named_file(tmp_path: Path) -> None:
     import mmap
-
-    from bench.tier import graph_mapping_dirty_bytes
 
     data = tmp_path / "data.mdb"
     data.write_bytes(b"\0" * 65536)
     with data.open("r+b") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE) as private:
-        assert graph_mapping_dirty_bytes(os.getpid()) == 0
+        assert graph_private_dirty(os.getpid()) == 0
         private[:8192] = b"x" * 8192  # copy-on-write: two private dirty pages
-        assert graph_mapping_dirty_bytes(os.getpid()) == 8192
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "message"),
-    [("--processes", "0,2", "--processes must be"), ("--seconds", "0", "--seconds must be")],
-)
-def test_bench_draft_tier_refuses_bad_numbers(
-    core_graph_dir: Path, flag: str, value: str, message: str
-) -> None:
-    cmd = [*SPECULANT, "bench", "draft-tier", "--graph", str(core_graph_dir), flag, value]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2
-    assert message in result.stderr and "Traceback" not in result.stderr
+        assert graph_private_dirty(os.getpid()) == 8192
 
 
 # -- a real graph (built by builder.GraphBuilder from tinystories) -----------------------------

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.greedy_sim import GreedyTrace, simulate, verify_all
 from builder.meta_update import update_meta
+from distill.replay import GreedyTrace, simulate, verify_all
 from draft_service.drafting import Drafter
 from draft_service.servicer import DraftServicer
 from gateway.generation import GenerationRequest
@@ -278,11 +278,11 @@ def test_tune_takes_chat_records_and_reports_every_figure_per_kind(
 ):
     from transformers import AutoTokenizer
 
-    import bench.tune
+    import distill.tune
 
     model = write_chat_model(tmp_path / "chat-model")
     records = write_chat_prompts(tmp_path / "chat.jsonl", 4)
-    seen = spy_on_traces(monkeypatch, bench.tune)
+    seen = spy_on_traces(monkeypatch, distill.tune)
     out = tmp_path / "tune.json"
     argv = ["tune", "--graph", str(tinystories_graph), "--model", str(model)]
     argv += ["--prompts", str(tmp_path / "chat.jsonl"), "--max-prompts", "4", "--max-tokens", "8"]

@@ -1,5 +1,6 @@
 """Replaying speculative decoding at temperature 0 without the model: drafts against a known
-greedy continuation.
+greedy continuation, for ``speculant tune`` (:mod:`distill.tune`) and ``speculant bench
+distill``, and what both report alike of their replays.
 
 At temperature 0 the verifier accepts a draft token exactly when it is the model's argmax, so
 the output of speculative decoding is the model's greedy continuation whatever is drafted, and
@@ -22,20 +23,21 @@ then cost what the model's cost profile says (``flat``: every forward the same) 
 what the drafter really took; otherwise :func:`verify_all` gives the params replayed.
 
 Terms: *tau* = generated tokens / verifier forwards (the prefill included); *acceptance* =
-accepted / drafted; *wasted* = drafted - accepted.
+accepted / drafted; *wasted* = drafted - accepted. A prompt record's *kind* is its optional
+``kind`` field (:mod:`speculant.prompt_records`); its *label* is the group it is counted in.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from draft_service.drafting import Drafter
 from gateway.rounds.draft_sizing import SizingModel
 from speculant.config import DraftParams, SamplingControls
 from speculant.errors import InvalidArgumentError
-from speculant.prompt_records import PromptRecord
+from speculant.prompt_records import PromptRecord, kinds_of
 from speculant.types import DraftProposal, VerifyResult
 
 
@@ -176,16 +178,10 @@ def _observe(
     sizer.observe(drafted if k > 0 else None, proposal, outcome, start, context, timings)
 
 
-def accepted_length(proposal: DraftProposal, continuation: Sequence[int]) -> int:
-    """How many draft tokens the verifier accepts at temperature 0 when the model's greedy
-    continuation is `continuation`: the longest chain prefix, or the longest root path of a
-    tree, that matches it."""
-    return len(accepted_nodes(proposal, continuation))
-
-
 def accepted_nodes(proposal: DraftProposal, continuation: Sequence[int]) -> list[int]:
-    """The indices of the draft tokens the verifier accepts at temperature 0 (see
-    :func:`accepted_length`): a chain's prefix, or a tree's path from the root."""
+    """The indices of the draft tokens the verifier accepts at temperature 0 when the model's
+    greedy continuation is `continuation`: the longest chain prefix, or the longest root path
+    of a tree, that matches it."""
     tokens = proposal.token_ids
     if not proposal.parents:
         accepted = 0
@@ -231,9 +227,7 @@ def simulate_all(
 def verify_all(params: DraftParams) -> DraftParams:
     """params with every drafted token verified (draft_size "fixed"): the rounds
     :func:`simulate` replays."""
-    if "draft_size" in {f.name for f in fields(DraftParams)}:
-        return replace(params, draft_size="fixed")
-    return params
+    return replace(params, draft_size="fixed")
 
 
 def greedy_traces(
@@ -318,3 +312,40 @@ def prompt_traces(
     return greedy_traces(
         loaded.model, loaded.eos_token_ids, ids, max_tokens, loaded.max_context, progress
     )
+
+
+NO_KIND = "(none)"  # the group of records without a kind, when others have one
+
+
+def kind_labels(prompts: Sequence[PromptRecord]) -> list[str]:
+    """Each prompt's group for the per-kind figures: "" for all when no record has a kind,
+    else its kind (NO_KIND for a record without one)."""
+    if not kinds_of(prompts):
+        return ["" for _ in prompts]
+    return [prompt.kind or NO_KIND for prompt in prompts]
+
+
+def kinds_in(labels: Sequence[str]) -> list[str]:
+    """The groups among labels, in the order first seen (none when no record has a kind)."""
+    return list(dict.fromkeys(label for label in labels if label))
+
+
+def replayed_drafts(params: DraftParams) -> dict[str, Any]:
+    """The drafts of replays with every drafted token verified, as reports record them."""
+    return {
+        "k": params.k,
+        "tree_nodes": params.tree_nodes,
+        "overlay_weight": params.overlay_weight,
+        "verified": "every drafted token (a flat cost profile)",
+    }
+
+
+def every_8(say: Callable[[str], None], what: str) -> Callable[[int, int], None]:
+    """A progress(done, total) for :func:`greedy_traces` that says
+    "what: done/total" after every 8th prompt and the last."""
+
+    def report(done: int, total: int) -> None:
+        if done % 8 == 0 or done == total:
+            say(f"{what}: {done}/{total}")
+
+    return report
