@@ -161,12 +161,12 @@ class InProcessSystems:
     def warm_up_learning(self, variant: Variant, prompts: list[list[int]], seed: int) -> None:
         """Generate the warm-up prompts through the variant, its live layer learning each."""
         coordinator = self.coordinator(variant)
-        coordinator.learner = self.live_layer(variant.graph)
+        coordinator.learn = self.live_layer(variant.graph).learn
         try:
             for i, ids in enumerate(prompts):
                 coordinator.generate(self.request(ids, seed + i))
         finally:
-            coordinator.learner = None  # paused while measuring
+            coordinator.learn = None  # paused while measuring
 
     @property
     def tokenizer(self) -> Any:

@@ -45,6 +45,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from typing import Any
 
 import grpc
@@ -243,17 +244,6 @@ class NoDrafts:
         pass
 
 
-@dataclass(frozen=True)
-class _TargetedLearner:
-    """A TierLearner bound to one request's graph and tenant (the coordinator's learner)."""
-
-    learner: TierLearner
-    target: DraftTarget
-
-    def learn(self, token_ids: Sequence[int]) -> object:
-        return self.learner.learn(token_ids, self.target)
-
-
 class GenerationEngine:
     """Validate, tokenize and run generations over remote backends, at most max_concurrent
     at once."""
@@ -345,13 +335,13 @@ class GenerationEngine:
                 prepared = self.defaults.prepare(request, coordinator.tokenizer, self._limits())
                 target = DraftTarget(self._served_graph(request.graph), request.tenant)
                 drafter = self.drafter.bind(target) if self._graph is not None else NoDrafts()
-                learner = None if self.learner is None else _TargetedLearner(self.learner, target)
+                learn = None if self.learner is None else partial(self.learner.learn, target=target)
                 try:
                     for item in coordinator.stream(
                         prepared,
                         cancelled=cancelled,
                         drafter=drafter,
-                        learner=learner,
+                        learn=learn,
                         graph=self._sizing_key(target.graph),
                     ):
                         if isinstance(item, GenerationResult):
@@ -473,7 +463,7 @@ class GenerationEngine:
             else f"graph of order {graph.max_order}",
             info.tokenizer_name,
         )
-        learner = None if self.learner is None else _TargetedLearner(self.learner, DraftTarget())
+        learn = None if self.learner is None else partial(self.learner.learn, target=DraftTarget())
         return Coordinator(
             # the default graph's; each request of generate() drafts with its own target's
             self.drafter if graph is not None else NoDrafts(),
@@ -482,7 +472,7 @@ class GenerationEngine:
             draft_context_window=(
                 _context_window(graph, self._graph_names) if graph is not None else 1
             ),
-            learner=learner,
+            learn=learn,
             verify_cost=(
                 self.verify_cost
                 if isinstance(self.verify_cost, CostProfile)

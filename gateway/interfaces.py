@@ -7,7 +7,8 @@ logic runs in one process or across services.
 The engine (gateway.engine) drives them as a draft tier and a verifier it can check
 (RemoteDraftTier, RemoteVerifier: the gRPC clients, or the in-process ones wrapped by
 gateway.embedded); a draft tier binds each request's graph and tenant (RequestDrafter), and
-TierLearner / GenerationLearner are what learn from finished generations.
+a TierLearner learns from finished generations (the coordinator gets its learn, bound to
+the request's target).
 """
 
 from __future__ import annotations
@@ -109,16 +110,6 @@ class RemoteVerifier(TargetVerifier, Protocol):
 
     def forget_info(self) -> None:
         """Drop the cached model info (asked again on next use, e.g. after a restart)."""
-        ...
-
-
-class GenerationLearner(Protocol):
-    """Learns from finished generations (the coordinator's): a live layer
-    (draft_service.learning), or the engine's TierLearner bound to a request's target. Best
-    effort and quick: it never raises into the request and never waits for the network."""
-
-    def learn(self, token_ids: Sequence[int]) -> object:
-        """Take one finished generation's tokens: the prompt's, then the output's."""
         ...
 
 

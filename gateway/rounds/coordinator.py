@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -37,7 +37,7 @@ from gateway.generation import (
     GenerationStats,
     StreamChunk,
 )
-from gateway.interfaces import DraftSource, GenerationLearner, TargetVerifier
+from gateway.interfaces import DraftSource, TargetVerifier
 from gateway.rounds.constrained import ConstrainedDrafts
 from gateway.rounds.draft_sizing import RequestSizer, SizingModel
 from gateway.rounds.output import OutputBuffer
@@ -48,6 +48,9 @@ from speculant.grammar import grammars_for
 from speculant.types import DraftProposal, VerifyResult
 
 log = logging.getLogger(__name__)
+
+# Learning from a finished generation: called with its tokens, the prompt's then the output's.
+Learn = Callable[[Sequence[int]], object]
 
 T = TypeVar("T")
 
@@ -107,7 +110,7 @@ class _Run:
     sizer: RequestSizer | None
     constrained: ConstrainedDrafts | None  # with a constraint: its drafting
     drafter: DraftSource  # this request's (bound to its graph and tenant by the engine)
-    learner: GenerationLearner | None  # gets the finished generation
+    learn: Learn | None  # gets the finished generation's tokens
     prefilled: bool = False  # the verifier holds a session to release
     context: list[int] = field(default_factory=list)  # prompt and output so far
 
@@ -122,7 +125,7 @@ class Coordinator:
         tokenizer: PreTrainedTokenizerBase,
         *,
         draft_context_window: int = 16,
-        learner: GenerationLearner | None = None,
+        learn: Learn | None = None,
         verify_cost: CostProfile | None = None,
         constrained_drafts: bool = True,
     ) -> None:
@@ -133,15 +136,16 @@ class Coordinator:
         coordinator adds what its Verify calls cost beyond it, as it measures them); None: the
         verifier's profile as its info reports it (flat when it reports none).
 
-        learner: gets each finished generation's tokens (prompt and output), so that the
-        drafter learns from what it served (gateway.interfaces.GenerationLearner; None: off).
+        learn: called with each finished generation's tokens (prompt and output), so that the
+        drafter learns from what it served (best effort and quick: it must not wait for the
+        network; None: off).
 
         constrained_drafts: drafts know a request's constraint (gateway.rounds.constrained);
         False: it only masks what the verifier emits (with no drafter: plain constrained
         decoding, one token per forward).
         """
         self.drafter = drafter
-        self.learner = learner
+        self.learn = learn
         self.verifier = verifier
         self.tokenizer = tokenizer
         self.draft_context_window = draft_context_window
@@ -167,13 +171,13 @@ class Coordinator:
         *,
         cancelled: Callable[[], bool] | None = None,
         drafter: DraftSource | None = None,
-        learner: GenerationLearner | None = None,
+        learn: Learn | None = None,
         graph: str = "",
     ) -> Iterator[StreamChunk | GenerationResult]:
         """Yield StreamChunks as tokens are accepted, then one GenerationResult.
 
         cancelled: polled between rounds; when it returns True the rounds stop and the
-        verifier session is released. drafter, learner: this request's (None: the
+        verifier session is released. drafter, learn: this request's (None: the
         coordinator's), e.g. a draft tier bound to the request's graph and tenant. graph: the
         graph it drafts from, whose requests size drafts together ("": the default).
         """
@@ -194,7 +198,7 @@ class Coordinator:
             sizer=self._sizer(request.draft, graph),
             constrained=self._constrained(request),  # compiled before any verifier work
             drafter=drafter or self.drafter,
-            learner=learner or self.learner,
+            learn=learn or self.learn,
         )
         try:
             if run.output.finish_reason is None:
@@ -311,7 +315,7 @@ class Coordinator:
         final_chunk = output.take_chunk()
         if final_chunk.token_ids or final_chunk.text_delta:
             yield final_chunk
-        self._learn(run.learner, run.request.prompt_ids, output.token_ids)
+        self._learn(run.learn, run.request.prompt_ids, output.token_ids)
         yield GenerationResult(
             output.text, output.token_ids, output.finish_reason, stats, output.logprobs
         )
@@ -357,14 +361,12 @@ class Coordinator:
         return proposal
 
     @staticmethod
-    def _learn(
-        learner: GenerationLearner | None, prompt_ids: list[int], output_ids: list[int]
-    ) -> None:
-        """Hand a finished generation to the learner; a failure is logged, never raised."""
-        if learner is None or not output_ids:
+    def _learn(learn: Learn | None, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Hand a finished generation to learn; a failure is logged, never raised."""
+        if learn is None or not output_ids:
             return
         try:
-            learner.learn(prompt_ids + output_ids)
+            learn(prompt_ids + output_ids)
         except Exception as exc:  # learning is an optimisation, like drafting
             log.warning("could not learn from the generation: %s", exc)
 
