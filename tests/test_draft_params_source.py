@@ -158,7 +158,13 @@ def test_the_sampling_controls_are_declared_once():
         - GENERATION_ONLY,
     }
     assert not _differ(declared, places), f"sampling controls differ: {_differ(declared, places)}"
-    for name in declared:  # and with the declared type on the wire
+    comments = _field_comments("common.proto", "SamplingControls")
+    for name, control in SAMPLING_CONTROLS.items():  # the declared type, bounds and off value
         double = wire[name].type == FieldDescriptor.TYPE_DOUBLE
-        assert SAMPLING_CONTROLS[name].kind is (float if double else int), name
+        assert control.kind is (float if double else int), name
         assert wire[name].has_presence, f"{name}: unset must read as unset on the wire"
+        if stated := re.search(r"\[([-\d.]+), ([-\d.]+)\]", comments[name]):
+            bounds = (control.bounds.get("ge"), control.bounds.get("le"))
+            assert tuple(map(float, stated.groups())) == bounds, f"common.proto {name}: {stated[0]}"
+        if off := re.search(r"([\d.]+) = off", comments[name]):
+            assert float(off[1]) == control.off, f"common.proto {name}: says {off[0]}"
