@@ -46,7 +46,7 @@ def table(name: str) -> str:
     """The markdown table of the settings model `name`: setting, default, range, meaning."""
     rows = ["| setting | default | range | meaning |", "|---|---|---|---|"]
     for field, info in MODELS[name].model_fields.items():
-        default = info.default_factory() if info.default_factory else info.default  # type: ignore[call-arg]
+        default = info.default_factory() if info.default_factory else info.default
         meaning = str(info.description).replace("|", r"\|")  # a bar would end the cell
         control = SAMPLING_CONTROLS.get(field)  # its range declared by SamplingControls
         bounds = control.range if control else setting_range(info)
@@ -79,6 +79,9 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when the page differs")
     args = parser.parse_args()
     text = DOC.read_text(encoding="utf-8")
+    if missing := set(TABLES) - {m[2] for m in BLOCK.finditer(text)}:
+        print(f"{DOC.relative_to(ROOT)} lacks the marked tables {sorted(missing)}")
+        return 1
     if rendered(text) == text:
         return 0
     if args.check:
