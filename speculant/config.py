@@ -9,9 +9,10 @@ and the services' settings built from them.
   variables. Each model reads its own prefix (``SPECULANT_DRAFT__K=10`` sets
   ``DraftConfig().k``), and :class:`SpeculantSettings` nests them all with prefix
   ``SPECULANT_`` and delimiter ``__``, so the same variable works both ways. Explicit
-  constructor arguments win over the environment. :class:`DraftConfig` declares the drafting
-  fields (type, bound, default, help); :class:`GenerationConfig`'s sampling fields are
-  SamplingControls'.
+  constructor arguments win over the environment. Each field declares its type, bounds, default
+  and one-line help (``description``), which the flags and docs/configuration.md (rendered by
+  scripts/config_table.py) read; :class:`GenerationConfig`'s sampling fields are
+  SamplingControls', declared there with their bounds and help.
 - Drafting parameters (:class:`DraftParams`): one request's, derived from DraftConfig's fields,
   with the names and defaults they use. Terms (draft tokens, q) are defined in
   :mod:`speculant.types`. The mixing parameters a graph may carry tuned defaults for are
@@ -21,55 +22,82 @@ and the services' settings built from them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, get_type_hints
+from dataclasses import dataclass, field, fields, replace
+from types import NoneType
+from typing import Any, Literal, NamedTuple, get_args, get_origin, get_type_hints
 
 from pydantic import Field, create_model
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from speculant.constraint import Constraint
 from speculant.errors import InvalidArgumentError
 
 MAX_TOP_LOGPROBS = 20  # most alternatives a request may ask for with each token's logprob
-MAX_ABS_OPENAI_PENALTY = 2.0  # presence_penalty and frequency_penalty are in [-2, 2]
-# repetition_penalty's range: a logit divided by a tinier one could overflow float32
-MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 0.01, 100.0
 
-# The sampling controls, and the value of each that turns it off.
-SAMPLING_CONTROLS_OFF: dict[str, float] = {
-    "top_k": 0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-}
+
+def _control(off: float, help: str, **bounds: float) -> Any:
+    """A sampling control's declaration: unset (None) by default, the value that turns it off,
+    its one-line help and its bounds (pydantic's names: ge, gt, le)."""
+    return field(default=None, metadata={"off": off, "help": help, "bounds": bounds})
+
+
+def _admits(kind: type, bounds: Mapping[str, float], value: float) -> bool:
+    """Whether value is within bounds (pydantic's ge, gt, le), finite, and whole for an int."""
+    above = value >= bounds["ge"] if "ge" in bounds else value > bounds.get("gt", -math.inf)
+    whole = kind is not int or float(value).is_integer()
+    return above and value <= bounds.get("le", math.inf) and not math.isinf(value) and whole
+
+
+def _range(kind: type, bounds: Mapping[str, float]) -> str:
+    """The values bounds admit, e.g. "in 1..64", "an integer >= 0", "a number in (0, 1]"."""
+    what = "an integer" if kind is int else "a number"
+    low, high = bounds.get("ge", bounds.get("gt")), bounds.get("le")
+    if kind is int and "ge" in bounds and high is not None:
+        return f"in {low}..{high}"
+    if high is None:
+        return f"{what} {'>=' if 'ge' in bounds else '>'} {low:g}"
+    return f"{what} in {'[' if 'ge' in bounds else '('}{low:g}, {high:g}]"
 
 
 @dataclass(frozen=True)
 class SamplingControls:
     """How p is made from the target's logits at each position, beside the temperature.
 
-    Applied in Hugging Face ``generate``'s order: ``repetition_penalty`` (HF's: a logit l of a
-    token that occurred becomes l / penalty if l > 0 else l * penalty; in [0.01, 100], 1 =
-    off), then OpenAI's ``presence_penalty`` / ``frequency_penalty`` (l -= presence * [count > 0] +
-    frequency * count; in [-2, 2], 0 = off), then the temperature, ``top_k`` (keep the k most
-    likely; 0 = off), ``top_p`` (keep the smallest most-likely set with mass >= top_p; in (0,
-    1], 1 = off) and ``min_p`` (drop tokens below min_p * the largest probability; in [0, 1],
-    0 = off). Occurrences count the prompt and every token before the position.
-    Temperature 0 (greedy) takes the argmax of the penalised logits.
+    Applied in Hugging Face ``generate``'s order: ``repetition_penalty``, then OpenAI's
+    ``presence_penalty`` / ``frequency_penalty``, then the temperature, ``top_k``, ``top_p`` and
+    ``min_p``. Occurrences count the prompt and every token before the position. Temperature 0
+    (greedy) takes the argmax of the penalised logits. Each field declares its help, its bounds
+    and the value that turns it off (read as :data:`SAMPLING_CONTROLS`: by validation, the
+    flags, GenerationConfig and docs/configuration.md).
 
     None: the model's own default (its generation_config.json) where it sets one, else off
     (see :meth:`resolved`).
     """
 
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    top_k: int | None = _control(0, "keep the k most likely tokens", ge=0)
+    top_p: float | None = _control(
+        1.0, "nucleus: keep the smallest most-likely set with mass >= top_p", gt=0.0, le=1.0
+    )
+    min_p: float | None = _control(
+        0.0, "drop tokens below min_p times the largest probability", ge=0.0, le=1.0
+    )
+    # the bounds: a logit divided by a tinier penalty could overflow float32
+    repetition_penalty: float | None = _control(
+        1.0,
+        "Hugging Face's: the logit l of a token that occurred becomes l / penalty if l > 0, "
+        "else l * penalty",
+        ge=0.01,
+        le=100.0,
+    )
+    presence_penalty: float | None = _control(
+        0.0, "OpenAI's: a token's logit drops by this if it occurred", ge=-2.0, le=2.0
+    )
+    frequency_penalty: float | None = _control(
+        0.0, "OpenAI's: a token's logit drops by this times its occurrences", ge=-2.0, le=2.0
+    )
 
     @classmethod
     def of_settings(cls, settings: object) -> SamplingControls:
@@ -115,31 +143,48 @@ class SamplingControls:
 
     def validate(self) -> SamplingControls:
         """Raise InvalidArgumentError naming the first bad field; return self when valid."""
-        checks = (
-            ("top_k", lambda v: v >= 0, "an integer >= 0 (0 = off)"),
-            ("top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)"),
-            ("min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)"),
-            (
-                "repetition_penalty",
-                lambda v: MIN_REPETITION_PENALTY <= v <= MAX_REPETITION_PENALTY,
-                f"a number in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}] (1 = off)",
-            ),
-            *(
-                (
-                    name,
-                    lambda v: abs(v) <= MAX_ABS_OPENAI_PENALTY,
-                    f"a number in [-{MAX_ABS_OPENAI_PENALTY:g}, {MAX_ABS_OPENAI_PENALTY:g}]",
-                )
-                for name in ("presence_penalty", "frequency_penalty")
-            ),
-        )
-        for name, ok, what in checks:
+        for name, control in SAMPLING_CONTROLS.items():
             value = getattr(self, name)
-            if value is not None and not ok(value):  # NaN fails every check
-                raise InvalidArgumentError(name, f"must be {what}, got {value}")
-        if self.top_k is not None and int(self.top_k) != self.top_k:
-            raise InvalidArgumentError("top_k", f"must be an integer, got {self.top_k}")
+            if value is not None and not control.admits(value):  # NaN fails every check
+                raise InvalidArgumentError(name, f"must be {control.range}, got {value}")
         return self
+
+
+class SamplingControl(NamedTuple):
+    """One field of SamplingControls as it declares it, with its type (int or float)."""
+
+    kind: type
+    off: float
+    help: str
+    bounds: dict[str, float]  # pydantic's names: ge, gt, le
+
+    def admits(self, value: float) -> bool:
+        """Whether value is within the bounds (and whole, for an int)."""
+        return _admits(self.kind, self.bounds, value)
+
+    @property
+    def range(self) -> str:
+        """The values it takes, e.g. "a number in (0, 1] (1 = off)"."""
+        return f"{_range(self.kind, self.bounds)} ({self.off:g} = off)"
+
+    @property
+    def meaning(self) -> str:
+        """Its help and range, as the flags and docs/configuration.md give it."""
+        return f"{self.help}; {self.range}"
+
+
+SAMPLING_CONTROLS: dict[str, SamplingControl] = {
+    f.name: SamplingControl(
+        next(t for t in get_args(get_type_hints(SamplingControls)[f.name]) if t is not NoneType),
+        **f.metadata,
+    )
+    for f in fields(SamplingControls)
+}
+# The value of each sampling control that turns it off.
+SAMPLING_CONTROLS_OFF: dict[str, float] = {
+    name: control.off for name, control in SAMPLING_CONTROLS.items()
+}
+_MODEL_DEFAULT = "; none: the model's generation_config value, else off"
 
 
 def check_top_logprobs(top_logprobs: int | None) -> None:
@@ -173,7 +218,11 @@ DraftStrategyName = Literal["greedy", "sampling"]
 # "seed" = the seed's attentive score softmax, "backoff" = the highest matching order alone,
 # "witten-bell" = interpolated Witten-Bell over the matching orders.
 MixingName = Literal["seed", "backoff", "witten-bell"]
-MIXING_MODES: tuple[str, ...] = ("seed", "backoff", "witten-bell")
+MIXING_MODES: tuple[str, ...] = get_args(MixingName)
+DraftSizeName = Literal["cost", "fixed"]
+DRAFT_SIZES: tuple[str, ...] = get_args(DraftSizeName)
+# The mixing parameters' help ends with this (see TUNABLE_FIELDS).
+_TUNED = " (set nowhere: the graph's tuned value, if it has one)"
 MAX_DRAFT_K = 64
 # The default draft: a tree of up to DEFAULT_TREE_NODES tokens, at most k deep; tree_nodes=0 gives
 # a chain of k. Why these: docs/benchmarks.md "Why the defaults".
@@ -226,20 +275,15 @@ class DraftConfig(BaseSettings):
     """How the draft service proposes tokens (``SPECULANT_DRAFT__*``).
 
     ``mixing`` picks how the matching orders are combined into q when ``attentive_mix`` is
-    true: "witten-bell" (the default: interpolated Witten-Bell, an order o keeps
+    true: "witten-bell" (interpolated Witten-Bell, an order o keeps
     C_o / (C_o + escape_weight * T_o) of the mass, T_o its distinct successors; escape_weight 1
-    is the classic rule, 8 the default), "seed" (the seed project's formula: each matching order
+    is the classic rule), "seed" (the seed project's formula: each matching order
     o, with successor counts of total C_o, distribution P_o and entropy H_o in nats, scores
     ``order_bias*ln(o) + reliability_weight*ln(1+C_o) - entropy_penalty*H_o`` and
     q = sum_o softmax(score/mix_temperature)_o * P_o) or "backoff" (the highest matching order
-    alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says.
-    ``overlay_weight`` (0 = off) mixes in the n-grams of the request's own prompt and generated
-    tokens: per order, counts c_graph + overlay_weight * c_context (draft_service/overlay.py).
-    ``tree_nodes`` (default 64; 0 = a chain of k) drafts a tree of up to that many tokens, k
-    levels deep (see draft_service.drafting).
-    ``draft_size`` "cost" (default) sizes each round's draft by the verifier's cost profile, k
-    and tree_nodes being limits, and verifies the best-first part that pays (possibly none:
-    a plain decoding step); "fixed" verifies every drafted token (see gateway.rounds.draft_sizing).
+    alone); ``attentive_mix=False`` forces "backoff" whatever ``mixing`` says. The overlay:
+    draft_service/overlay.py; trees: draft_service.drafting; draft sizes:
+    gateway.rounds.draft_sizing.
 
     Graph defaults: the mixing parameters (mixing, escape_weight and the four ``seed`` weights)
     that are not set explicitly (as arguments or SPECULANT_DRAFT__* variables) take the values
@@ -248,18 +292,69 @@ class DraftConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_DRAFT__", extra="forbid")
 
-    k: int = Field(DEFAULT_DRAFT_K, ge=1, le=MAX_DRAFT_K)
-    strategy: DraftStrategyName = "greedy"
-    attentive_mix: bool = True
-    order_bias: float = Field(1.0, ge=0.0, le=MAX_MIXING_WEIGHT)
-    mix_temperature: float = Field(1.0, ge=MIN_MIX_TEMPERATURE, allow_inf_nan=False)
-    reliability_weight: float = Field(1.0, ge=0.0, le=MAX_MIXING_WEIGHT)
-    entropy_penalty: float = Field(0.5, ge=0.0, le=MAX_MIXING_WEIGHT)
-    mixing: MixingName = "witten-bell"
-    escape_weight: float = Field(8.0, gt=0.0, le=MAX_MIXING_WEIGHT)
-    overlay_weight: float = Field(DEFAULT_OVERLAY_WEIGHT, ge=0.0, le=MAX_MIXING_WEIGHT)
-    tree_nodes: int = Field(DEFAULT_TREE_NODES, ge=0, le=MAX_DRAFT_K)
-    draft_size: Literal["cost", "fixed"] = "cost"
+    k: int = Field(
+        DEFAULT_DRAFT_K,
+        ge=1,
+        le=MAX_DRAFT_K,
+        description="draft tokens per round: a chain's length, a tree's depth (with draft_size "
+        "cost: a limit)",
+    )
+    strategy: DraftStrategyName = Field(
+        "greedy", description="draft the likeliest token (argmax q), or sample it from q"
+    )
+    attentive_mix: bool = Field(
+        True, description="mix all matching orders; false: the highest matching order only"
+    )
+    order_bias: float = Field(
+        1.0, ge=0.0, le=MAX_MIXING_WEIGHT, description="seed mixing: weight of ln(order)" + _TUNED
+    )
+    mix_temperature: float = Field(
+        1.0,
+        ge=MIN_MIX_TEMPERATURE,
+        allow_inf_nan=False,
+        description="seed mixing: softmax temperature over the order scores" + _TUNED,
+    )
+    reliability_weight: float = Field(
+        1.0,
+        ge=0.0,
+        le=MAX_MIXING_WEIGHT,
+        description="seed mixing: weight of ln(1 + count)" + _TUNED,
+    )
+    entropy_penalty: float = Field(
+        0.5, ge=0.0, le=MAX_MIXING_WEIGHT, description="seed mixing: weight of -entropy" + _TUNED
+    )
+    mixing: MixingName = Field(
+        "witten-bell",
+        description="how the matching orders are mixed into q; attentive_mix false forces backoff"
+        + _TUNED,
+    )
+    escape_weight: float = Field(
+        8.0,
+        gt=0.0,
+        le=MAX_MIXING_WEIGHT,
+        description="witten-bell: an order keeps C / (C + escape_weight * T) of the mass (T: its "
+        "distinct successors) and lends the rest to the lower orders; 1 = classic" + _TUNED,
+    )
+    overlay_weight: float = Field(
+        DEFAULT_OVERLAY_WEIGHT,
+        ge=0.0,
+        le=MAX_MIXING_WEIGHT,
+        description="context overlay: per order, counts = graph + this * the request's own "
+        "context (0 = off; with draft_size cost, used in the rounds where it measures faster)",
+    )
+    tree_nodes: int = Field(
+        DEFAULT_TREE_NODES,
+        ge=0,
+        le=MAX_DRAFT_K,
+        description="draft a tree of up to this many tokens, k levels deep, verified in one "
+        "forward pass (0 = a chain of k; with draft_size cost: a limit)",
+    )
+    draft_size: DraftSizeName = Field(
+        "cost",
+        description="cost: verify, each round, the part of the draft that pays under the "
+        "verifier's cost profile (k and tree_nodes are limits; possibly none: a plain step); "
+        "fixed: verify every drafted token (sampled drafts always are)",
+    )
 
 
 class VerifierConfig(BaseSettings):
@@ -267,31 +362,64 @@ class VerifierConfig(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_VERIFIER__", extra="forbid")
 
-    model_name: str = ""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    hf_token: str | None = None
-    # Hugging Face download policy: "auto" uses the cache and the network, "offline" only the
-    # local cache or folder, "force" re-downloads.
-    download_mode: Literal["auto", "offline", "force"] = "auto"
-    session_ttl_s: float = Field(300.0, gt=0)
-    # Live sessions of Session streams (the gateway's generations; each holds a server thread).
-    max_sessions: int = Field(64, ge=1)
-    # Live sessions made by unary Prefill calls (direct clients), capped apart from the others.
-    max_unary_sessions: int = Field(16, ge=0)
-    # torch intra-op threads (None = torch's default). Small models on busy CPUs run best on 1.
-    torch_threads: int | None = Field(None, ge=1)
-    # Run Llama models through verifier_service.lean_llama (the same torch operations without
-    # transformers' per-call Python; used only where a check at load shows identical logits).
-    lean_forward: bool = True
-    # Verify calls of concurrent sessions run together in one forward pass, up to this many
-    # (1 = every call on its own); see verifier_service.batching.
-    max_batch: int = Field(8, ge=1, le=256)
-    # Draft tokens one Verify may carry (more: INVALID_ARGUMENT, before any work).
-    max_draft_tokens: int = Field(DEFAULT_MAX_DRAFT_TOKENS, ge=1, le=4096)
-    # Seconds the start-up measurement of the cost profile may take (verifier_service.cost_probe;
-    # it always times forwards of 1 and 2 new tokens at least).
-    cost_probe_s: float = Field(2.0, ge=0.0)
+    model_name: str = Field("", description="hub name or local folder of the model")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="where the model runs (auto: cuda when available, else cpu)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="weights' dtype (auto: the checkpoint's on a GPU, float32 on a CPU)"
+    )
+    hf_token: str | None = Field(None, description="Hugging Face token for gated models")
+    download_mode: Literal["auto", "offline", "force"] = Field(
+        "auto",
+        description="Hugging Face downloads: auto uses the cache and the network, offline only "
+        "the local cache or folder, force re-downloads",
+    )
+    session_ttl_s: float = Field(
+        300.0, gt=0, description="idle sessions (KV caches) expire after this many seconds"
+    )
+    max_sessions: int = Field(
+        64,
+        ge=1,
+        description="live sessions of Session streams (the gateway's generations), one server "
+        "thread each; more: RESOURCE_EXHAUSTED",
+    )
+    max_unary_sessions: int = Field(
+        16,
+        ge=0,
+        description="live sessions made by unary Prefill calls (direct clients), capped apart",
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads (none: torch's default; serve-verifier then uses the "
+        "usable cores but one on a CPU)",
+    )
+    lean_forward: bool = Field(
+        True,
+        description="run Llama models through verifier_service.lean_llama (the same torch "
+        "operations without transformers' per-call Python), where a check at load shows "
+        "identical logits",
+    )
+    max_batch: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Verify calls of concurrent sessions run together in one forward pass, up to "
+        "this many (1 = every call on its own; verifier_service.batching)",
+    )
+    max_draft_tokens: int = Field(
+        DEFAULT_MAX_DRAFT_TOKENS,
+        ge=1,
+        le=4096,
+        description="draft tokens one Verify may carry (more: INVALID_ARGUMENT, before any work)",
+    )
+    cost_probe_s: float = Field(
+        2.0,
+        ge=0.0,
+        description="seconds the start-up measurement of the cost profile may take (forwards of "
+        "1 and 2 new tokens are always timed; verifier_service.cost_probe)",
+    )
 
 
 # The sampling controls as settings: SamplingControls' fields (declared there, validated there by
@@ -299,7 +427,10 @@ class VerifierConfig(BaseSettings):
 _SamplingSettings = create_model(
     "_SamplingSettings",
     __base__=BaseSettings,
-    **{name: (hint, None) for name, hint in get_type_hints(SamplingControls).items()},
+    **{
+        name: (hint, Field(None, description=SAMPLING_CONTROLS[name].help + _MODEL_DEFAULT))
+        for name, hint in get_type_hints(SamplingControls).items()
+    },
 )
 
 
@@ -309,14 +440,22 @@ class GenerationConfig(_SamplingSettings):  # type: ignore[misc,valid-type]
 
     model_config = SettingsConfigDict(env_prefix="SPECULANT_GENERATION__", extra="forbid")
 
-    max_tokens: int = Field(100, ge=0)
-    temperature: float = Field(1.0, ge=0.0)
-    seed: int | None = Field(None, ge=0)
-    stop: list[str] = Field(default_factory=list)
-    top_logprobs: int | None = None  # report logprobs with this many alternatives (0..20)
-    # what the output must match (speculant.constraint), e.g.
-    # Constraint("json_schema", json.dumps(schema)); None: free text
-    constraint: Constraint | None = None
+    max_tokens: int = Field(100, ge=0, description="tokens to generate at most")
+    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
+    seed: int | None = Field(
+        None, ge=0, description="same request and seed, same tokens (none: a random one)"
+    )
+    stop: list[str] = Field(default_factory=list, description="stop strings")
+    top_logprobs: int | None = Field(
+        None,
+        description=f"report each token's logprob and this many alternatives "
+        f"(0..{MAX_TOP_LOGPROBS}; none: no logprobs)",
+    )
+    constraint: Constraint | None = Field(
+        None,
+        description="what the output must match: speculant.constraint.Constraint(kind, text, "
+        "choices) of kind json_schema, json_object, regex, choice or grammar (none: free text)",
+    )
 
 
 class SpeculantSettings(BaseSettings):
@@ -331,9 +470,6 @@ class SpeculantSettings(BaseSettings):
     verifier: VerifierConfig = Field(default_factory=VerifierConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
 
-
-DraftSizeName = Literal["cost", "fixed"]
-DRAFT_SIZES: tuple[str, ...] = ("cost", "fixed")
 
 # The mixing parameters a graph may carry tuned defaults for (``speculant tune``, stored in its
 # meta record under ``tuned.params``). In DraftParams they are None when the request did not
@@ -353,19 +489,11 @@ BUILTIN_TUNABLE_DEFAULTS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class DraftParams:
-    """Per-request drafting parameters (see :class:`speculant.config.DraftConfig`).
-
-    ``mixing`` ("seed", "backoff", "witten-bell") picks how the matching orders are combined into
-    q; ``attentive_mix=False`` forces "backoff" (see :attr:`effective_mixing`). ``escape_weight``
-    (> 0, 1 = classic) scales the mass each order lends to the lower ones under "witten-bell".
-    ``overlay_weight`` (finite, >= 0; 0 = off) adds the request's own context as a second source:
-    at every order o the successor counts become c_graph,o + overlay_weight * c_context,o before
-    mixing (see :mod:`draft_service.overlay`); the coordinator then sends the whole context.
-    ``tree_nodes`` (0..64; 0 = a chain) drafts a tree of up to that many tokens when
-    :attr:`drafts_tree` holds (see :mod:`draft_service.drafting`).
-    ``draft_size`` (a gateway-side choice): "cost" sizes each round's draft by the verifier's
-    cost profile, with k and tree_nodes as limits, and verifies its best-first part that pays
-    (possibly none); "fixed" verifies every drafted token (see :mod:`gateway.rounds.draft_sizing`).
+    """Per-request drafting parameters: DraftConfig's fields, whose declarations (type, bounds,
+    choices, default, help) :meth:`validate` checks against. ``attentive_mix=False`` forces
+    "backoff" (:attr:`effective_mixing`); with ``overlay_weight`` > 0 the coordinator sends the
+    whole context (:mod:`draft_service.overlay`); ``draft_size`` is the gateway's choice
+    (:mod:`gateway.rounds.draft_sizing`).
 
     The mixing parameters (TUNABLE_FIELDS) are None when not set: the drafter fills them with
     its graph's tuned defaults, else the built-in ones (:meth:`with_defaults`).
@@ -425,42 +553,33 @@ class DraftParams:
         return cls(**values)
 
     def validate(self) -> DraftParams:
-        """Raise InvalidArgumentError naming the first bad field; return self when valid."""
-        if not 1 <= self.k <= MAX_DRAFT_K:
-            raise InvalidArgumentError("k", f"must be in 1..{MAX_DRAFT_K}, got {self.k}")
-        if not 0 <= self.tree_nodes <= MAX_DRAFT_K:
-            raise InvalidArgumentError(
-                "tree_nodes", f"must be in 0..{MAX_DRAFT_K}, got {self.tree_nodes}"
-            )
-        if self.strategy not in ("greedy", "sampling"):
-            raise InvalidArgumentError(
-                "strategy", f"must be 'greedy' or 'sampling', got {self.strategy!r}"
-            )
-        top = MAX_MIXING_WEIGHT
-        for name in ("order_bias", "reliability_weight", "entropy_penalty"):
+        """Raise InvalidArgumentError naming the first field outside DraftConfig's declaration
+        (its choices, or its bounds; NaN and inf fail); return self when valid. Unset mixing
+        parameters are the drafter's to fill."""
+        for name, info in DraftConfig.model_fields.items():
             value = getattr(self, name)
-            if value is not None and not 0 <= value <= top:  # NaN fails too
-                raise InvalidArgumentError(name, f"must be a number in [0, {top:g}], got {value}")
-        if self.escape_weight is not None and not 0 < self.escape_weight <= top:
-            raise InvalidArgumentError(
-                "escape_weight", f"must be a number in (0, {top:g}], got {self.escape_weight}"
-            )
-        low = MIN_MIX_TEMPERATURE
-        if self.mix_temperature is not None and not low <= self.mix_temperature < float("inf"):
-            raise InvalidArgumentError(
-                "mix_temperature",
-                f"must be a finite number >= {low:g}, got {self.mix_temperature}",
-            )
-        if self.mixing is not None and self.mixing not in MIXING_MODES:
-            raise InvalidArgumentError(
-                "mixing", f"must be one of {', '.join(MIXING_MODES)}, got {self.mixing!r}"
-            )
-        if not 0 <= self.overlay_weight <= top:
-            raise InvalidArgumentError(
-                "overlay_weight", f"must be a number in [0, {top:g}], got {self.overlay_weight}"
-            )
-        if self.draft_size not in DRAFT_SIZES:
-            raise InvalidArgumentError(
-                "draft_size", f"must be one of {', '.join(DRAFT_SIZES)}, got {self.draft_size!r}"
-            )
+            if value is None or info.annotation is bool:
+                continue
+            if get_origin(info.annotation) is Literal:
+                ok = value in get_args(info.annotation)
+            else:
+                ok = _admits(info.annotation, _bounds(info), value)
+            if not ok:
+                raise InvalidArgumentError(name, f"must be {setting_range(info)}, got {value!r}")
         return self
+
+
+def _bounds(info: FieldInfo) -> dict[str, float]:
+    """A field's bounds, by pydantic's names (ge, gt, le)."""
+    return {
+        key: getattr(m, key) for m in info.metadata for key in ("ge", "gt", "le") if hasattr(m, key)
+    }
+
+
+def setting_range(info: FieldInfo) -> str:
+    """The values a settings field takes where it declares them: its choices (a Literal) or
+    its bounds, e.g. "one of greedy, sampling", "in 1..64"; else ""."""
+    if get_origin(info.annotation) is Literal:
+        return f"one of {', '.join(get_args(info.annotation))}"
+    kind = next(t for t in get_args(info.annotation) or (info.annotation,) if t is not NoneType)
+    return _range(kind, bounds) if (bounds := _bounds(info)) and kind in (int, float) else ""

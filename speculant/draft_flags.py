@@ -5,53 +5,40 @@ A request that leaves a drafting field unset gets the server's default: the gate
 Generate (k, the draft shape, the strategy...), the draft service's for a direct Propose. These
 flags set those defaults; a flag not given leaves the ``SPECULANT_DRAFT__*`` variable or the
 built-in default (:class:`speculant.config.DraftConfig`), and the mixing parameters not given
-anywhere stay the graph's tuned ones.
+anywhere stay the graph's tuned ones. Each flag's type or choices, help and default shown are
+its DraftConfig field's.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Literal, get_args, get_origin
 
-from speculant.config import MIXING_MODES, DraftConfig
+from speculant.config import DraftConfig
 
 _FIELDS = DraftConfig.model_fields
-# flag -> (DraftConfig field, argparse options)
-_FLAGS: dict[str, tuple[str, dict[str, object]]] = {
-    "--k": ("k", {"type": int, "help": "draft tokens per round: a chain's length, a tree's depth"}),
-    "--tree-nodes": (
-        "tree_nodes",
-        {"type": int, "help": "draft a tree of up to this many tokens (0 = a chain of k)"},
-    ),
-    "--strategy": (
-        "strategy",
-        {"choices": ["greedy", "sampling"], "help": "draft the likeliest token, or sample it"},
-    ),
-    "--mixing": (
-        "mixing",
-        {
-            "choices": list(MIXING_MODES),
-            "help": "how the matching orders are mixed into q (not given anywhere: the graph's "
-            "tuned mode)",
-        },
-    ),
-    "--escape-weight": (
-        "escape_weight",
-        {"type": float, "help": "witten-bell's escape weight (not given anywhere: the graph's)"},
-    ),
-    "--overlay-weight": (
-        "overlay_weight",
-        {"type": float, "help": "weight of the request's own context n-grams (0 = off)"},
-    ),
-    "--draft-size": (
-        "draft_size",
-        {
-            "choices": ["cost", "fixed"],
-            "help": "cost: verify, each round, the part of the draft that pays under the "
-            "verifier's cost profile (k and tree nodes are limits); fixed: verify every drafted "
-            "token",
-        },
-    ),
-}
+# The DraftConfig fields with a flag (--k, --tree-nodes, ...), each flag's type, help and
+# default shown being its field's (DRAFT_FLAGS: flag -> field)
+_FLAG_FIELDS = [
+    "k",
+    "tree_nodes",
+    "strategy",
+    "mixing",
+    "escape_weight",
+    "overlay_weight",
+    "draft_size",
+]
+DRAFT_FLAGS = {f"--{name.replace('_', '-')}": name for name in _FLAG_FIELDS}
+
+
+def _options(name: str) -> dict[str, object]:
+    """argparse options of the field's flag: its choices (a Literal) or type, and its help."""
+    info = _FIELDS[name]
+    if get_origin(info.annotation) is Literal:
+        kind: dict[str, object] = {"choices": list(get_args(info.annotation))}
+    else:
+        kind = {"type": info.annotation}
+    return {**kind, "help": f"{info.description} (built-in default: {info.default})"}
 
 
 SERVER_DEFAULTS_TITLE = (
@@ -66,11 +53,8 @@ def add_draft_default_arguments(
     """The drafting flags, in their own group; each defaults to None (not given). A server's
     flags set its defaults for requests; `generate`'s set its own run's drafting."""
     group = parser.add_argument_group(title)
-    for flag, (name, options) in _FLAGS.items():
-        help_text = f"{options['help']} (built-in default: {_FIELDS[name].default})"
-        group.add_argument(
-            flag, dest=f"draft_{name}", default=None, **{**options, "help": help_text}
-        )
+    for flag, name in DRAFT_FLAGS.items():
+        group.add_argument(flag, dest=f"draft_{name}", default=None, **_options(name))
     group.add_argument(
         "--no-attentive-mix",
         dest="draft_attentive_mix",
@@ -81,7 +65,7 @@ def add_draft_default_arguments(
     )
 
 
-_NAMES = [name for name, _ in _FLAGS.values()] + ["attentive_mix"]
+_NAMES = [*DRAFT_FLAGS.values(), "attentive_mix"]
 
 
 def given_draft_defaults(args: argparse.Namespace) -> dict[str, object]:
@@ -102,7 +86,7 @@ def draft_defaults_from_args(args: argparse.Namespace) -> DraftConfig:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
-        flag = next((f for f, (n, _) in _FLAGS.items() if n == name), None)
+        flag = next((f for f, n in DRAFT_FLAGS.items() if n == name), None)
         where = flag or (f"SPECULANT_DRAFT__{name.upper()}" if name else "SPECULANT_DRAFT__*")
         raise InvalidArgumentError(where, first["msg"]) from None
 
@@ -111,7 +95,7 @@ def draft_default_argv(args: argparse.Namespace) -> list[str]:
     """The given drafting-default flags as a command line (for `up`'s children)."""
     argv: list[str] = []
     given = given_draft_defaults(args)
-    for flag, (name, _) in _FLAGS.items():
+    for flag, name in DRAFT_FLAGS.items():
         if name in given:
             argv += [flag, str(given[name])]
     if given.get("attentive_mix") is False:

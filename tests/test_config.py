@@ -1,11 +1,17 @@
-"""Settings come from arguments, then SPECULANT_* environment variables (nested with __)."""
+"""Settings come from arguments, then SPECULANT_* environment variables (nested with __); each
+field declares its one-line help, and docs/configuration.md's settings tables are rendered from
+the declarations (scripts/config_table.py)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 from pydantic import ValidationError
 
 from speculant.config import DraftConfig, GenerationConfig, SpeculantSettings, VerifierConfig
+from tests.assets import ROOT
 
 
 def test_defaults_match_the_design():
@@ -37,3 +43,22 @@ def test_environment_variables_nested(monkeypatch):
 def test_bad_draft_settings_are_rejected(kwargs):
     with pytest.raises(ValidationError):
         DraftConfig(**kwargs)
+
+
+def test_every_setting_declares_its_help():
+    """The flags' help and docs/configuration.md read each field's description."""
+    missing = [
+        f"{model.__name__}.{name}"
+        for model in (DraftConfig, VerifierConfig, GenerationConfig)
+        for name, info in model.model_fields.items()
+        if not info.description or "\n" in info.description
+    ]
+    assert not missing, f"fields without a one-line description: {missing}"
+
+
+def test_the_docs_tables_are_rendered_from_the_declarations():
+    script = ROOT / "scripts" / "config_table.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

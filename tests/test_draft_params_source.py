@@ -1,6 +1,8 @@
 """One source for the drafting parameters: speculant.config.DraftConfig (fields, bounds,
-defaults). The wire (DraftOptions in common.proto, ProposeRequest in draft.proto), DraftParams
-and every command's drafting flags are checked against it here, so they cannot drift apart."""
+defaults, help). The wire (DraftOptions in common.proto, ProposeRequest in draft.proto),
+DraftParams, the docs rows and every command's drafting flags are checked against it here, so
+they cannot drift apart. Likewise the sampling controls: SamplingControls' fields against the
+wire, the HTTP bodies, GenerationConfig and the docs rows."""
 
 from __future__ import annotations
 
@@ -12,15 +14,40 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
+from gateway.api.bodies import CompletionBody, SamplingFields
 from launcher.cli import _subparsers, build_parser
-from speculant.config import DraftConfig, DraftParams
+from speculant.config import (
+    SAMPLING_CONTROLS,
+    TUNABLE_FIELDS,
+    DraftConfig,
+    DraftParams,
+    GenerationConfig,
+    SamplingControls,
+)
 from speculant.v1 import common_pb2, draft_pb2
 from speculant.wire import GATEWAY_SIDE_FIELDS
+from tests.assets import ROOT
 
 PROTOS = Path(__file__).resolve().parent.parent / "protos" / "speculant" / "v1"
 GATEWAY_ONLY = set(GATEWAY_SIDE_FIELDS)  # the coordinator's choices: not sent to the draft service
 OPTIONS = common_pb2.DraftOptions.DESCRIPTOR.fields_by_name
 PROPOSE = draft_pb2.ProposeRequest.DESCRIPTOR.fields_by_name
+# GenerationConfig's fields beside the sampling controls
+GENERATION_ONLY = {"max_tokens", "temperature", "seed", "stop", "top_logprobs", "constraint"}
+
+
+def _documented(model: str) -> set[str]:
+    """The fields of the settings model with a row in docs/configuration.md."""
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    return set(re.findall(rf"^\| `{model}\.(\w+)` \|", text, re.M))
+
+
+def _differ(declared: set[str], places: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{where}: lacks {sorted(declared - names)}, adds {sorted(names - declared)}"
+        for where, names in places.items()
+        if names != declared
+    ]
 
 
 def _field_comments(proto: str, message: str) -> dict[str, str]:
@@ -59,8 +86,17 @@ def _same(written: str, value: object) -> bool:
 def test_draft_options_and_propose_request_carry_the_same_parameters():
     config = set(DraftConfig.model_fields)
     params = {f.name for f in fields(DraftParams)}
-    assert set(OPTIONS) == config, "DraftOptions fields != DraftConfig fields"
-    assert params == config, "DraftParams fields != DraftConfig fields"
+    places = {
+        "DraftOptions (common.proto)": set(OPTIONS),
+        "DraftParams": params,
+        "docs/configuration.md (run scripts/config_table.py)": _documented("DraftConfig"),
+    }
+    assert not _differ(config, places), f"DraftConfig's fields differ: {_differ(config, places)}"
+    for field in fields(DraftParams):  # unset mixing parameters are the graph's tuned ones
+        default = (
+            None if field.name in TUNABLE_FIELDS else DraftConfig.model_fields[field.name].default
+        )
+        assert field.default == default, f"DraftParams.{field.name} defaults to {field.default}"
     for name in config - GATEWAY_ONLY:
         assert name in PROPOSE, f"ProposeRequest lacks {name}"
         assert PROPOSE[name].type == OPTIONS[name].type, f"{name}: types differ on the wire"
@@ -106,3 +142,29 @@ def test_every_drafting_flag_defaults_to_the_config_or_leaves_it_to_the_server()
                 else:
                     assert default == info.default, f"{parser.prog} --{name}: {default}"
     assert checked >= 10
+
+
+def test_the_sampling_controls_are_declared_once():
+    """A sampling control is a SamplingControls field (with its bounds and help); the wire, the
+    HTTP bodies, GenerationConfig and the docs carry exactly those."""
+    declared = {f.name for f in fields(SamplingControls)}
+    wire = common_pb2.SamplingControls.DESCRIPTOR.fields_by_name
+    places = {
+        "SamplingControls (common.proto)": set(wire),
+        "the HTTP sampling fields": set(SamplingFields.model_fields),
+        "CompletionBody": set(CompletionBody.model_fields) & declared,
+        "GenerationConfig": set(GenerationConfig.model_fields) - GENERATION_ONLY,
+        "docs/configuration.md (run scripts/config_table.py)": _documented("GenerationConfig")
+        - GENERATION_ONLY,
+    }
+    assert not _differ(declared, places), f"sampling controls differ: {_differ(declared, places)}"
+    comments = _field_comments("common.proto", "SamplingControls")
+    for name, control in SAMPLING_CONTROLS.items():  # the declared type, bounds and off value
+        double = wire[name].type == FieldDescriptor.TYPE_DOUBLE
+        assert control.kind is (float if double else int), name
+        assert wire[name].has_presence, f"{name}: unset must read as unset on the wire"
+        if stated := re.search(r"\[([-\d.]+), ([-\d.]+)\]", comments[name]):
+            bounds = (control.bounds.get("ge"), control.bounds.get("le"))
+            assert tuple(map(float, stated.groups())) == bounds, f"common.proto {name}: {stated[0]}"
+        if off := re.search(r"([\d.]+) = off", comments[name]):
+            assert float(off[1]) == control.off, f"common.proto {name}: says {off[0]}"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.launch.commands import SAMPLING_FLAGS, run_generate, run_graphs, run_serve_gateway
+from gateway.launch.commands import run_generate, run_graphs, run_serve_gateway
 from gateway.launch.constraint_flags import add_constraint_arguments
-from speculant.config import DEFAULT_DRAFT_REFRESH_S
+from speculant.config import DEFAULT_DRAFT_REFRESH_S, SAMPLING_CONTROLS
 from speculant.draft_flags import add_draft_default_arguments
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
@@ -58,12 +58,12 @@ def add_chat_template_argument(parser: argparse.ArgumentParser | argparse._Argum
 def add_sampling_arguments(parser: argparse.ArgumentParser, logprobs: bool = True) -> None:
     """--top-k, --top-p, --min-p, the penalties and (logprobs) --logprobs (all exact: the
     output follows the processed distribution)."""
-    for name, kind, text in SAMPLING_FLAGS:
+    for name, control in SAMPLING_CONTROLS.items():
         parser.add_argument(
             "--" + name.replace("_", "-"),
-            type=kind,
+            type=control.kind,
             default=None,
-            help=f"{text}; default: the model's generation_config value, else off",
+            help=f"{control.meaning}; default: the model's generation_config value, else off",
         )
     if not logprobs:
         return

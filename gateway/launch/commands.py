@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gateway.launch.constraint_flags import constraint_from_args, flag_error
 from speculant import termination
+from speculant.config import SAMPLING_CONTROLS
 from speculant.draft_flags import draft_defaults_from_args, given_draft_defaults
 
 if TYPE_CHECKING:  # imported when the commands run: they pull in grpc and torch
@@ -39,21 +40,9 @@ def _error_status(exc: BaseException) -> int:
     return 2 if isinstance(exc, InvalidArgumentError) else 1
 
 
-# The sampling-control flags: (name, type, help); default None = the model's generation_config
-# value where it sets one, else off (see speculant.config.SamplingControls).
-SAMPLING_FLAGS = (
-    ("top_k", int, "keep the k most likely tokens (0 = off)"),
-    ("top_p", float, "nucleus sampling: keep the most likely tokens up to this mass (1 = off)"),
-    ("min_p", float, "drop tokens below min_p times the top probability (0 = off)"),
-    ("repetition_penalty", float, "Hugging Face's repetition penalty (0.01..100, 1 = off)"),
-    ("presence_penalty", float, "OpenAI's presence penalty, in [-2, 2] (0 = off)"),
-    ("frequency_penalty", float, "OpenAI's frequency penalty, in [-2, 2] (0 = off)"),
-)
-
-
 def sampling_options(args: argparse.Namespace) -> dict[str, object]:
     """The sampling flags given, by GenerationConfig field name (top_logprobs included)."""
-    names = [name for name, _, _ in SAMPLING_FLAGS] + ["top_logprobs"]
+    names = [*SAMPLING_CONTROLS, "top_logprobs"]
     return {name: value for name in names if (value := getattr(args, name, None)) is not None}
 
 
