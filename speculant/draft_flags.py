@@ -6,13 +6,17 @@ Generate (k, the draft shape, the strategy...), the draft service's for a direct
 flags set those defaults; a flag not given leaves the ``SPECULANT_DRAFT__*`` variable or the
 built-in default (:class:`speculant.config.DraftConfig`), and the mixing parameters not given
 anywhere stay the graph's tuned ones. Each flag's type or choices, help and default shown are
-its DraftConfig field's.
+its DraftConfig field's; the other settings' flags (serve-verifier's and up's for the verifier)
+derive theirs from their fields the same way (:func:`flag_options`).
 """
 
 from __future__ import annotations
 
 import argparse
+from types import NoneType
 from typing import Literal, get_args, get_origin
+
+from pydantic import BaseModel
 
 from speculant.config import DraftConfig
 
@@ -31,14 +35,22 @@ _FLAG_FIELDS = [
 DRAFT_FLAGS = {f"--{name.replace('_', '-')}": name for name in _FLAG_FIELDS}
 
 
-def _options(name: str) -> dict[str, object]:
-    """argparse options of the field's flag: its choices (a Literal) or type, and its help."""
-    info = _FIELDS[name]
+def flag_options(model: type[BaseModel], name: str, given_only: bool = True) -> dict[str, object]:
+    """argparse options of a settings field's flag: its choices (a Literal) or type, its help
+    (the field's description and default) and its default: None (given_only: a flag not given
+    leaves the environment variable or the built-in default) or the field's."""
+    info = model.model_fields[name]
     if get_origin(info.annotation) is Literal:
         kind: dict[str, object] = {"choices": list(get_args(info.annotation))}
     else:
-        kind = {"type": info.annotation}
-    return {**kind, "help": f"{info.description} (built-in default: {info.default})"}
+        types = get_args(info.annotation) or (info.annotation,)
+        kind = {"type": next(t for t in types if t is not NoneType)}
+    shown = "none" if info.default is None else info.default
+    return {
+        **kind,
+        "default": None if given_only else info.default,
+        "help": f"{info.description} (built-in default: {shown})",
+    }
 
 
 SERVER_DEFAULTS_TITLE = (
@@ -54,7 +66,7 @@ def add_draft_default_arguments(
     flags set its defaults for requests; `generate`'s set its own run's drafting."""
     group = parser.add_argument_group(title)
     for flag, name in DRAFT_FLAGS.items():
-        group.add_argument(flag, dest=f"draft_{name}", default=None, **_options(name))
+        group.add_argument(flag, dest=f"draft_{name}", **flag_options(DraftConfig, name))
     group.add_argument(
         "--no-attentive-mix",
         dest="draft_attentive_mix",

@@ -62,3 +62,53 @@ def test_the_docs_tables_are_rendered_from_the_declarations():
         [sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# The verifier settings with a flag on serve-verifier and up (flag -> VerifierConfig field)
+VERIFIER_FLAGS = {
+    "serve-verifier": {
+        "--device": "device",
+        "--dtype": "dtype",
+        "--download-mode": "download_mode",
+        "--torch-threads": "torch_threads",
+        "--session-ttl": "session_ttl_s",
+        "--max-sessions": "max_sessions",
+        "--max-unary-sessions": "max_unary_sessions",
+        "--max-draft-tokens": "max_draft_tokens",
+        "--max-batch": "max_batch",
+    },
+    "up": {
+        "--torch-threads": "torch_threads",
+        "--max-batch": "max_batch",
+        "--session-ttl": "session_ttl_s",
+        "--max-sessions": "max_sessions",
+    },
+}
+
+
+@pytest.mark.parametrize("command", sorted(VERIFIER_FLAGS))
+def test_the_verifier_flags_help_is_their_settings(command):
+    """Each verifier flag's help is its VerifierConfig field's description and default, so the
+    flags cannot drift from the settings they set."""
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"COLUMNS": "10000", "PATH": ""},
+    )
+    assert done.returncode == 0, done.stderr
+    blocks: dict[str, str] = {}  # option -> its invocation and help, on one line
+    for line in done.stdout.splitlines():
+        words = line.split()
+        if line.startswith("  -") and words:
+            flag = words[0]
+            blocks[flag] = ""
+        if blocks and words:
+            blocks[flag] = f"{blocks[flag]} {' '.join(words)}"
+    for flag, name in VERIFIER_FLAGS[command].items():
+        info = VerifierConfig.model_fields[name]
+        shown = "none" if info.default is None else info.default
+        assert flag in blocks, f"{command} has no {flag}"
+        assert f"{info.description} (built-in default: {shown})" in blocks[flag], blocks[flag]

@@ -1,23 +1,22 @@
 """Command-line subcommands of the verifier_service package.
 
 - ``speculant serve-verifier --model NAME_OR_DIR [--metrics-port P] [--log-format text|json]
-  ...``: the gRPC verifier service (``speculant bench verifier``: :mod:`bench.cli`).
+  ...``: the gRPC verifier service. Its settings' flags take their type, help and built-in
+  default from :class:`speculant.config.VerifierConfig`.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
 
 from speculant import termination
+from speculant.config import VerifierConfig
+from speculant.draft_flags import flag_options
 from speculant.errors import InvalidArgumentError
 from speculant.metrics import add_metrics_arguments
 from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments, server_tls_from_args
-
-if TYPE_CHECKING:
-    from speculant.config import VerifierConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,36 +24,16 @@ log = logging.getLogger(__name__)
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="hub name or local folder of the model")
     add_model_loading_arguments(parser)
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default on a CPU: the usable cores but one, left to the "
-        "gRPC threads and the other services, at most torch's own default; on a GPU: torch's "
-        "default; the choice is logged at start-up)",
-    )
+    parser.add_argument("--torch-threads", **flag_options(VerifierConfig, "torch_threads"))
 
 
 def add_model_loading_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """--device, --dtype, --hf-token, --download-mode (serve-verifier's, and up's for it)."""
-    parser.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="where the model runs (auto: cuda when available, else cpu)",
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        default="auto",
-        help="weights' dtype (auto: the checkpoint's on a GPU, float32 on a CPU)",
-    )
+    for name in ("device", "dtype"):
+        parser.add_argument(f"--{name}", **flag_options(VerifierConfig, name, given_only=False))
     parser.add_argument("--hf-token", default=None, help="Hugging Face token (default: $HF_TOKEN)")
     parser.add_argument(
-        "--download-mode",
-        choices=["auto", "offline", "force"],
-        default="auto",
-        help="auto: cache then network; offline: local cache/folder only; force: re-download",
+        "--download-mode", **flag_options(VerifierConfig, "download_mode", given_only=False)
     )
 
 
@@ -68,36 +47,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)"
     )
     serve.add_argument("--port", type=int, default=50052, help="0 picks a free port")
-    serve.add_argument(
-        "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
-    )
-    serve.add_argument(
-        "--max-sessions",
-        type=int,
-        default=None,
-        help="cap on live sessions of Session streams (default 64); the server runs this many "
-        "gRPC threads (one per open stream) and 8 more for health checks and short calls",
-    )
-    serve.add_argument(
-        "--max-unary-sessions",
-        type=int,
-        default=None,
-        help="cap on live sessions made by unary Prefill calls (direct clients), apart from "
-        "the Session streams' (default 16)",
-    )
-    serve.add_argument(
-        "--max-draft-tokens",
-        type=int,
-        default=None,
-        help="refuse a Verify of more draft tokens than this (INVALID_ARGUMENT; default 64)",
-    )
-    serve.add_argument(
-        "--max-batch",
-        type=int,
-        default=None,
-        help="Verify calls of concurrent sessions run in one forward pass, up to this many"
-        " (default 8; 1 runs each call on its own)",
-    )
+    for flag, setting in _OPTIONAL_SETTINGS:
+        if flag != "torch_threads":
+            serve.add_argument(
+                f"--{flag.replace('_', '-')}", **flag_options(VerifierConfig, setting)
+            )
     add_server_tls_arguments(serve)
     add_metrics_arguments(serve)
     add_log_format_argument(serve)
@@ -117,8 +71,6 @@ _OPTIONAL_SETTINGS = (
 
 def config_from_args(args: argparse.Namespace) -> VerifierConfig:
     from pydantic import ValidationError
-
-    from speculant.config import VerifierConfig
 
     overrides: dict[str, object] = {
         "model_name": args.model,

@@ -17,7 +17,8 @@ import time
 from gateway.launch.up_plan import BACKEND_HOST, ChildPlan, plan_up, validate_plan
 from speculant.children import Child, child_setup, stop_children, wait_ready
 from speculant.cli_errors import fail
-from speculant.draft_flags import add_draft_default_arguments
+from speculant.config import VerifierConfig
+from speculant.draft_flags import add_draft_default_arguments, flag_options
 from speculant.request_context import add_log_format_argument
 from speculant.tls import add_server_tls_arguments
 
@@ -42,19 +43,13 @@ def register_up(subparsers: argparse._SubParsersAction) -> None:
     from verifier_service.cli import add_model_loading_arguments
 
     add_model_loading_arguments(verifier)
-    verifier.add_argument(
-        "--torch-threads",
-        type=int,
-        default=None,
-        help="verifier torch threads (default on a CPU: the usable cores but one)",
-    )
-    verifier.add_argument(
-        "--max-batch", type=int, default=None, help="Verify calls per forward pass (default 8)"
-    )
-    verifier.add_argument(
-        "--session-ttl", type=float, default=None, help="idle seconds before a session expires"
-    )
-    verifier.add_argument("--max-sessions", type=int, default=None, help="cap on live sessions")
+    for flag, setting in (
+        ("--torch-threads", "torch_threads"),
+        ("--max-batch", "max_batch"),
+        ("--session-ttl", "session_ttl_s"),
+        ("--max-sessions", "max_sessions"),
+    ):
+        verifier.add_argument(flag, **flag_options(VerifierConfig, setting))
     gateway = up.add_argument_group("gateway")
     gateway.add_argument(
         "--max-concurrent",
