@@ -71,26 +71,18 @@ def test_serve_draft_metrics_port_in_use(tinystories_graph):
 
 
 def test_up_gives_each_service_its_metrics_port():
-    from gateway.launch.up_plan import _observability_args
+    from gateway.launch.up_plan import plan_up, service_parser
     from launcher.cli import build_parser
 
-    args = build_parser().parse_args(
-        [
-            "up",
-            "--graph",
-            "g",
-            "--model",
-            "m",
-            "--metrics-port-base",
-            "9100",
-            "--log-format",
-            "json",
-        ]
-    )
-    assert [_observability_args(args, offset) for offset in (0, 1, 2)] == [
-        ["--log-format", "json", "--metrics-port", "9100"],
-        ["--log-format", "json", "--metrics-port", "9101"],
-        ["--log-format", "json", "--metrics-port", "9102"],
-    ]
-    default = build_parser().parse_args(["up", "--graph", "g", "--model", "m"])
-    assert _observability_args(default, 0) == ["--log-format", "text"]
+    def observability(*extra: str) -> dict[str, tuple[str, int | None]]:
+        """Each child's --log-format and --metrics-port, as its own service parses them."""
+        args = build_parser().parse_args(["up", "--graph", "g", "--model", "m", *extra])
+        children = {c.name: service_parser().parse_args(c.argv) for c in plan_up(args).children}
+        return {name: (a.log_format, a.metrics_port) for name, a in children.items()}
+
+    assert observability("--metrics-port-base", "9100", "--log-format", "json") == {
+        "gateway": ("json", 9100),
+        "draft": ("json", 9101),
+        "verifier": ("json", 9102),
+    }
+    assert observability() == {name: ("text", None) for name in ("gateway", "draft", "verifier")}
