@@ -18,6 +18,7 @@ from speculant.graph_format import (
     META_DB,
     META_KEY,
     TABLES_FORMAT,
+    GraphFormatError,
     GraphMeta,
     OrderStats,
     encode_context,
@@ -25,6 +26,7 @@ from speculant.graph_format import (
     order_db_name,
 )
 from speculant.graph_manifest import DATA_FILE, write_manifest
+from speculant.graph_reader import NGramGraph
 
 Chains = dict[int, dict[tuple[int, ...], dict[int, int]]]
 
@@ -103,3 +105,13 @@ def write_graph(
     if manifest:
         write_manifest(path)
     return path
+
+
+def is_closed(graph: NGramGraph) -> bool:
+    """Whether the graph was closed: a lookup on it is refused."""
+    try:
+        graph.successors([1])
+    except GraphFormatError as exc:
+        assert "is closed" in str(exc), exc
+        return True
+    return False

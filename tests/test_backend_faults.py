@@ -1,6 +1,8 @@
 """Backends that are down or stop answering: the gateway serves without its draft tier, fails
 requests to a frozen verifier within a bounded time, and its health (gRPC and HTTP) says what it
-can serve. Real services on loopback; the verifier a process of its own, to be SIGSTOPped."""
+can serve; a verifier killed mid-stream gets the client UNAVAILABLE quickly, never a hang, and
+once it is back on its port the gateway serves again without a restart of its own. Real
+services on loopback; the verifier a process of its own, to be SIGSTOPped or killed."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from gateway.api.app import HttpApiServer
 from gateway.api.server import start_gateway
 from gateway.launch.baseline import PlainDecoder
 from speculant.health import health_status
-from speculant.ports import free_ports
+from speculant.ports import free_port, free_ports
 from speculant.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.assets import STORIES_MODEL
 from tests.processes import start_verifier_process
@@ -188,5 +190,58 @@ def test_gateway_health_is_not_serving_while_its_verifier_is_down(tinystories_gr
         gateway.stop(0)
         draft.stop(0)
         if verifier is not None and verifier.poll() is None:
+            verifier.kill()
+            verifier.wait(10)
+
+
+# -- a verifier killed mid-stream --------------------------------------------------------------
+
+
+@pytest.fixture
+def draft_address(tinystories_graph):
+    from draft_service.server import start_server
+
+    server = start_server(tinystories_graph, port=0)
+    yield server.address
+    server.stop(0)
+
+
+def test_verifier_killed_mid_stream_then_back(draft_address):
+    port = free_port()
+    verifier = start_verifier_process(port)
+    gateway, _ = start_gateway([draft_address], f"127.0.0.1:{port}", port=0)
+    channel = grpc.insecure_channel(gateway.address)
+    stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+    long_request = gateway_pb2.GenerateRequest(
+        prompt="Once upon a time", max_tokens=480, temperature=0.0
+    )
+    try:
+        stream = stub.GenerateStream(long_request, timeout=60)
+        next(stream)
+        verifier.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stream:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - killed_at < 2.0
+        verifier.wait(10)
+
+        verifier = start_verifier_process(port)
+        request = gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=8)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                response = stub.Generate(request, timeout=30)
+                break
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+                assert time.monotonic() < deadline, "the gateway did not recover"
+                time.sleep(0.1)
+        assert len(response.token_ids) == 8
+    finally:
+        channel.close()
+        gateway.stop(0)
+        if verifier.poll() is None:
             verifier.kill()
             verifier.wait(10)

@@ -1,4 +1,5 @@
-"""Builder inputs, errors, atomic publish (a killed build) and the CLI (build, graph-info)."""
+"""Builder inputs, errors, atomic publish (a killed build, and what killed builds leave: the
+next build removes them) and the CLI (build, graph-info)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +19,7 @@ import pytest
 import builder.corpus as corpus
 from builder import BuildError, CorpusError, GraphBuilder
 from builder.cli import parse_escapes
+from builder.publish import RUNS_OWNER, TEMP_OWNER
 from launcher.cli import main
 from speculant.graph_format import open_graph_env, read_meta
 from speculant.graph_manifest import write_manifest
@@ -255,6 +258,53 @@ def test_killed_build_leaves_previous_graph(tmp_path: Path) -> None:
     b.build_from_files([str(tmp_path / "small.txt")])
     b.save(out)
     assert leftovers(tmp_path, "graph") == []
+
+
+# -- what killed builds leave ----------------------------------------------------------------
+
+
+def gone_pid() -> int:
+    """The pid of a process that has exited."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def owned_dir(path, owner_file: str, pid: int, host: str | None = None):
+    path.mkdir(parents=True)
+    (path / owner_file).write_text(json.dumps({"host": host or socket.gethostname(), "pid": pid}))
+    (path / "data.mdb").write_bytes(b"\0" * 4096)
+    return path
+
+
+def test_a_build_removes_what_killed_builds_left_before_it_reads_its_corpus(tmp_path):
+    graphs, work = tmp_path / "graphs", tmp_path / "work"
+    dead = gone_pid()
+    other_graph_tmp = owned_dir(graphs / f".other.tmp-{dead}-abc", TEMP_OWNER, dead)
+    runs = owned_dir(work / f".speculant-runs-{dead}-xyz", RUNS_OWNER, dead)
+    elsewhere = owned_dir(graphs / f".far.tmp-{dead}-def", TEMP_OWNER, dead, host="elsewhere")
+    alive = owned_dir(graphs / f".busy.tmp-{dead}-ghi", TEMP_OWNER, 1)  # pid 1 runs
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "launcher.cli", "build", "--quiet"),
+            *("--corpus", str(tmp_path / "missing.txt")),  # the build fails at its corpus
+            *("--tokenizer", str(STORIES_MODEL), "--work-dir", str(work)),
+            *("--out", str(graphs / "new")),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode != 0 and "missing.txt" in result.stderr
+    assert not other_graph_tmp.exists()  # another graph's, of a gone process
+    assert not runs.exists()
+    assert elsewhere.exists()  # another host's build on shared storage: not ours to judge
+    assert alive.exists()
+
+
+def test_a_published_graph_has_no_owner_record(tinystories_graph):
+    assert not (tinystories_graph / TEMP_OWNER).exists()
 
 
 # -- graph-info ------------------------------------------------------------------------------

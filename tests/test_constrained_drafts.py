@@ -37,7 +37,7 @@ def tokenizer():
 @pytest.fixture
 def text(tokenizer):
     grammars = grammars_for(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-    return grammars._tokenizer.tokenize_str  # the engine's byte-level split of a text
+    return grammars.matcher(Constraint("regex", "a")).tokenize  # the engine's byte-level split
 
 
 def drafts_for(tokenizer, constraint: Constraint) -> ConstrainedDrafts:
@@ -88,10 +88,17 @@ def test_where_few_tokens_are_allowed_each_is_drafted(tokenizer, text):
 
 
 def likeliest_path(draft: DraftProposal) -> list[int]:
-    """The nodes to the draft's likeliest leaf."""
-    from gateway.rounds.constrained import _likeliest_path
-
-    return _likeliest_path(draft)
+    """The nodes from the root to the draft's likeliest leaf (by path probability, then the
+    deepest)."""
+    parents, probs, depths = draft.parents, draft.path_probs, draft.depths()
+    if not parents:  # a chain
+        return list(range(len(draft.token_ids)))
+    leaves = [i for i in range(len(draft.token_ids)) if i not in parents]
+    node, path = max(leaves, key=lambda i: (probs[i], depths[i])), []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
 
 
 def children(draft: DraftProposal, node: int) -> list[int]:

@@ -1,7 +1,7 @@
 """Exactness, sampling under a constraint: speculative decoding samples from the model's
 distribution restricted to what the grammar allows (renormalised).
 
-As in test_sampling_distribution, the first two generated tokens after a fixed prompt, over
+As in test_sampling_exactness, the first two generated tokens after a fixed prompt, over
 3,000 seeded runs of the embedded decoder, are compared with their exact joint law by a
 chi-square test: P(t1, t2) = p(t1 | prompt, mask_0) * p(t2 | prompt, t1, mask_1(t1)), each p the
 model's softmax with the tokens the grammar forbids at that point removed (mask_1 follows t1).

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from launcher.cli import build_parser
+from speculant.config import DraftConfig
 from speculant.draft_flags import draft_default_argv, draft_defaults_from_args, given_draft_defaults
 from speculant.errors import InvalidArgumentError
 from speculant.v1 import draft_pb2, draft_pb2_grpc, gateway_pb2, gateway_pb2_grpc
@@ -22,7 +23,7 @@ def parse(*argv: str):
 def test_flags_set_only_what_is_given():
     args = parse("serve-gateway", "--draft", "d:1", "--verifier", "v:2", "--k", "3")
     config = draft_defaults_from_args(parse("serve-draft", "--graph", "g"))
-    assert config.k == 16 and "k" not in config.model_fields_set  # built-in default
+    assert config.k == DraftConfig().k and "k" not in config.model_fields_set  # the default
     config = draft_defaults_from_args(args)
     assert config.k == 3 and config.model_fields_set == {"k"}
     args = parse("up", "--graph", "g", "--model", "m", "--tree-nodes", "0", "--no-attentive-mix")

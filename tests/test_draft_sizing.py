@@ -449,10 +449,17 @@ def test_where_drafting_is_cheap_next_to_a_step_the_cut_keeps_nodes_to_choose_fr
 
 
 def test_a_sampled_or_fixed_size_request_is_not_sized(tokenizer):
-    coordinator, _, _, _ = scripted(tokenizer)
-    assert coordinator._sizer(DraftParams(strategy="sampling")) is None
-    assert coordinator._sizer(DraftParams(draft_size="fixed")) is None
-    assert coordinator._sizer(DraftParams()) is not None
+    """Where a draft never pays, a sized request verifies none of its drafts; a fixed-size or
+    a sampled-draft request verifies every draft it is given."""
+    steep = CostProfile.from_points({1: 1e-3, 2: 5.0, 65: 9.0})  # a draft never pays
+    coordinator, _, prompt, _ = scripted(tokenizer, steep)
+    _, sized = run(coordinator, prompt, max_tokens=500, draft=DraftParams(k=4))
+    assert sized.stats.draft_tokens == 0 and sized.stats.unverified_draft_tokens > 0
+    for draft in (DraftParams(k=4, draft_size="fixed"), DraftParams(k=4, strategy="sampling")):
+        coordinator, _, prompt, _ = scripted(tokenizer, steep)
+        _, result = run(coordinator, prompt, max_tokens=500, draft=draft)
+        assert result.stats.draft_tokens > 0, draft
+        assert result.stats.unverified_draft_tokens == 0, draft
 
 
 def test_the_shape_with_the_best_measured_rate_wins_and_the_others_stay_measured():

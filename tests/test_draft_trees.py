@@ -177,9 +177,8 @@ def test_the_verifier_keeps_exactly_the_accepted_path_in_its_cache(embedded_deco
     result = verifier.verify("tree-cache", drafts, None, parents)
     assert result.accepted_count == 1 and result.accepted_nodes == [2]
     sequence = [*prompt, first, *result.token_ids]
-    session = verifier.sessions._sessions["tree-cache"]
-    assert session.length == len(sequence) - 1 == session.cache.get_seq_length()
-    with torch.inference_mode():
+    with verifier.sessions.use("tree-cache") as session, torch.inference_mode():
+        assert session.length == len(sequence) - 1 == session.cache.get_seq_length()
         expected = model.model(torch.tensor([sequence])).logits[0, -1]
         got = model.forward(session.cache, torch.tensor([sequence[-1]]), session.length, 1)[0]
     assert torch.allclose(got, expected, atol=1e-4)

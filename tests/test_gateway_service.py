@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -285,28 +286,35 @@ def generate_when_back(stub, request, within_s: float = 10.0):
             time.sleep(0.1)
 
 
-def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinystories_graph):
+def test_gateway_rechecks_backends_after_the_verifier_restarts(services, tinystories_graph, caplog):
     from draft_service.server import start_server as start_draft
     from verifier_service.server import start_server as start_verifier
 
+    def checks() -> int:
+        """The backend checks so far (tokenizers compared, "backends ready" logged)."""
+        return sum("backends ready" in r.getMessage() for r in caplog.records)
+
+    caplog.set_level(logging.INFO, logger="gateway.engine")
     draft = start_draft(tinystories_graph, port=0)
     verifier_server, verifier = start_verifier(verifier_config(), port=0)
     address = verifier_server.address
-    gateway, engine = start_gateway([draft.address], address, port=0)
+    gateway, _ = start_gateway([draft.address], address, port=0)
     try:
         with grpc.insecure_channel(gateway.address) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
             request = generate_request(max_tokens=8, temperature=0.0)
             before = stub.Generate(request, timeout=30)
+            checked = checks()
+            assert checked >= 1
             verifier_server.stop(0)
             with pytest.raises(grpc.RpcError) as info:
                 stub.Generate(request, timeout=30)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert engine._coordinator is None  # the tokenizer check runs again
             port = int(address.rsplit(":", 1)[1])
             verifier_server, _ = start_verifier(verifier_config(), port=port, verifier=verifier)
             after = generate_when_back(stub, request)
         assert list(after.token_ids) == list(before.token_ids)
+        assert checks() > checked  # the tokenizer check ran again
     finally:
         gateway.stop(0)
         verifier_server.stop(0)

@@ -38,7 +38,7 @@ def grammars(tokenizer) -> Grammars:
 
 def tokens(grammars: Grammars, text: str) -> list[int]:
     """The text's tokens as the engine splits forced text (byte-level, no prefix space)."""
-    return grammars._tokenizer.tokenize_str(text)
+    return grammars.matcher(Constraint("regex", "a")).tokenize(text)
 
 
 def allowed_texts(matcher, tokenizer) -> set[str]:
@@ -83,11 +83,29 @@ def test_a_pathological_regex_is_stopped_by_the_work_limit():
     assert "too many" in caught.value.problem
 
 
-def test_compiled_constraints_are_cached_and_each_generation_gets_its_own_state(grammars):
+def compilations(monkeypatch) -> list[Constraint]:
+    """The constraints compiled from now on (each compile writes its grammar once)."""
+    import speculant.grammar as grammar
+
+    compiled: list[Constraint] = []
+    write = grammar.llguidance_grammar
+
+    def counting(constraint: Constraint) -> str:
+        compiled.append(constraint)
+        return write(constraint)
+
+    monkeypatch.setattr(grammar, "llguidance_grammar", counting)
+    return compiled
+
+
+def test_compiled_constraints_are_cached_and_each_generation_gets_its_own_state(
+    tokenizer, monkeypatch
+):
+    grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+    compiled = compilations(monkeypatch)
     constraint = json_schema_constraint(CARD)
     first, second = grammars.matcher(constraint), grammars.matcher(constraint)
-    assert first._matcher is not second._matcher  # copies, not one shared state
-    assert len([c for c in grammars._compiled if c == constraint]) == 1
+    assert compiled == [constraint]  # compiled once, for both
     first.consume(first.forced()[0])
     assert first.forced() != second.forced()  # advancing one does not move the other
 
@@ -97,9 +115,15 @@ def test_the_cache_is_bounded(tokenizer, monkeypatch):
 
     monkeypatch.setattr(grammar, "COMPILED_KEPT", 3)
     grammars = Grammars(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
-    for n in range(5):
-        grammars.matcher(Constraint("regex", f"a{{{n + 1}}}"))
-    assert len(grammars._compiled) == 3
+    constraints = [Constraint("regex", f"a{{{n + 1}}}") for n in range(5)]
+    for constraint in constraints:
+        grammars.matcher(constraint)
+    compiled = compilations(monkeypatch)
+    for constraint in constraints[2:]:  # the last three kept
+        grammars.matcher(constraint)
+    assert compiled == []
+    grammars.matcher(constraints[0])  # the oldest dropped: compiled again
+    assert compiled == [constraints[0]]
 
 
 def test_a_json_schema_forces_its_keys_and_masks_what_it_forbids(grammars, tokenizer):

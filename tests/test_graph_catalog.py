@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from graph_factory import write_graph
+from graph_factory import is_closed, write_graph
 
 from draft_service.catalog import GraphCatalog
 from draft_service.learning import Learning, LearningConfig
@@ -116,7 +116,7 @@ def test_a_request_finishes_on_the_graph_it_began_with(catalog, tmp_path):
         first(catalog, "b")
     lingering = catalog.loaded_graphs()[1:]
     assert catalog.expire(now=float("inf")) == 2  # unused since: closed
-    assert all(loaded.graph._closed for loaded in lingering)
+    assert all(is_closed(loaded.graph) for loaded in lingering)
     assert first(catalog, "a", graph_id=began_a) == 4  # gone: the graph served now
     with pytest.raises(NotFoundError):
         first(catalog, "b", graph_id=began_b)

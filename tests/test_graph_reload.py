@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from graph_factory import write_graph
+from graph_factory import is_closed, write_graph
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from builder import GraphBuilder
@@ -194,10 +194,10 @@ def test_a_call_in_flight_keeps_its_graph_until_it_ends(tmp_path):
         with slot.use() as later:
             assert later.graph is second
         assert in_flight.graph.successors([1])[0].tolist() == [2]  # still open
-        assert not first._closed
-    assert first._closed and not second._closed
+        assert not is_closed(first)
+    assert is_closed(first) and not is_closed(second)
     slot.close()
-    assert second._closed
+    assert is_closed(second)
 
 
 @pytest.fixture

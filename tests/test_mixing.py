@@ -163,11 +163,12 @@ def test_attentive_mix_false_forces_backoff(mixing_graph: NGramGraph, mixing: st
     assert as_dict(reference[0]) == {8: 1.0}
 
 
-def test_default_mixing_is_witten_bell_with_escape_weight_8() -> None:
-    """Chosen by measured tokens per verifier forward on the tinystories dev prompts (2.61 vs
-    1.92 for the seed formula and 2.37 for plain backoff at k=8)."""
+def test_an_unset_mixing_gets_the_servers_default() -> None:
+    """The default mixing and escape weight are tuning choices (measured in
+    docs/benchmarks.md): a request that leaves them unset gets the server's, whatever they
+    are; attentive_mix off forces backoff."""
     filled = DraftParams().with_defaults()  # unset: a graph's tuned value, else these
-    assert filled.mixing == DraftConfig().mixing == "witten-bell"
-    assert filled.escape_weight == DraftConfig().escape_weight == 8.0
-    assert DraftParams().effective_mixing == "witten-bell"
+    defaults = DraftConfig()
+    assert (filled.mixing, filled.escape_weight) == (defaults.mixing, defaults.escape_weight)
+    assert DraftParams().effective_mixing == defaults.mixing
     assert DraftParams(attentive_mix=False).effective_mixing == "backoff"

@@ -262,13 +262,14 @@ def test_up_pins_only_when_asked(monkeypatch):
     assert "--torch-threads" in verifier.argv  # the threads the cores were counted for
 
 
-def test_up_serves_the_http_api_on_8000_unless_told_otherwise():
-    """The gateway child gets --http-port 8000 by default; --http-port 0 (off) is passed on,
+def test_up_serves_the_http_api_on_its_default_port_unless_told_otherwise():
+    """The gateway child gets up's default --http-port (on); --http-port 0 (off) is passed on,
     and serve-gateway reads 0 as off too (its default)."""
     from gateway.launch.cli import DEFAULT_UP_HTTP_PORT
     from gateway.launch.up_plan import plan_up
     from launcher.cli import build_parser
 
+    assert 1 <= DEFAULT_UP_HTTP_PORT <= 65535  # on by default
     parser = build_parser()
     base = ["up", "--graph", "g", "--model", str(STORIES_MODEL), "--device", "cpu"]
     for extra, port in (([], DEFAULT_UP_HTTP_PORT), (["--http-port", "0"], 0)):
@@ -277,4 +278,4 @@ def test_up_serves_the_http_api_on_8000_unless_told_otherwise():
         assert gateway.other_ports == ((port,) if port else ())
         assert parser.parse_args(gateway.argv).http_port == port
     serve = parser.parse_args(["serve-gateway", "--draft", "a:1", "--verifier", "b:2"])
-    assert DEFAULT_UP_HTTP_PORT == 8000 and serve.http_port is None
+    assert serve.http_port is None  # serve-gateway alone: no HTTP API unless asked

@@ -266,7 +266,8 @@ def test_idle_sessions_expire_without_further_calls(loaded) -> None:
     try:
         first_token(v, "old", [1, 2, 3])
         first_token(v, "busy", [1, 2, 3])
-        session = v.sessions._sessions["old"]
+        with v.sessions.use("old") as session:  # the session object, to see its cache freed
+            pass
         for _ in range(6):  # keep "busy" in use while "old" idles
             time.sleep(0.1)
             v.verify("busy", [4])

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from speculant.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from tests.fixtures.e2e import verifier_config
 
 PROMPT = [1, 403, 407, 261]
 
@@ -78,7 +79,7 @@ def test_a_client_filling_the_unary_sessions_leaves_the_gateway_its_sessions(ser
                 break
         else:
             pytest.fail("the verifier took 200 unary sessions")
-        assert len(held) == 16  # VerifierConfig.max_unary_sessions
+        assert len(held) == verifier_config().max_unary_sessions  # the cap, not fewer
         response = services.gateway.Generate(
             gateway_pb2.GenerateRequest(prompt="Once upon a time", max_tokens=8), timeout=30
         )
