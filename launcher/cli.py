@@ -61,13 +61,13 @@ def package_version() -> str:
         return "unknown"
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+def all_subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """Every parser below `parser` (the subcommands, and `bench`'s targets)."""
     found = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
-                found += [child, *_subparsers(child)]
+                found += [child, *all_subparsers(child)]
     return found
 
 
@@ -124,7 +124,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def _finish(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Give every subcommand the defaults-showing help and a -v of its own."""
-    for child in _subparsers(parser):
+    for child in all_subparsers(parser):
         child.formatter_class = DefaultsHelpFormatter
         if not any("-v" in a.option_strings for a in child._actions):
             # -v after the subcommand too; SUPPRESS keeps a -v given before it

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher.cli import _subparsers, build_parser
+from launcher.cli import all_subparsers, build_parser
 from tests.assets import STORIES_MODEL
 
 SPECULANT = [sys.executable, "-m", "launcher.cli"]
@@ -119,7 +119,7 @@ def _options(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
 def test_every_flag_has_a_help_line_and_shows_its_default():
     parser = build_parser()
     missing, hidden = [], []
-    for child in _subparsers(parser):
+    for child in all_subparsers(parser):
         for action in _options(child):
             flag = f"{child.prog} {action.option_strings[-1]}"
             if not action.help:
@@ -131,5 +131,5 @@ def test_every_flag_has_a_help_line_and_shows_its_default():
                 hidden.append(flag)
     assert not missing, f"flags without a help line: {missing}"
     assert not hidden, f"flags whose help does not show the default: {hidden}"
-    for child in _subparsers(parser):  # every help page formats (no stray % in a help string)
+    for child in all_subparsers(parser):  # every help page formats (no stray % in a help string)
         assert "usage:" in child.format_help()

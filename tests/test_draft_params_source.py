@@ -15,7 +15,7 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
 from gateway.api.bodies import CompletionBody, SamplingFields
-from launcher.cli import _subparsers, build_parser
+from launcher.cli import all_subparsers, build_parser
 from speculant.config import (
     SAMPLING_CONTROLS,
     TUNABLE_FIELDS,
@@ -128,7 +128,7 @@ def test_every_drafting_flag_defaults_to_the_config_or_leaves_it_to_the_server()
     """A flag named like a DraftConfig field defaults to None (unset: the server's default, the
     help naming the built-in one) or to the DraftConfig default itself."""
     checked = 0
-    for parser in _subparsers(build_parser()):
+    for parser in all_subparsers(build_parser()):
         for action in parser._actions:
             for name, info in DraftConfig.model_fields.items():
                 if f"--{name.replace('_', '-')}" not in action.option_strings:
