@@ -1,14 +1,12 @@
 """Defaults of ``speculant distill`` (one place: the job and its flags read them; no imports).
 
-Measured on the tinystories dev prompts (stories260K, default drafts, 128 tokens, greedy):
-- weight: each distilled n-gram counts as this many corpus counts. With 4,096 greedy
-  continuations, tau over all tokens for weight 1 / 2 / 4 / 8 / 16: 4.58 / 4.68 / 4.72 / 4.74 /
-  4.72 (the corpus graph alone: 3.05).
-- prefix words: prompts are document prefixes of 5..40 words; 5..100 gave 4.37 and 5..400 3.99
-  (weight 1), 1..40 4.58 against 4.72 (weight 4), windows from inside documents 4.44.
-- batch size 128, one torch thread on a CPU: 4,096 x 128 tokens in 58 s on a 2-core machine
-  with the other core busy (10,100 tokens/s at batch 128 on 1 thread, 800 on 2: OpenMP threads
-  that spin while another process holds a core make small-model steps 10-30x slower).
+Chosen on the tinystories dev prompts (stories260K, default drafts, 128 tokens, greedy; the
+figures are in docs/learning.md, "How the defaults were chosen"):
+- weight: each distilled n-gram counts as this many corpus counts (the best of 1..16).
+- prefix words: prompts are document prefixes of 5..40 words (longer prefixes, 1..40 words and
+  windows from inside documents drafted worse).
+- batch size 128, one torch thread on a CPU for a small model: OpenMP threads that spin while
+  another process holds a core make small-model steps many times slower.
 
 - constraints: a prompts file's records with response_format / tools are answered under their
   constraint (on by default): distilled constrained answers raise tau on constrained prompts
@@ -24,7 +22,7 @@ Not measured (chosen, to be measured on a chat model):
 
 GENERATIONS = 4096  # from the corpus; with --prompts: one per prompt of the file
 # A batch holds at most BATCH_SIZE rows, and no more than keep its KV cache within this budget
-# (distill.generation: SmolLM2-135M generated 2.7x faster in rows of 32 than of 128).
+# (distill.generation; SmolLM2-135M generated faster in rows of 32 than of 128: docs/learning.md).
 KV_CACHE_BUDGET_BYTES = 384 * 2**20
 MAX_TOKENS = 128
 BATCH_SIZE = 128
@@ -35,7 +33,7 @@ PASSAGE_MIN_WORDS = 40
 PASSAGE_MAX_WORDS = 120
 CPU_THREADS = 1
 # From this many parameters on, a CPU distill uses every usable core (--torch-threads unset):
-# SmolLM2-135M at batch 64 generated 45 tokens/s on one thread, 70 on two, on a 2-core machine.
+# SmolLM2-135M generated faster on two threads than on one, on a 2-core machine (learning.md).
 LARGE_MODEL_PARAMETERS = 50_000_000
 PROGRESS_SECONDS = 15.0
 # A prompt record's response_format / tools constrain its continuations (--constraints on|off;

@@ -93,9 +93,9 @@ def generate_continuations(
 
     A batch also holds no more rows than keep its KV cache, at the batch's longest prompt plus
     max_tokens, within kv_cache_bytes: generate's cache grows by concatenation, copying all of
-    it at every step, so a large cache costs more than its rows gain (SmolLM2-135M on a 2-core
-    CPU, 128 prompts of 128 tokens: 49 / 112 / 131 / 120 tokens/s at 128 / 64 / 32 / 16 rows;
-    stories260K's cache is 20x smaller per token, so its batches stay batch_size).
+    it at every step, so a large cache costs more than its rows gain (measured by batch size in
+    docs/learning.md; stories260K's cache is 20x smaller per token, so its batches stay
+    batch_size).
 
     on_batch(generations, tokens) is called after each batch with its counts (progress);
     on_step(step, tokens) after each decoding step of a batch, with the tokens generated per

@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="TOKENS",
         help="draft from the longest match of up to this many context tokens too, beside the "
         f"orders 1..max order (a format 2 graph; {LONG_CONTEXT} suggested: better drafts from "
-        "graphs of learned text, Propose about 1.2x slower; 0 = off)",
+        "graphs of learned text, at a slower Propose; 0 = off)",
     )
     serve.add_argument(
         "--reload-interval",

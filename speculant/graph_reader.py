@@ -8,9 +8,8 @@ followed by a successor.
 (formats 2 and 3) is matched over the last ``window`` tokens of a context (LONG_CONTEXT, 16,
 suggested). Drafting mixes the orders 1..max_order (the build's ``--order``) as ever, and the
 *longest match* as one more order when it is longer, and at least LONGEST_FROM tokens: a context
-seen verbatim that far back says more than its last few tokens (dev prompts, greedy replay, the
-default tree: distilled tinystories 6.73 -> 7.23 tokens per forward, distilled SmolLM2 chat
-3.779 -> 3.786; Propose about 1.2x slower; docs/benchmarks.md).
+seen verbatim that far back says more than its last few tokens (measured in docs/learning.md,
+"Longer contexts": more tokens per forward on distilled graphs, at a slower Propose).
 
 The graph is memory-mapped read-only (format 3: its one LMDB environment, the index's arrays
 zero-copy views of it): pages are read from the file on demand and belong to the page cache,

@@ -29,9 +29,9 @@ seconds for N nodes (measured by the drafter, without the RPC: a per call, b per
 over rounds of varied sizes) and T' the coordinator's time plus the draft call's overhead
 (N = 0: no draft call at all). The next round drafts GROW N nodes and room to find better
 ones: MARGIN, or as many as the drafter makes in ROOM_SHARE of a plain decoding step if that is
-more (by its mean seconds per node: about 20 nodes on a CPU where a forward costs ~55 ms and a
-node ~25 us; the cut then verifies the few of them that pay). It drafts twice the budget
-instead when all of a full-budget draft paid; always within the request's limits (``k``
+more (by its mean seconds per node: a few dozen nodes on a CPU, where a forward costs a few
+thousand nodes' drafting; the cut then verifies the few of them that pay). It drafts twice the
+budget instead when all of a full-budget draft paid; always within the request's limits (``k``
 deep, ``tree_nodes`` nodes, or a chain of ``k``). Where no draft paid for QUIET_ROUNDS rounds
 in a row a request stops drafting for 1, 2, 4 ... up to MAX_SKIP rounds between probes, unless
 drafting costs less than SKIP_FRACTION of a plain step (then it drafts every round, a cheap
@@ -60,8 +60,7 @@ FIRST_BUDGET probe) is not counted in the rates, and drafting seconds past STALL
 steps (a compile, a stall) count as STALL_STEPS plain steps everywhere. The mixed shapes (a
 tree without the overlay, a chain with it) are not tried: where the richest shape loses to the
 cheapest they rarely win, and each shape compared costs its trials and the noise of its estimate
-(stories260K on a CPU: 0.89x of the fixed drafts of 5a087f4 with all four shapes compared, 0.97x
-with these two).
+(measured against four shapes in docs/benchmarks.md).
 
 **Calibrated acceptance** (how likely the target is to accept each draft token, learned online).
 
