@@ -11,7 +11,8 @@ Layout (format version 3), in the graph directory:
   object (see :class:`GraphMeta`), and named database ``index``, one key per array of the
   suffix index (:mod:`speculant.suffix_index`, :mod:`speculant.graph_store`): the corpus as one
   token stream, its positions sorted by the text before them, and a table of the successor
-  counts of frequent contexts, 6 to 9 bytes a corpus token whatever the order, so a graph
+  counts of frequent contexts: 6 to 8 bytes a corpus token for the stream and the positions
+  (suffix_index), 1 to 3 more for the table (docs/graph.md), whatever the order, so a graph
   answers contexts of any length up to ``suffix_index.MAX_CONTEXT`` tokens. Readers map the
   arrays zero-copy. The meta record is written last, in the builder's final transaction: a
   graph without it is unfinished and is never served.
