@@ -17,7 +17,7 @@ bootstrap 95% interval over prompts (bench.distill.bootstrap_tau).
         --model ../shared/models/smollm2-135m-instruct --train folds/train.jsonl \\
         --eval folds/eval.jsonl --budgets 0,96,192,384 --work out/ --json out/bench.json
 
-Generations are kept in --work (eval.pkl, train.pkl, written as they come), so a run cut short
+Generations are kept in --work (eval.json, train.json, written as they come), so a run cut short
 goes on where it stopped, and other weights replay without the model (--weight).
 """
 
@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import pickle
 import shutil
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -63,11 +63,12 @@ def generate(loaded: Any, ids: list[list[int]], args: argparse.Namespace) -> lis
 
 
 class Generated:
-    """Generations kept in a pickle, appended chunk by chunk."""
+    """Generations kept in a JSON file (a list of Generation records), rewritten chunk by chunk."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.items: list[Generation] = pickle.loads(path.read_bytes()) if path.exists() else []
+        records = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+        self.items = [Generation(**record) for record in records]
         self.seconds = 0.0
         self.tokens = 0
 
@@ -78,7 +79,7 @@ class Generated:
         self.tokens += sum(len(g.continuation_ids) for g in new)
         offset = len(self.items)
         self.items += [Generation(offset + g.index, g.prompt_ids, g.continuation_ids) for g in new]
-        self.path.write_bytes(pickle.dumps(self.items))
+        self.path.write_text(json.dumps([asdict(g) for g in self.items]), encoding="utf-8")
 
 
 def budget_rows(
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     eval_records = load_prompts(args.eval)
     labels = kind_labels(eval_records)
-    evaluated = Generated(args.work / "eval.pkl")
+    evaluated = Generated(args.work / "eval.json")
     if len(evaluated.items) < len(eval_records):
         say(f"generating the continuations of {len(eval_records)} evaluation prompts")
         evaluated.extend(loaded, [r.token_ids(loaded.tokenizer) for r in eval_records], args)
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         for g in evaluated.items
     ]
     train_records = load_prompts(args.train)[: max(budgets)]
-    trained = Generated(args.work / "train.pkl")
+    trained = Generated(args.work / "train.json")
     while len(trained.items) < len(train_records):
         chunk = train_records[len(trained.items) : len(trained.items) + args.chunk]
         trained.extend(loaded, [r.token_ids(loaded.tokenizer) for r in chunk], args)
