@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import sys
@@ -81,9 +82,41 @@ def default_drafts() -> DraftParams:
     return params
 
 
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_SEED = 0
+
+
+def bootstrap_tau(
+    counts: Sequence[tuple[int, int]],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """The percentile bootstrap interval of tau over all tokens, resampling prompts: counts
+    holds each prompt's (tokens, forwards); each resample draws len(counts) prompts with
+    replacement and its tau is their total tokens / total forwards. (0, 0) for no prompts."""
+    if not counts:
+        return 0.0, 0.0
+    rng = random.Random(seed)
+    n = len(counts)
+    taus = []
+    for _ in range(resamples):
+        tokens = forwards = 0
+        for _ in range(n):
+            t, f = counts[rng.randrange(n)]
+            tokens += t
+            forwards += f
+        taus.append(tokens / forwards if forwards else 0.0)
+    taus.sort()
+    tail = (1.0 - level) / 2
+    low = taus[int(tail * resamples)]
+    high = taus[min(resamples - 1, int((1.0 - tail) * resamples))]
+    return low, high
+
+
 def figures(results: Sequence[SimResult]) -> dict[str, Any]:
-    """tau median over prompts, tau over all tokens, acceptance and the counts of a set of
-    per-prompt replays."""
+    """tau median over prompts, tau over all tokens (with its bootstrap 95% interval over
+    prompts, :func:`bootstrap_tau`), acceptance and the counts of a set of per-prompt replays."""
     total = SimResult()
     for result in results:
         total.add(result)
@@ -91,6 +124,7 @@ def figures(results: Sequence[SimResult]) -> dict[str, Any]:
         "prompts": len(results),
         "tau_median": statistics.median(r.tau for r in results) if results else 0.0,
         "tau_all_tokens": total.tau,
+        "tau_ci95": list(bootstrap_tau([(r.tokens, r.forwards) for r in results])),
         "acceptance_rate": total.acceptance,
         "tokens": total.tokens,
         "rounds": total.forwards,
@@ -124,6 +158,9 @@ def measure_tau(
     finally:
         graph.close()
     row = figures(results)
+    row["per_prompt"] = [
+        [r.tokens, r.forwards, r.drafted, r.accepted] for r in results
+    ]  # tokens, forwards, drafted, accepted of each prompt, in the prompts' order
     kinds = kinds_in(labels)
     if kinds:
         row["by_kind"] = {
@@ -173,6 +210,10 @@ def run_bench(args: argparse.Namespace) -> int:
         "eval_prompts": str(prompts_path),
         "prompts": len(prompts),
         "kinds": {kind: labels.count(kind) for kind in kinds_in(labels)},
+        "traces": [  # each prompt's label, prompt tokens, greedy tokens, ended by EOS
+            [label, len(t.prompt_ids), len(t.tokens), t.ended_by_eos]
+            for label, t in zip(labels, traces, strict=True)
+        ],
         "eval_max_tokens": args.eval_max_tokens,
         "eval_seconds": eval_seconds,
         "draft": replayed_drafts(params),
@@ -182,6 +223,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "device": str(loaded.device),
         "generate_seconds": generate_seconds,
         "generations_per_second": len(generations) / max(generate_seconds, 1e-9),
+        "generated_tokens": sum(len(g.continuation_ids) for g in generations),
         "rows": rows,
     }
     print(format_table(result))
@@ -235,13 +277,15 @@ def format_table(result: dict[str, Any]) -> str:
         "drafted token verified: tau under a flat cost profile, the figure that carries to a GPU "
         "(replayed against the model's greedy continuations)",
         f"distilled with {result['model']} at temperature {result['temperature']}, weight "
-        f"{result['weight']}, {result['generations_per_second']:.1f} generations/s on "
-        f"{result['device']}",
+        f"{result['weight']}, {result['generations_per_second']:.2f} generations/s "
+        f"({result.get('generated_tokens', 0) / max(result['generate_seconds'], 1e-9):.1f} "
+        f"tokens/s) on {result['device']}; 95% interval: bootstrap over prompts "
+        f"({BOOTSTRAP_RESAMPLES} resamples)",
     ]
     group = f" {'kind':16} {'prompts':>7}" if kinds else ""
     lines.append(
-        f"{'generations':>11}{group} {'tau median':>10} {'tau all':>8} {'vs 0':>6} "
-        f"{'accept':>7} {'~seconds':>9}"
+        f"{'generations':>11}{group} {'tau median':>10} {'tau all':>8} {'95% interval':>13} "
+        f"{'vs 0':>6} {'accept':>7} {'~seconds':>9}"
     )
     rows = result["rows"]
     first = rows[0] if rows and rows[0]["generations"] == 0 else None
@@ -252,9 +296,10 @@ def format_table(result: dict[str, Any]) -> str:
             base = zero["tau_all_tokens"] if zero else 0.0
             ratio = f"{values['tau_all_tokens'] / base:.2f}x" if base else "-"
             cells = f" {name[:16]:16} {values['prompts']:>7}" if kinds else ""
+            low, high = values.get("tau_ci95") or (0.0, 0.0)
             lines.append(
                 f"{row['generations']:>11,}{cells} {values['tau_median']:>10.2f} "
-                f"{values['tau_all_tokens']:>8.2f} {ratio:>6} "
+                f"{values['tau_all_tokens']:>8.2f} {f'{low:.2f}-{high:.2f}':>13} {ratio:>6} "
                 f"{values['acceptance_rate']:>7.1%} {row['est_generate_seconds']:>9.1f}"
             )
     return "\n".join(lines)

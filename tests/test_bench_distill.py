@@ -152,3 +152,23 @@ def test_the_saved_graph_is_what_distill_writes_for_that_budget(
     assert meta_of(kept).orders == meta_of(other).orders
     assert meta_of(kept).orders != meta_of(graph_copy).orders  # the generations were appended
     assert main([*argv, "--save-graph", str(kept)]) == 2  # never over an existing directory
+
+
+def test_bootstrap_interval_holds_the_estimate_and_narrows_with_more_prompts() -> None:
+    """The bootstrap interval of tau over all tokens (prompts resampled) contains the point
+    estimate, is the same for the same seed, and is narrower for more prompts alike."""
+    import random
+
+    rng = random.Random(7)
+    counts = [(128, rng.randint(20, 60)) for _ in range(400)]
+    few, many = counts[:25], counts
+    for sample in (few, many):
+        tau = sum(t for t, _ in sample) / sum(f for _, f in sample)
+        low, high = bench.distill.bootstrap_tau(sample)
+        assert low < tau < high
+        assert bench.distill.bootstrap_tau(sample) == (low, high)
+    few_low, few_high = bench.distill.bootstrap_tau(few)
+    many_low, many_high = bench.distill.bootstrap_tau(many)
+    assert many_high - many_low < few_high - few_low
+    assert bench.distill.bootstrap_tau([]) == (0.0, 0.0)
+    assert bench.distill.bootstrap_tau([(10, 5)] * 3) == (2.0, 2.0)
