@@ -14,8 +14,8 @@ tau under a flat cost profile) are replayed per held-out prompt; figures per kin
 bootstrap 95% interval over prompts (bench.distill.bootstrap_tau).
 
     PYTHONPATH=. .venv/bin/python scripts/fold_bench.py --graph g-docs \\
-        --model ../shared/models/smollm2-135m-instruct --train folds/train.jsonl \\
-        --eval folds/eval.jsonl --budgets 0,96,192,384 --work out/ --json out/bench.json
+        --model ../shared/models/smollm2-135m-instruct --train FOLDS/train.jsonl \\
+        --eval FOLDS/eval.jsonl --budgets 0,96,192,384 --work OUT/ --json OUT/bench.json
 
 Generations are kept in --work (eval.json, train.json, written as they come), so a run cut short
 goes on where it stopped, and other weights replay without the model (--weight).
