@@ -22,6 +22,7 @@ and the services' settings built from them.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -556,17 +557,30 @@ class DraftParams:
         """Raise InvalidArgumentError naming the first field outside DraftConfig's declaration
         (its choices, or its bounds; NaN and inf fail); return self when valid. Unset mixing
         parameters are the drafter's to fill."""
-        for name, info in DraftConfig.model_fields.items():
+        for name, choices, kind, bounds in _draft_checks():
             value = getattr(self, name)
-            if value is None or info.annotation is bool:
+            if value is None:
                 continue
-            if get_origin(info.annotation) is Literal:
-                ok = value in get_args(info.annotation)
-            else:
-                ok = _admits(info.annotation, _bounds(info), value)
-            if not ok:
+            if not (value in choices if choices else _admits(kind, bounds, value)):
+                info = DraftConfig.model_fields[name]
                 raise InvalidArgumentError(name, f"must be {setting_range(info)}, got {value!r}")
         return self
+
+
+@functools.cache
+def _draft_checks() -> tuple[tuple[str, tuple[str, ...], type, dict[str, float]], ...]:
+    """(field, its choices or (), its type, its bounds) of each checked DraftConfig field, read
+    from the declarations once (DraftParams.validate runs on every Propose)."""
+    return tuple(
+        (
+            name,
+            get_args(info.annotation) if get_origin(info.annotation) is Literal else (),
+            info.annotation,
+            _bounds(info),
+        )
+        for name, info in DraftConfig.model_fields.items()
+        if info.annotation is not bool
+    )
 
 
 def _bounds(info: FieldInfo) -> dict[str, float]:
