@@ -25,19 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.distill import default_drafts, format_table, measure_tau
+from bench.distill import budget_rows, default_drafts, format_table, measure_tau
 from distill.generation import Generation, generate_continuations
 from distill.replay import GreedyTrace, kind_labels, kinds_in, replayed_drafts
-from distill.run import append_generations
 from speculant.prompt_records import load_prompts
 
 
@@ -82,7 +79,7 @@ class Generated:
         self.path.write_text(json.dumps([asdict(g) for g in self.items]), encoding="utf-8")
 
 
-def budget_rows(
+def fold_rows(
     args: argparse.Namespace,
     budgets: list[int],
     loaded: Any,
@@ -105,26 +102,22 @@ def budget_rows(
     job = SimpleNamespace(
         options=options,
         loaded=loaded,
+        graph=args.graph,
         meta=read_base_meta(args.graph),
         prompt_source="prompts",
         constraints=[],
     )
     params = default_drafts()
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="fold-bench-") as scratch:
-        for budget in budgets:
-            graph = args.graph
-            if budget > 0:
-                graph = Path(scratch) / f"graph-{budget}"
-                shutil.copytree(args.graph, graph)
-                append_generations(job, generations[:budget], graph)
-            row = {"generations": budget, "est_generate_seconds": 0.0}
-            row |= measure_tau(graph, traces, labels, params, args.max_tokens, loaded.max_context)
-            rows.append(row)
-            say(f"budget {budget}: tau {row['tau_all_tokens']:.2f} (all tokens)")
-            if graph != args.graph:
-                shutil.rmtree(graph, ignore_errors=True)
-    return rows
+    return budget_rows(
+        job,
+        generations,
+        budgets,
+        0.0,
+        lambda graph: measure_tau(
+            graph, traces, labels, params, args.max_tokens, loaded.max_context
+        ),
+        None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             f"training generations: {len(trained.items)}/{len(train_records)}, "
             f"{trained.tokens / max(trained.seconds, 1e-9):.1f} tokens/s"
         )
-    rows = budget_rows(args, budgets, loaded, trained.items, traces, labels)
+    rows = fold_rows(args, budgets, loaded, trained.items, traces, labels)
     params = default_drafts()
     seconds = evaluated.seconds + trained.seconds
     generated = len(evaluated.items) + len(trained.items) if seconds else 0
