@@ -192,9 +192,10 @@ def run_bench(args: argparse.Namespace) -> int:
         raise CommandError(f"--eval-prompts {prompts_path}: {exc}", EXIT_USAGE) from exc
     eval_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    generations: list[Generation] = sorted(continuations(job), key=lambda g: g.index)
+    # the main continuations in prompt order, then each sample round's (--samples)
+    generations: list[Generation] = sorted(continuations(job), key=lambda g: (g.sample, g.index))
     generate_seconds = time.perf_counter() - started
-    per_generation = generate_seconds / max(len(generations), 1)
+    per_generation = generate_seconds / max(len(job.prompt_ids), 1)  # a prompt's, samples too
     measure = partial(
         measure_tau,
         traces=traces,
@@ -203,7 +204,15 @@ def run_bench(args: argparse.Namespace) -> int:
         max_tokens=args.eval_max_tokens,
         max_context=loaded.max_context,
     )
-    rows = budget_rows(job, generations, budgets, per_generation, measure, save_graph)
+    rows = budget_rows(
+        job,
+        generations,
+        budgets,
+        per_generation,
+        measure,
+        save_graph,
+        lambda budget: [g for g in generations if g.index < budget],  # the first b prompts'
+    )
     result = {
         "graph": str(job.graph),
         "model": args.model,
@@ -220,6 +229,10 @@ def run_bench(args: argparse.Namespace) -> int:
         "max_tokens": options.max_tokens,
         "temperature": options.temperature,
         "weight": options.weight,
+        "samples": options.samples,  # sampled answers per prompt (budget b: b prompts')
+        "sample_temperature": options.sample_temperature,
+        "sample_weight": options.sample_weight or options.weight,
+        "loop_cut": [options.loop_ngram, options.loop_repeats],
         "device": str(loaded.device),
         "generate_seconds": generate_seconds,
         "generations_per_second": len(generations) / max(generate_seconds, 1e-9),
@@ -241,10 +254,12 @@ def budget_rows(
     per_generation: float,
     measure: Callable[[Path], dict[str, Any]],
     save_graph: Path | None,
+    pick: Callable[[int], Sequence[Generation]] | None = None,
 ) -> list[dict[str, Any]]:
     """A row per budget b: the figures `measure` gives of a scratch copy of the job's graph
-    with the first b generations appended (budget 0: the graph itself), and the seconds
-    generating them would take; the largest budget's graph is copied to save_graph if given."""
+    with the first b generations appended (pick(b) when given: e.g. the first b prompts'
+    greedy and sampled ones; budget 0: the graph itself), and the seconds generating them
+    would take; the largest budget's graph is copied to save_graph if given."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-distill-") as scratch:
         for budget in budgets:
@@ -252,7 +267,8 @@ def budget_rows(
             if budget > 0:
                 graph = Path(scratch) / f"graph-{budget}"
                 shutil.copytree(job.graph, graph)
-                append_generations(job, generations[:budget], graph)
+                chosen = pick(budget) if pick is not None else generations[:budget]
+                append_generations(job, chosen, graph)
             row = {"generations": budget, "est_generate_seconds": budget * per_generation}
             row |= measure(graph)
             rows.append(row)

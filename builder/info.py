@@ -76,12 +76,24 @@ def distilled_line(record: dict[str, Any]) -> str:
     else:
         words = source.get("prefix_words", ["?", "?"])
         prompts = f"prompts: {words[0]}-{words[1]} word prefixes of {corpus}"
+    extra = ""
+    if samples := record.get("samples"):
+        extra += (
+            f", {samples.get('generations', 0):,} of them sampled ({samples.get('per_prompt')} "
+            f"a prompt at temperature {samples.get('temperature')}, weight {samples.get('weight')})"
+        )
+    if cut := record.get("loop_cut"):
+        extra += (
+            f", loops cut ({cut.get('ngram')}-grams past {cut.get('repeats')}: "
+            f"{cut.get('tokens', 0):,} tokens of {cut.get('answers', 0):,} answers)"
+        )
     return (
         f"distilled: {record.get('generations', 0):,} continuations of up to "
         f"{record.get('max_tokens', '?')} tokens ({record.get('tokens', 0):,} tokens, weight "
         f"{record.get('weight', 1)}) by {record.get('model', '?')} "
         f"({str(record.get('model_fingerprint', '?'))[:23]}...) at temperature "
-        f"{record.get('temperature', '?')}{', chat' if record.get('chat') else ''}; {prompts}"
+        f"{record.get('temperature', '?')}{', chat' if record.get('chat') else ''}{extra}; "
+        f"{prompts}"
     )
 
 

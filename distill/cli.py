@@ -4,7 +4,8 @@ distill`` is in :mod:`bench.cli`).
 - ``speculant distill --graph G --model M [--corpus PATH... | --prompts FILE.jsonl]
   [--doc-separator S] [--text-field F] [--corpus-prompts auto|prefixes|passages]
   [--passage-words MIN-MAX] [--passage-templates NAME,...] [--save-prompts FILE.jsonl]
-  [--generations N] [--max-tokens T] [--temperature T] [--batch-size B] [--weight W]
+  [--generations N] [--max-tokens T] [--temperature T] [--samples N] [--sample-temperature T]
+  [--batch-size B] [--weight W] [--sample-weight W] [--loop-cut N,K]
   [--device cpu|cuda|auto] [--seed S] [--chat] [--constraints on|off] [--progress-every S]
   [--quiet]``
 
@@ -38,6 +39,33 @@ def _non_negative_float(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def loop_cut(text: str) -> tuple[int, int]:
+    """N,K: cut a continuation before an N-token n-gram occurs for the K+1-th time (N 0: off;
+    N alone: K 2)."""
+    ngram, _, repeats = text.partition(",")
+    try:
+        values = (int(ngram), int(repeats or 2))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"N,K, e.g. 8,2 (or 0: off), got {text!r}") from exc
+    if values[0] < 0 or values[1] < 1:
+        raise argparse.ArgumentTypeError(f"need N >= 0 and K >= 1, got {text!r}")
+    return values
 
 
 def word_range(text: str) -> tuple[int, int]:
@@ -144,8 +172,41 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         metavar="T",
         help="0 = greedy (default); > 0 samples, e.g. at the temperature you serve",
     )
+    p.add_argument(
+        "--samples",
+        type=_non_negative_int,
+        default=defaults.SAMPLES,
+        metavar="N",
+        help="also generate N sampled continuations of each prompt (at --sample-temperature, "
+        f"seeded by --seed), appended like the main one (default {defaults.SAMPLES}: the main "
+        "one only)",
+    )
+    p.add_argument(
+        "--sample-temperature",
+        type=_positive_float,
+        default=defaults.SAMPLE_TEMPERATURE,
+        metavar="T",
+        help=f"of the --samples continuations (default {defaults.SAMPLE_TEMPERATURE:g})",
+    )
     _add_count(p, "--batch-size", "B", defaults.BATCH_SIZE, "continuations generated together")
     _add_count(p, "--weight", "W", defaults.WEIGHT, "each continuation n-gram counts W times")
+    p.add_argument(
+        "--sample-weight",
+        type=positive,
+        default=None,
+        metavar="W",
+        help="each n-gram of a sampled continuation (--samples) counts W times (default: --weight)",
+    )
+    p.add_argument(
+        "--loop-cut",
+        type=loop_cut,
+        default=(defaults.LOOP_NGRAM, defaults.LOOP_REPEATS),
+        metavar="N,K",
+        help="cut a continuation where it loops: before an N-token n-gram occurs for the "
+        "K+1-th time (its first K kept); N 0 = off (default "
+        f"{defaults.LOOP_NGRAM},{defaults.LOOP_REPEATS}"
+        f"{'' if defaults.LOOP_NGRAM else ': off'})",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="default auto")
     p.add_argument(
         "--dtype",
@@ -240,6 +301,11 @@ def options_from_args(args: argparse.Namespace, generations: int | None):
         generations=generations,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
+        samples=args.samples,
+        sample_temperature=args.sample_temperature,
+        sample_weight=args.sample_weight,
+        loop_ngram=args.loop_cut[0],
+        loop_repeats=args.loop_cut[1],
         batch_size=args.batch_size,
         weight=args.weight,
         device=args.device,
@@ -291,9 +357,14 @@ def run_distill(args: argparse.Namespace) -> int:
         return fail(exc)
     if not args.quiet:
         meta = result.meta
+        weights = f"weight {args.weight}"
+        if args.samples:
+            weights += (
+                f"; {args.samples} sampled per prompt at weight {args.sample_weight or args.weight}"
+            )
         print(
-            f"distilled {result.generations:,} continuations ({result.tokens:,} tokens, weight "
-            f"{args.weight}) of {args.model} into {args.graph}: version {meta.version}, "
+            f"distilled {result.generations:,} continuations ({result.tokens:,} tokens, "
+            f"{weights}) of {args.model} into {args.graph}: version {meta.version}, "
             f"{result.generate_seconds:.1f} s generating and counting, "
             f"{result.total_seconds:.1f} s in all",
             file=sys.stderr,

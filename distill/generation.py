@@ -55,6 +55,33 @@ class Generation:
     index: int  # the prompt's position in the list given
     prompt_ids: list[int]
     continuation_ids: list[int]
+    sample: int = 0  # 0: the prompt's main continuation (--temperature); j >= 1: its j-th sample
+
+
+def sample_seed(seed: int, sample: int, prompts: int, start: int = 0) -> int:
+    """The first batch seed of sample round `sample` (0: the main continuations) over `prompts`
+    prompts, from prompt `start` on (a caller generating in chunks): rounds and chunks get
+    disjoint seeds, since a batch seeds seed, seed + 1, ... and there are at most as many
+    batches as prompts; so the j-th samples of a prompt differ from its other samples."""
+    return seed + sample * max(prompts, 1) + start
+
+
+def cut_loops(tokens: Sequence[int], ngram: int, repeats: int) -> list[int]:
+    """tokens cut where a loop starts: before the first position where an n-gram of `ngram`
+    tokens occurs for the (repeats + 1)-th time (its first `repeats` occurrences are kept);
+    tokens as they are when none does, or when ngram or repeats is 0 (off).
+
+    Small models loop (a repeated sentence, "1, 1, 1, ..." up to max_tokens): counted at a
+    distillation weight, one looping answer would add its loop's n-grams tens of times."""
+    if ngram < 1 or repeats < 1 or len(tokens) < ngram:
+        return list(tokens)
+    seen: dict[tuple[int, ...], int] = {}
+    for start in range(len(tokens) - ngram + 1):
+        gram = tuple(tokens[start : start + ngram])
+        seen[gram] = seen.get(gram, 0) + 1
+        if seen[gram] > repeats:
+            return list(tokens[:start])
+    return list(tokens)
 
 
 def prompt_token_ids(
@@ -87,6 +114,7 @@ def generate_continuations(
     kv_cache_bytes: int = KV_CACHE_BUDGET_BYTES,
     constraints: Sequence[Constraint | None] = (),
     grammars: object = None,
+    sample: int = 0,
 ) -> Iterator[Generation]:
     """Continue every prompt (token ids), batch_size at a time at most; yields in batch order
     (longest prompts first; Generation.index gives each one's place in prompts).
@@ -103,7 +131,8 @@ def generate_continuations(
     EOS), for progress within a long batch. Neither changes what is generated.
 
     constraints: one per prompt (None: free), or () for none; grammars: the
-    speculant.grammar.Grammars of the model's tokenizer that compiles them.
+    speculant.grammar.Grammars of the model's tokenizer that compiles them. sample: the
+    Generation.sample of the continuations yielded (0: main, j: the j-th sampled round).
     """
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
     eos = set(int(t) for t in eos_token_ids)
@@ -126,7 +155,7 @@ def generate_continuations(
         for index, ids, continuation in zip(indexes, rows, new, strict=True):
             kept = _until_eos(continuation, eos)
             tokens += len(kept)
-            yield Generation(index, list(ids), kept)
+            yield Generation(index, list(ids), kept, sample)
         if on_batch is not None:
             on_batch(len(rows), tokens)
 

@@ -35,6 +35,14 @@ class DistillOptions:
     weight: int = defaults.WEIGHT  # each continuation n-gram counts this many times
     max_tokens: int = defaults.MAX_TOKENS
     temperature: float = 0.0
+    # per prompt, this many sampled continuations as well as the main one (0: the main one only)
+    samples: int = defaults.SAMPLES
+    sample_temperature: float = defaults.SAMPLE_TEMPERATURE
+    sample_weight: int | None = None  # the weight of sampled continuations; None: weight
+    # cut a continuation before an n-gram of loop_ngram tokens occurs for the
+    # (loop_repeats + 1)-th time (distill.generation.cut_loops); 0: off
+    loop_ngram: int = defaults.LOOP_NGRAM
+    loop_repeats: int = defaults.LOOP_REPEATS
     batch_size: int = defaults.BATCH_SIZE
     device: str = "auto"
     dtype: str = "auto"
@@ -70,6 +78,20 @@ class DistillOptions:
             (
                 0 <= self.temperature < float("inf"),
                 f"--temperature must be a finite number >= 0, got {self.temperature}",
+            ),
+            (self.samples >= 0, f"--samples must be >= 0, got {self.samples}"),
+            (
+                0 < self.sample_temperature < float("inf"),
+                f"--sample-temperature must be a finite number > 0, got {self.sample_temperature}",
+            ),
+            (
+                self.sample_weight is None or 1 <= self.sample_weight <= 255,
+                f"--sample-weight must be in 1..255, got {self.sample_weight}",
+            ),
+            (
+                self.loop_ngram >= 0 and self.loop_repeats >= 1,
+                f"--loop-cut must be N,K with N >= 0 (0: off) and K >= 1, got "
+                f"{self.loop_ngram},{self.loop_repeats}",
             ),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (self.weight >= 1, f"--weight must be >= 1, got {self.weight}"),

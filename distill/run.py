@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,11 @@ from distill import defaults
 from distill.generation import (
     Generation,
     check_constraints,
+    cut_loops,
     generate_continuations,
     model_fingerprint,
     prompt_token_ids,
+    sample_seed,
 )
 from distill.options import DistillOptions, check_repeats
 from distill.progress import Progress
@@ -85,7 +88,7 @@ def distill_graph(options: DistillOptions) -> DistillResult:
     meta, tokens = append_generations(job, continuations(job), job.graph)
     return DistillResult(
         meta,
-        len(job.prompt_ids),
+        len(job.prompt_ids) * (1 + options.samples),
         tokens,
         time.perf_counter() - started,
         time.perf_counter() - begun,
@@ -203,18 +206,45 @@ def append_generations(
     try:
         builder.check_append(graph)
         started = time.perf_counter()
-        count = 0
+        count = sampled = cut_answers = cut_tokens = 0
+        ngram, repeats = loop_cut(options)
 
-        def documents() -> Iterator[tuple[list[int], int]]:
-            nonlocal count
-            for g in generations:
+        def documents(run: Iterable[Generation]) -> Iterator[tuple[list[int], int]]:
+            nonlocal count, sampled, cut_answers, cut_tokens
+            for g in run:
                 termination.check_interrupt()
                 count += 1
-                yield g.prompt_ids + g.continuation_ids, len(g.prompt_ids)
+                sampled += g.sample > 0
+                kept = cut_loops(g.continuation_ids, ngram, repeats)
+                cut_answers += len(kept) < len(g.continuation_ids)
+                cut_tokens += len(g.continuation_ids) - len(kept)
+                yield g.prompt_ids + kept, len(g.prompt_ids)
 
-        builder.build_from_token_documents(
-            documents(), source=f"distill:{options.model}", weight=options.weight
-        )
+        # one count per run of generations of one weight (the main ones, then the samples)
+        runs = groupby(generations, key=lambda g: generation_weight(options, g))
+        for weight, run in runs:
+            builder.build_from_token_documents(
+                documents(run), source=f"distill:{options.model}", weight=weight
+            )
+        if not count:  # nothing generated: an append of nothing, as before
+            builder.build_from_token_documents(
+                iter(()), source=f"distill:{options.model}", weight=options.weight
+            )
+        extra: dict[str, Any] = {}
+        if getattr(options, "samples", 0):
+            extra["samples"] = {
+                "per_prompt": options.samples,
+                "generations": sampled,
+                "temperature": options.sample_temperature,
+                "weight": generation_weight(options, Generation(0, [], [], 1)),
+            }
+        if ngram and repeats:
+            extra["loop_cut"] = {
+                "ngram": ngram,
+                "repeats": repeats,
+                "answers": cut_answers,
+                "tokens": cut_tokens,
+            }
         builder.note_distilled(
             {
                 "model": options.model,
@@ -231,10 +261,24 @@ def append_generations(
                 "device": str(loaded.device),
                 "seconds": round(time.perf_counter() - started, 3),
             }
+            | extra
         )
         return builder.save(graph, append=True), builder.stats.tokens
     finally:
         builder.close()
+
+
+def generation_weight(options: Any, generation: Generation) -> int:
+    """The weight a generation's n-grams count with: --weight for a prompt's main continuation,
+    --sample-weight (default --weight) for its sampled ones."""
+    if generation.sample and getattr(options, "sample_weight", None) is not None:
+        return options.sample_weight
+    return options.weight
+
+
+def loop_cut(options: Any) -> tuple[int, int]:
+    """(n-gram, repeats) of the loop cut (distill.generation.cut_loops; (0, 0): off)."""
+    return getattr(options, "loop_ngram", 0), getattr(options, "loop_repeats", 0)
 
 
 def _default_threads(device: str) -> int | None:
@@ -261,14 +305,16 @@ def _use_every_core_for_a_large_model(loaded: Any) -> None:
 
 
 def continuations(job: Prepared) -> Iterator[Generation]:
-    """The model's continuations of the job's prompts, in batch order (see distill.generation),
-    with their progress (generations/s, tokens/s, ETA): a bar on a terminal, else a log line
+    """The model's continuations of the job's prompts, in batch order (see distill.generation):
+    the main ones (at --temperature), then --samples rounds of sampled ones (round j: each
+    prompt's j-th sample at --sample-temperature, seeded by sample_seed), with their progress
+    (generations/s, tokens/s, ETA, the samples counted): a bar on a terminal, else a log line
     every progress_seconds and at the end."""
     options, loaded, prompt_ids = job.options, job.loaded, job.prompt_ids
     terminal = sys.stderr.isatty()
     mode = {None: "bar" if terminal else "log", True: "bar", False: "off"}[options.progress]
     progress = Progress(
-        total=len(prompt_ids),
+        total=len(prompt_ids) * (1 + options.samples),
         batch_size=options.batch_size,
         max_tokens=options.max_tokens,
         mode=mode,
@@ -277,7 +323,7 @@ def continuations(job: Prepared) -> Iterator[Generation]:
     )
     log.info(
         "distilling %d prompts (%s) on %s: batches of up to %d (within a %d MiB KV cache), up to "
-        "%d tokens each, temperature %g",
+        "%d tokens each, temperature %g%s",
         len(prompt_ids),
         job.prompt_source.get("type", "?"),
         loaded.device,
@@ -285,26 +331,32 @@ def continuations(job: Prepared) -> Iterator[Generation]:
         defaults.KV_CACHE_BUDGET_BYTES >> 20,
         options.max_tokens,
         options.temperature,
+        f", and {options.samples} sampled per prompt at temperature {options.sample_temperature:g}"
+        if options.samples
+        else "",
     )
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id
     if pad is None:
         pad = loaded.eos_token_ids[0] if loaded.eos_token_ids else 0
+    grammars = _grammars(loaded) if any(job.constraints) else None
     try:
-        yield from generate_continuations(
-            loaded.model,
-            prompt_ids,
-            max_tokens=options.max_tokens,
-            temperature=options.temperature,
-            batch_size=options.batch_size,
-            eos_token_ids=loaded.eos_token_ids,
-            pad_token_id=int(pad),
-            seed=options.seed,
-            on_batch=progress.batch_done,
-            on_step=progress.step if mode == "log" else None,
-            constraints=job.constraints,
-            grammars=_grammars(loaded) if any(job.constraints) else None,
-        )
+        for sample in range(1 + options.samples):
+            yield from generate_continuations(
+                loaded.model,
+                prompt_ids,
+                max_tokens=options.max_tokens,
+                temperature=options.sample_temperature if sample else options.temperature,
+                batch_size=options.batch_size,
+                eos_token_ids=loaded.eos_token_ids,
+                pad_token_id=int(pad),
+                seed=sample_seed(options.seed, sample, len(prompt_ids)),
+                on_batch=progress.batch_done,
+                on_step=progress.step if mode == "log" else None,
+                constraints=job.constraints,
+                grammars=grammars,
+                sample=sample,
+            )
     finally:
         progress.close()
 

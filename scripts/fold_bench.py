@@ -18,7 +18,14 @@ bootstrap 95% interval over prompts (bench.distill.bootstrap_tau).
         --eval FOLDS/eval.jsonl --budgets 0,96,192,384 --work OUT/ --json OUT/bench.json
 
 Generations are kept in --work (eval.json, train.json, written as they come), so a run cut short
-goes on where it stopped, and other weights replay without the model (--weight).
+goes on where it stopped, and other weights replay without generating (--weight).
+
+--samples N also appends N sampled answers per training prompt (as ``speculant distill
+--samples N``): round j at --sample-temperature, kept in train-sample{j}-t{T}-s{seed}.json (so
+--samples 2 reuses the round of --samples 1), seeded as distill seeds it
+(distill.generation.sample_seed, per chunk); budget b appends the first b prompts' greedy
+answers at --weight and their samples at --sample-weight. --loop-ngram N --loop-repeats K cut
+every appended answer where it loops (distill.generation.cut_loops; ``--loop-cut N,K``).
 """
 
 from __future__ import annotations
@@ -27,13 +34,14 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from bench.distill import budget_rows, default_drafts, format_table, measure_tau
-from distill.generation import Generation, generate_continuations
+from distill.generation import Generation, cut_loops, generate_continuations, sample_seed
 from distill.replay import GreedyTrace, kind_labels, kinds_in, replayed_drafts
 from speculant.prompt_records import load_prompts
 
@@ -42,7 +50,15 @@ def say(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
-def generate(loaded: Any, ids: list[list[int]], args: argparse.Namespace) -> list[Generation]:
+def generate(
+    loaded: Any,
+    ids: list[list[int]],
+    args: argparse.Namespace,
+    sample: int = 0,
+    seed: int = 0,
+) -> list[Generation]:
+    """The continuations of ids in their order: greedy (sample 0), or sample round `sample` at
+    --sample-temperature, its batches seeded from seed."""
     eos = list(loaded.eos_token_ids)
     pad = loaded.tokenizer.pad_token_id
     return sorted(
@@ -50,10 +66,12 @@ def generate(loaded: Any, ids: list[list[int]], args: argparse.Namespace) -> lis
             loaded.model,
             ids,
             max_tokens=args.max_tokens,
-            temperature=0.0,
+            temperature=args.sample_temperature if sample else 0.0,
             batch_size=args.batch_size,
             eos_token_ids=eos,
             pad_token_id=eos[0] if pad is None else pad,
+            seed=seed,
+            sample=sample,
         ),
         key=lambda g: g.index,
     )
@@ -69,13 +87,22 @@ class Generated:
         self.seconds = 0.0
         self.tokens = 0
 
-    def extend(self, loaded: Any, ids: list[list[int]], args: argparse.Namespace) -> None:
+    def extend(
+        self,
+        loaded: Any,
+        ids: list[list[int]],
+        args: argparse.Namespace,
+        sample: int = 0,
+        seed: int = 0,
+    ) -> None:
         started = time.perf_counter()
-        new = generate(loaded, ids, args)
+        new = generate(loaded, ids, args, sample, seed)
         self.seconds += time.perf_counter() - started
         self.tokens += sum(len(g.continuation_ids) for g in new)
         offset = len(self.items)
-        self.items += [Generation(offset + g.index, g.prompt_ids, g.continuation_ids) for g in new]
+        self.items += [
+            Generation(offset + g.index, g.prompt_ids, g.continuation_ids, sample) for g in new
+        ]
         self.path.write_text(json.dumps([asdict(g) for g in self.items]), encoding="utf-8")
 
 
@@ -83,16 +110,23 @@ def fold_rows(
     args: argparse.Namespace,
     budgets: list[int],
     loaded: Any,
-    generations: list[Generation],
+    pick: Callable[[int], list[Generation]],
     traces: list[GreedyTrace],
     labels: list[str],
 ) -> list[dict[str, Any]]:
     """A row per budget b: bench distill's figures of the replays with a scratch copy of the
-    graph that has the first b generations appended at --weight (budget 0: the graph)."""
+    graph that has the first b prompts' generations (pick(b)) appended, the greedy ones at
+    --weight, the sampled ones at --sample-weight, loops cut with --loop-ngram (budget 0: the
+    graph)."""
     from builder.append import read_base_meta
 
     options = SimpleNamespace(
         weight=args.weight,
+        sample_weight=sample_weight(args),
+        samples=args.samples,
+        sample_temperature=args.sample_temperature,
+        loop_ngram=args.loop_ngram,
+        loop_repeats=args.loop_repeats,
         model=args.model,
         max_tokens=args.max_tokens,
         temperature=0.0,
@@ -110,14 +144,58 @@ def fold_rows(
     params = default_drafts()
     return budget_rows(
         job,
-        generations,
+        [],
         budgets,
         0.0,
         lambda graph: measure_tau(
             graph, traces, labels, params, args.max_tokens, loaded.max_context
         ),
         None,
+        pick,
     )
+
+
+def sample_weight(args: argparse.Namespace) -> float:
+    """The weight of sampled answers: --sample-weight, else --weight."""
+    return args.weight if args.sample_weight is None else args.sample_weight
+
+
+def rows_cut(args: argparse.Namespace, generations: list[Generation]) -> dict[str, int]:
+    """How many of the generations --loop-ngram cuts, and the tokens it cuts."""
+    cut = [
+        len(g.continuation_ids)
+        - len(cut_loops(g.continuation_ids, args.loop_ngram, args.loop_repeats))
+        for g in generations
+    ]
+    return {"answers": sum(c > 0 for c in cut), "tokens": sum(cut)}
+
+
+def paired_difference(
+    base: dict[str, Any], new: dict[str, Any], labels: list[str], resamples: int = 1000
+) -> dict[str, list[float]]:
+    """tau over all tokens of row `new` minus that of row `base` (two rows of the same prompts,
+    their per_prompt counts), over all prompts and per kind: [difference, low, high], the
+    percentile bootstrap 95% interval resampling prompts (the same draw for both rows, seed 0):
+    paired, so tighter than the two rows' own intervals."""
+    import random
+
+    out: dict[str, list[float]] = {}
+    for kind in ["all", *kinds_in(labels)]:
+        rows = [i for i, label in enumerate(labels) if kind in ("all", label)]
+        pairs = [(base["per_prompt"][i][:2], new["per_prompt"][i][:2]) for i in rows]
+
+        def tau_diff(sample: list[tuple[list[int], list[int]]]) -> float:
+            b = sum(p[0][0] for p in sample) / max(sum(p[0][1] for p in sample), 1)
+            n = sum(p[1][0] for p in sample) / max(sum(p[1][1] for p in sample), 1)
+            return n - b
+
+        rng = random.Random(0)
+        diffs = sorted(
+            tau_diff([pairs[rng.randrange(len(pairs))] for _ in pairs]) for _ in range(resamples)
+        )
+        low, high = diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples)]
+        out[kind] = [tau_diff(pairs), low, high]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +211,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight", type=float, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument(
+        "--samples", type=int, default=0, help="sampled answers per training prompt (default 0)"
+    )
+    parser.add_argument("--sample-temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--sample-weight", type=int, default=None, help="of sampled answers (default --weight)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="of the sampled answers")
+    parser.add_argument(
+        "--loop-ngram", type=int, default=0, help="cut answers where an n-gram loops (0: off)"
+    )
+    parser.add_argument("--loop-repeats", type=int, default=2)
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="a --json of the same prompts: the paired tau difference at the largest budget",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
@@ -160,18 +255,37 @@ def main(argv: list[str] | None = None) -> int:
         for g in evaluated.items
     ]
     train_records = load_prompts(args.train)[: max(budgets)]
-    trained = Generated(args.work / "train.json")
-    while len(trained.items) < len(train_records):
-        chunk = train_records[len(trained.items) : len(trained.items) + args.chunk]
-        trained.extend(loaded, [r.token_ids(loaded.tokenizer) for r in chunk], args)
-        say(
-            f"training generations: {len(trained.items)}/{len(train_records)}, "
-            f"{trained.tokens / max(trained.seconds, 1e-9):.1f} tokens/s"
-        )
-    rows = fold_rows(args, budgets, loaded, trained.items, traces, labels)
+    rounds = [Generated(args.work / "train.json")]
+    rounds += [
+        Generated(args.work / f"train-sample{j}-t{args.sample_temperature:g}-s{args.seed}.json")
+        for j in range(1, args.samples + 1)
+    ]
+    for sample, trained in enumerate(rounds):
+        while len(trained.items) < len(train_records):
+            start = len(trained.items)
+            chunk = train_records[start : start + args.chunk]
+            seed = sample_seed(args.seed, sample, len(train_records), start)
+            ids = [r.token_ids(loaded.tokenizer) for r in chunk]
+            trained.extend(loaded, ids, args, sample, seed)
+            say(
+                f"training generations{f' (sample {sample})' if sample else ''}: "
+                f"{len(trained.items)}/{len(train_records)}, "
+                f"{trained.tokens / max(trained.seconds, 1e-9):.1f} tokens/s, "
+                f"{len(trained.items) / max(trained.seconds, 1e-9):.2f} generations/s"
+            )
+
+    def pick(budget: int) -> list[Generation]:
+        """The first `budget` prompts' generations: their greedy ones, then each sample round's
+        (runs of one weight: two appends)."""
+        return [g for trained in rounds for g in trained.items[:budget]]
+
+    rows = fold_rows(args, budgets, loaded, pick, traces, labels)
     params = default_drafts()
-    seconds = evaluated.seconds + trained.seconds
-    generated = len(evaluated.items) + len(trained.items) if seconds else 0
+    seconds = evaluated.seconds + sum(t.seconds for t in rounds)
+    generated = len(evaluated.items) * (evaluated.seconds > 0) + sum(
+        len(t.items) * (t.seconds > 0) for t in rounds
+    )
+    new_tokens = evaluated.tokens + sum(t.tokens for t in rounds)
     result = {
         "graph": str(args.graph),
         "model": args.model,
@@ -190,10 +304,42 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(loaded.device),
         "generate_seconds": seconds,
         "generations_per_second": generated / max(seconds, 1e-9),
-        "generated_tokens": evaluated.tokens + trained.tokens,
+        "generated_tokens": new_tokens,
+        "samples": args.samples,
+        "sample_temperature": args.sample_temperature,
+        "sample_weight": sample_weight(args),
+        "seed": args.seed,
+        "loop_ngram": args.loop_ngram,
+        "loop_repeats": args.loop_repeats,
+        "cut": rows_cut(args, pick(max(budgets))),
         "rows": rows,
     }
     print(format_table(result))
+    print(
+        f"per prompt: the greedy answer at weight {args.weight:g}"
+        + (
+            f" and {args.samples} sampled at temperature {args.sample_temperature:g}, weight "
+            f"{sample_weight(args):g} (seed {args.seed})"
+            if args.samples
+            else ""
+        )
+        + (
+            f"; loop cut {args.loop_ngram},{args.loop_repeats}: {result['cut']['answers']} "
+            f"answers, {result['cut']['tokens']} tokens cut"
+            if args.loop_ngram
+            else ""
+        )
+    )
+    if args.compare:  # paired against another run's row of the largest budget
+        base = json.loads(args.compare.read_text(encoding="utf-8"))
+        base_row = next(r for r in base["rows"] if r["generations"] == max(budgets))
+        new_row = next(r for r in rows if r["generations"] == max(budgets))
+        result["paired_vs"] = {
+            "file": str(args.compare),
+            "tau_difference": paired_difference(base_row, new_row, labels),
+        }
+        for kind, (diff, low, high) in result["paired_vs"]["tau_difference"].items():
+            print(f"vs {args.compare.name}, {kind}: tau {diff:+.3f} ({low:+.3f} to {high:+.3f})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0

@@ -10,11 +10,15 @@
   prompts are refused in one line (the repeats would be identical), sampled repeats differ;
 - a model with a chat template distills passage prompts (corpus passages with an instruction)
   by default, recorded in the meta;
-- without a terminal, progress goes to log lines (generations done, rates, ETA).
+- without a terminal, progress goes to log lines (generations done, rates, ETA);
+- --samples N adds N seeded sampled answers per prompt at --sample-weight (progress counts
+  them), --samples 0 appends exactly what one answer per prompt did; --loop-cut cuts real
+  looping answers before an n-gram's K+1-th occurrence.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -28,8 +32,11 @@ from pathlib import Path
 import pytest
 from graph_factory import write_graph
 
+from builder import GraphBuilder
 from builder.errors import BuildError
 from builder.info import distilled_line
+from distill.cli import loop_cut
+from distill.generation import cut_loops
 from distill.options import DistillOptions, OptionsError
 from distill.progress import Progress
 from distill.prompts import PASSAGE_TEMPLATES, corpus_passages, file_prompts
@@ -338,3 +345,162 @@ def test_progress_lines_come_every_so_often(caplog: pytest.LogCaptureFixture) ->
     assert often[-1].startswith("generated 10/10 continuations (60 tokens)")
     rarely = lines(3600)  # none due within the hour: the end line only
     assert len(rarely) == 1 and rarely[0].startswith("generated 10/10 continuations")
+
+
+LOOPING_ANSWERS = Path(__file__).parent / "fixtures" / "looping_answers.json"
+
+
+def test_cut_loops_keeps_the_first_occurrences_of_real_loops() -> None:
+    """SmolLM2-135M-Instruct's greedy answers: "1, 1, 1, ...", a sentence said over and over,
+    "stat stat stat ..." are cut before an 8-gram's third occurrence; an answer that does not
+    loop is kept whole."""
+    answers = json.loads(LOOPING_ANSWERS.read_text(encoding="utf-8"))["answers"]
+    kept = [len(cut_loops(a["ids"], 8, 2)) for a in answers]
+    assert kept == [a["kept_8_2"] for a in answers] == [58, 94, 40, 12]
+    for answer in answers:
+        ids = answer["ids"]
+        cut = cut_loops(ids, 8, 2)
+        assert ids[: len(cut)] == cut  # a prefix
+        grams = [tuple(cut[i : i + 8]) for i in range(len(cut) - 7)]
+        assert all(grams.count(g) <= 2 for g in grams)  # no 8-gram a third time
+        if len(cut) < len(ids):  # cut at the first position that starts a third occurrence
+            loop = tuple(ids[len(cut) : len(cut) + 8])
+            started = [tuple(ids[i : i + 8]) for i in range(len(cut))]  # may reach past the cut
+            assert started.count(loop) == 2
+            assert all(started.count(g) <= 2 for g in started)
+        assert cut_loops(ids, 8, 2) == cut  # deterministic
+        assert cut_loops(ids, 0, 2) == ids  # 0: off
+    looped = answers[2]["ids"]  # "It is used to convert a Python object into a JSON-RPC ..."
+    assert (
+        len(cut_loops(looped, 8, 1)) < len(cut_loops(looped, 8, 2)) < len(cut_loops(looped, 8, 3))
+    )
+    assert cut_loops([7] * 5, 8, 1) == [7] * 5  # shorter than the n-gram
+
+
+def test_samples_add_seeded_sampled_answers_at_their_weight(
+    graph_copy: Path, tmp_path: Path
+) -> None:
+    """--samples 2: each prompt's greedy continuation, then two sampled ones (distinct from each
+    other, the same for a seed), counted at --sample-weight."""
+    options = small_options(
+        graph_copy, generations=6, max_tokens=12, samples=2, sample_temperature=1.0,
+        sample_weight=1, weight=3, seed=4, loop_ngram=0,
+    )  # fmt: skip
+    job = prepare(options)
+    generations = list(continuations(job))
+    assert [g.sample for g in generations] == [0] * 6 + [1] * 6 + [2] * 6
+    main = {g.index: g.continuation_ids for g in generations if g.sample == 0}
+    alone = small_options(graph_copy, generations=6, max_tokens=12, seed=4)
+    greedy = list(continuations(prepare(alone)))
+    assert main == {g.index: g.continuation_ids for g in greedy}  # the main ones: as before
+    rounds = [{g.index: g.continuation_ids for g in generations if g.sample == j} for j in (1, 2)]
+    assert sorted(rounds[0]) == sorted(rounds[1]) == list(range(6))
+    assert all(rounds[0][i] != rounds[1][i] for i in range(6))  # a prompt's samples differ
+    again = list(continuations(prepare(options)))
+    assert [g.continuation_ids for g in again] == [g.continuation_ids for g in generations]
+
+    before = meta_of(graph_copy)
+    result = distill_graph(options)
+    after = meta_of(graph_copy)
+    assert result.generations == 18
+    main_tokens = sum(len(g.continuation_ids) for g in generations if g.sample == 0)
+    sampled_tokens = sum(len(g.continuation_ids) for g in generations if g.sample > 0)
+    assert result.tokens == main_tokens + sampled_tokens
+    for old, new in zip(before.orders, after.orders, strict=True):
+        assert new.total_count - old.total_count == 3 * main_tokens + sampled_tokens
+    record = after.sources[-1]["distilled"][0]
+    assert record["generations"] == 18 and record["weight"] == 3
+    assert record["samples"] == {
+        "per_prompt": 2,
+        "generations": 12,
+        "temperature": 1.0,
+        "weight": 1,
+    }
+    assert "loop_cut" not in record
+
+
+def test_no_samples_appends_exactly_the_documents_of_before(
+    graph_copy: Path, tmp_path: Path
+) -> None:
+    """--samples 0 (the default; the loop cut off, as before it existed): the one builder call of
+    before, with the same documents and weight, gives the same counts, and the meta records no
+    samples."""
+    options = small_options(graph_copy, samples=0, weight=2, loop_ngram=0)
+    job = prepare(options)
+    generations = list(continuations(job))
+    assert len(generations) == 24 and all(g.sample == 0 for g in generations)
+    reference = tmp_path / "reference"
+    shutil.copytree(graph_copy, reference)
+    builder = GraphBuilder(
+        tokenizer_name=job.meta.tokenizer_name,
+        max_order=job.meta.max_order,
+        tokenizer=job.loaded.tokenizer,
+        progress=False,
+    )
+    try:
+        builder.check_append(reference)
+        documents = [(g.prompt_ids + g.continuation_ids, len(g.prompt_ids)) for g in generations]
+        builder.build_from_token_documents(iter(documents), source="distill:x", weight=2)
+        builder.save(reference, append=True)
+    finally:
+        builder.close()
+    result = distill_graph(options)
+    assert meta_of(graph_copy).orders == meta_of(reference).orders
+    assert result.tokens == sum(len(g.continuation_ids) for g in generations)
+    record = meta_of(graph_copy).sources[-1]["distilled"][0]
+    assert "samples" not in record and "loop_cut" not in record
+
+
+def test_the_loop_cut_is_applied_and_recorded(graph_copy: Path) -> None:
+    options = small_options(graph_copy, max_tokens=32, loop_ngram=2, loop_repeats=1)
+    generations = list(continuations(prepare(options)))
+    kept = [cut_loops(g.continuation_ids, 2, 1) for g in generations]
+    cut = sum(len(g.continuation_ids) - len(k) for g, k in zip(generations, kept, strict=True))
+    assert cut > 0  # stories260K repeats a bigram within 32 tokens
+    before = meta_of(graph_copy)
+    result = distill_graph(options)
+    assert result.tokens == sum(len(k) for k in kept)
+    after = meta_of(graph_copy)
+    for old, new in zip(before.orders, after.orders, strict=True):
+        assert new.total_count - old.total_count == 4 * result.tokens
+    record = after.sources[-1]["distilled"][0]
+    answers = sum(len(k) < len(g.continuation_ids) for g, k in zip(generations, kept, strict=True))
+    assert record["loop_cut"] == {"ngram": 2, "repeats": 1, "answers": answers, "tokens": cut}
+
+
+def test_sample_and_loop_options_are_checked(graph_copy: Path) -> None:
+    for changes, message in [
+        ({"samples": -1}, "--samples must be >= 0"),
+        ({"sample_temperature": 0.0}, "--sample-temperature must be"),
+        ({"sample_weight": 0}, "--sample-weight must be in 1..255"),
+        ({"loop_ngram": -1}, "--loop-cut must be"),
+        ({"loop_repeats": 0}, "--loop-cut must be"),
+    ]:
+        with pytest.raises(OptionsError, match=message):
+            small_options(graph_copy, **changes).validate()
+    assert loop_cut("8,2") == (8, 2) and loop_cut("8") == (8, 2) and loop_cut("0") == (0, 2)
+    for bad in ("x", "8,0", "-1,2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            loop_cut(bad)
+
+
+def test_progress_counts_the_samples(graph_copy: Path, prompts_file: Path) -> None:
+    done = cli(
+        "distill", "--graph", str(graph_copy), "--model", str(STORIES_MODEL),
+        "--prompts", str(prompts_file), "--max-tokens", "8", "--batch-size", "2",
+        "--device", "cpu", "--progress-every", "0", "--samples", "2", "--sample-weight", "1",
+        "--loop-cut", "8,2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "progress: " in line]
+    assert lines and all("/9 generations" in line and "ETA" in line for line in lines)
+    assert "generated 9/9 continuations" in done.stderr
+    assert "distilled 9 continuations" in done.stderr and "2 sampled per prompt at weight 1" in (
+        done.stderr
+    )
+    record = meta_of(graph_copy).sources[-1]["distilled"][0]
+    assert record["generations"] == 9 and record["samples"]["generations"] == 6
+    assert record["loop_cut"]["ngram"] == 8
+    line = distilled_line(record)
+    assert "9 continuations" in line and "6 of them sampled (2 a prompt at temperature 1.0" in line
+    assert "loops cut (8-grams past 2:" in line
