@@ -48,7 +48,7 @@ from distill.replay import (
     simulate,
     verify_all,
 )
-from distill.run import append_generations, continuations, prepare
+from distill.run import append_generations, continuations, prepare, sample_weight_default
 from speculant.cli_errors import EXIT_USAGE, CommandError
 from speculant.config import DraftParams
 from speculant.errors import InvalidArgumentError
@@ -231,7 +231,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "weight": options.weight,
         "samples": options.samples,  # sampled answers per prompt (budget b: b prompts')
         "sample_temperature": options.sample_temperature,
-        "sample_weight": options.sample_weight or options.weight,
+        "sample_weight": options.sample_weight or sample_weight_default(options.weight),
         "loop_cut": [options.loop_ngram, options.loop_repeats],
         "device": str(loaded.device),
         "generate_seconds": generate_seconds,

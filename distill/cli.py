@@ -195,7 +195,8 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         type=positive,
         default=None,
         metavar="W",
-        help="each n-gram of a sampled continuation (--samples) counts W times (default: --weight)",
+        help="each n-gram of a sampled continuation (--samples) counts W times (default: half "
+        "of --weight, rounded up)",
     )
     p.add_argument(
         "--loop-cut",
@@ -347,7 +348,7 @@ def run_distill(args: argparse.Namespace) -> int:
         for name in ("builder", "distill", "verifier_service"):
             logging.getLogger(name).setLevel(logging.WARNING)
     from distill.options import OptionsError
-    from distill.run import distill_graph
+    from distill.run import distill_graph, sample_weight_default
 
     try:
         result = distill_graph(options_from_args(args, args.generations))
@@ -360,7 +361,8 @@ def run_distill(args: argparse.Namespace) -> int:
         weights = f"weight {args.weight}"
         if args.samples:
             weights += (
-                f"; {args.samples} sampled per prompt at weight {args.sample_weight or args.weight}"
+                f"; {args.samples} sampled per prompt at weight "
+                f"{args.sample_weight or sample_weight_default(args.weight)}"
             )
         print(
             f"distilled {result.generations:,} continuations ({result.tokens:,} tokens, "

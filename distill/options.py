@@ -38,7 +38,8 @@ class DistillOptions:
     # per prompt, this many sampled continuations as well as the main one (0: the main one only)
     samples: int = defaults.SAMPLES
     sample_temperature: float = defaults.SAMPLE_TEMPERATURE
-    sample_weight: int | None = None  # the weight of sampled continuations; None: weight
+    # the weight of sampled continuations; None: half of weight, rounded up
+    sample_weight: int | None = None
     # cut a continuation before an n-gram of loop_ngram tokens occurs for the
     # (loop_repeats + 1)-th time (distill.generation.cut_loops); 0: off
     loop_ngram: int = defaults.LOOP_NGRAM

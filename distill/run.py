@@ -270,10 +270,17 @@ def append_generations(
 
 def generation_weight(options: Any, generation: Generation) -> int:
     """The weight a generation's n-grams count with: --weight for a prompt's main continuation,
-    --sample-weight (default --weight) for its sampled ones."""
-    if generation.sample and getattr(options, "sample_weight", None) is not None:
-        return options.sample_weight
-    return options.weight
+    --sample-weight for its sampled ones (default: half of --weight, rounded up; measured in
+    docs/learning.md, "More answers per prompt")."""
+    if not generation.sample:
+        return options.weight
+    chosen = getattr(options, "sample_weight", None)
+    return chosen if chosen is not None else sample_weight_default(options.weight)
+
+
+def sample_weight_default(weight: int) -> int:
+    """The weight of sampled continuations without --sample-weight: half of weight, rounded up."""
+    return max(1, -(-int(weight) // 2))
 
 
 def loop_cut(options: Any) -> tuple[int, int]:

@@ -43,6 +43,7 @@ from typing import Any
 from bench.distill import budget_rows, default_drafts, format_table, measure_tau
 from distill.generation import Generation, cut_loops, generate_continuations, sample_seed
 from distill.replay import GreedyTrace, kind_labels, kinds_in, replayed_drafts
+from distill.run import sample_weight_default
 from speculant.prompt_records import load_prompts
 
 
@@ -156,8 +157,11 @@ def fold_rows(
 
 
 def sample_weight(args: argparse.Namespace) -> float:
-    """The weight of sampled answers: --sample-weight, else --weight."""
-    return args.weight if args.sample_weight is None else args.sample_weight
+    """The weight of sampled answers: --sample-weight, else distill's default (half of
+    --weight, rounded up)."""
+    if args.sample_weight is None:
+        return sample_weight_default(int(args.weight))
+    return args.sample_weight
 
 
 def rows_cut(args: argparse.Namespace, generations: list[Generation]) -> dict[str, int]:
@@ -216,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--sample-temperature", type=float, default=1.0)
     parser.add_argument(
-        "--sample-weight", type=int, default=None, help="of sampled answers (default --weight)"
+        "--sample-weight",
+        type=int,
+        default=None,
+        help="of sampled answers (default: half of --weight, rounded up, as distill)",
     )
     parser.add_argument("--seed", type=int, default=0, help="of the sampled answers")
     parser.add_argument(

@@ -40,7 +40,7 @@ from distill.generation import cut_loops
 from distill.options import DistillOptions, OptionsError
 from distill.progress import Progress
 from distill.prompts import PASSAGE_TEMPLATES, corpus_passages, file_prompts
-from distill.run import continuations, distill_graph, prepare, prompt_kind
+from distill.run import continuations, distill_graph, generation_weight, prepare, prompt_kind
 from gateway import DraftConfig, GenerationConfig, SpeculativeDecoder
 from gateway.launch.baseline import PlainDecoder
 from speculant.graph_format import open_graph_env, read_meta
@@ -417,6 +417,11 @@ def test_samples_add_seeded_sampled_answers_at_their_weight(
         "weight": 1,
     }
     assert "loop_cut" not in record
+    sampled = generations[-1]
+    assert generation_weight(small_options(graph_copy, weight=4), sampled) == 2  # the default
+    assert generation_weight(small_options(graph_copy, weight=3), sampled) == 2  # rounded up
+    assert generation_weight(small_options(graph_copy, weight=1), sampled) == 1
+    assert generation_weight(small_options(graph_copy, weight=4), generations[0]) == 4
 
 
 def test_no_samples_appends_exactly_the_documents_of_before(
