@@ -178,8 +178,8 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         default=defaults.SAMPLES,
         metavar="N",
         help="also generate N sampled continuations of each prompt (at --sample-temperature, "
-        f"seeded by --seed), appended like the main one (default {defaults.SAMPLES}: the main "
-        "one only)",
+        "seeded by --seed), appended like the main one, at --sample-weight (default "
+        f"{defaults.SAMPLES}: the main one only)",
     )
     p.add_argument(
         "--sample-temperature",

@@ -284,7 +284,7 @@ def sample_weight_default(weight: int) -> int:
 
 
 def loop_cut(options: Any) -> tuple[int, int]:
-    """(n-gram, repeats) of the loop cut (distill.generation.cut_loops; (0, 0): off)."""
+    """(n-gram, repeats) of the loop cut (distill.generation.cut_loops; n-gram 0: off)."""
     return getattr(options, "loop_ngram", 0), getattr(options, "loop_repeats", 0)
 
 
