@@ -259,7 +259,7 @@ DEFAULT_MAX_DRAFT_TOKENS = 64
 # Online learning in the draft tier (draft_service.learning): the live layer's memory cap and
 # the weight of its counts against the graph's (docs/benchmarks.md "Why the defaults").
 DEFAULT_LEARN_MEMORY_MB = 256
-DEFAULT_LEARN_WEIGHT = 16.0
+DEFAULT_LEARN_WEIGHT = 4.0
 
 
 class GraphConfig(BaseSettings):
