@@ -52,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the live layer's weight (default: its own)",
     )
+    parser.add_argument(
+        "--long-context",
+        type=int,
+        default=0,
+        help="draft with the longest match too (serve-draft's)",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     params = default_drafts()
     rows = []
     graph = NGramGraph.open(args.graph)
+    graph.use_long_context(args.long_context)
     try:
         for count in (int(c) for c in args.served_counts.split(",")):
             live = LiveLayer(graph.max_order, build_share=float("inf"))
