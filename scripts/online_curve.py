@@ -11,8 +11,8 @@ continuation_ids}): --served (e.g. its train.json, the answers to the training f
 (its eval.json, the held-out prompts' greedy continuations; --eval-prompts gives their kinds).
 
     PYTHONPATH=. .venv/bin/python scripts/online_curve.py --graph g-docs \\
-        --served folds2/w/train.json --eval folds2/w/eval.json \\
-        --eval-prompts folds2/data/eval.jsonl --first 253 --served-counts 0,100,300,765
+        --served FOLDS/w/train.json --eval FOLDS/w/eval.json \\
+        --eval-prompts FOLDS/data/eval.jsonl --first 253 --served-counts 0,100,300,765
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import importlib.util
 
 import pytest
 
+from speculant.config import DraftConfig
 from tests.assets import ROOT
 
 SPEC = importlib.util.spec_from_file_location("fold_tune", ROOT / "scripts" / "fold_tune.py")
@@ -57,11 +58,12 @@ def test_the_grid_starts_with_the_defaults_and_covers_both_mixings() -> None:
 
 
 def test_the_checked_candidates_are_the_default_the_best_and_each_parameter_alone() -> None:
-    grid = fold_tune.candidates([8.0, 16.0], [64.0, 256.0])
-    tau = {"wb b=16 ov=256": 3.7, "wb b=16 ov=64": 3.6, "wb b=8 ov=256": 3.65}
+    ov = DraftConfig().overlay_weight  # the default overlay weight, and 4x it
+    grid = fold_tune.candidates([8.0, 16.0], [ov, 4 * ov])
+    tau = {f"wb b=16 ov={4 * ov:g}": 3.7, f"wb b=16 ov={ov:g}": 3.6, f"wb b=8 ov={4 * ov:g}": 3.65}
     rows = [{"name": name, "tau_all_tokens": tau.get(name, 3.5)} for name, _ in grid]
     names = [name for name, _ in fold_tune.checked(rows, grid)]
-    assert names == ["default", "wb b=16 ov=256", "wb b=16 ov=64", "wb b=8 ov=256", "backoff ov=64"]
+    assert names == ["default", *tau, f"backoff ov={ov:g}"]
     without_backoff = [(n, p) for n, p in grid if not n.startswith("backoff")]
     rows = [r for r in rows if not r["name"].startswith("backoff")]
-    assert "backoff ov=64" not in [n for n, _ in fold_tune.checked(rows, without_backoff)]
+    assert f"backoff ov={ov:g}" not in [n for n, _ in fold_tune.checked(rows, without_backoff)]
