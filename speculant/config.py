@@ -233,7 +233,7 @@ DEFAULT_TREE_NODES = 64
 # counts. The model repeats its own context (names, identifiers, whole phrases), so its counts
 # earn a high weight (docs/benchmarks.md "Why the defaults"). The coordinator uses the overlay
 # only where its measured gain pays its drafting time (gateway.rounds.draft_sizing).
-DEFAULT_OVERLAY_WEIGHT = 64.0
+DEFAULT_OVERLAY_WEIGHT = 512.0
 # Bounds of the mixing weights and the seed formula's temperature: beyond them counts and scores
 # overflow float64 (a weight near 1.8e308 times a count is inf) and q becomes NaN.
 MAX_MIXING_WEIGHT = 1e6
@@ -259,7 +259,7 @@ DEFAULT_MAX_DRAFT_TOKENS = 64
 # Online learning in the draft tier (draft_service.learning): the live layer's memory cap and
 # the weight of its counts against the graph's (docs/benchmarks.md "Why the defaults").
 DEFAULT_LEARN_MEMORY_MB = 256
-DEFAULT_LEARN_WEIGHT = 16.0
+DEFAULT_LEARN_WEIGHT = 4.0
 
 
 class GraphConfig(BaseSettings):

@@ -287,8 +287,11 @@ class SharedGraphEnv:
 
     def __del__(self) -> None:
         # A handle dropped without close() (e.g. ``read_meta(open_graph_env(p), p)``) releases.
-        with contextlib.suppress(Exception):
+        # Not contextlib.suppress: at interpreter exit this module's globals may already be None.
+        try:  # noqa: SIM105
             self.close()
+        except Exception:
+            pass
 
     def close(self) -> None:
         """Release this handle; the environment closes with its last handle."""
