@@ -202,7 +202,65 @@ def paired_difference(
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def training_rounds(loaded: Any, train_records: list, args: argparse.Namespace) -> list[Generated]:
+    """The training prompts' generations, kept in --work: the greedy round, then each sample
+    round (only what the work files lack is generated)."""
+    rounds = [Generated(args.work / "train.json")]
+    rounds += [
+        Generated(args.work / f"train-sample{j}-t{args.sample_temperature:g}-s{args.seed}.json")
+        for j in range(1, args.samples + 1)
+    ]
+    for sample, trained in enumerate(rounds):
+        while len(trained.items) < len(train_records):
+            start = len(trained.items)
+            chunk = train_records[start : start + args.chunk]
+            seed = sample_seed(args.seed, sample, len(train_records), start)
+            ids = [r.token_ids(loaded.tokenizer) for r in chunk]
+            trained.extend(loaded, ids, args, sample, seed)
+            say(
+                f"training generations{f' (sample {sample})' if sample else ''}: "
+                f"{len(trained.items)}/{len(train_records)}, "
+                f"{trained.tokens / max(trained.seconds, 1e-9):.1f} tokens/s, "
+                f"{len(trained.items) / max(trained.seconds, 1e-9):.2f} generations/s"
+            )
+    return rounds
+
+
+def report(
+    result: dict[str, Any], args: argparse.Namespace, rows: list, labels: list, largest: int
+) -> None:
+    """Print the table and what was appended per prompt; with --compare, add the paired tau
+    difference against that run at the largest budget to result."""
+    print(format_table(result))
+    print(
+        f"per prompt: the greedy answer at weight {args.weight:g}"
+        + (
+            f" and {args.samples} sampled at temperature {args.sample_temperature:g}, weight "
+            f"{sample_weight(args):g} (seed {args.seed})"
+            if args.samples
+            else ""
+        )
+        + (
+            f"; loop cut {args.loop_ngram},{args.loop_repeats}: {result['cut']['answers']} "
+            f"answers, {result['cut']['tokens']} tokens cut"
+            if args.loop_ngram
+            else ""
+        )
+    )
+    if args.compare:  # paired against another run's row of the largest budget
+        base = json.loads(args.compare.read_text(encoding="utf-8"))
+        base_row = next(r for r in base["rows"] if r["generations"] == largest)
+        new_row = next(r for r in rows if r["generations"] == largest)
+        result["paired_vs"] = {
+            "file": str(args.compare),
+            "tau_difference": paired_difference(base_row, new_row, labels),
+        }
+        for kind, (diff, low, high) in result["paired_vs"]["tau_difference"].items():
+            print(f"vs {args.compare.name}, {kind}: tau {diff:+.3f} ({low:+.3f} to {high:+.3f})")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graph", type=Path, required=True)
     parser.add_argument("--model", required=True)
@@ -236,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a --json of the same prompts: the paired tau difference at the largest budget",
     )
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
     args.work.mkdir(parents=True, exist_ok=True)
 
@@ -262,24 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         for g in evaluated.items
     ]
     train_records = load_prompts(args.train)[: max(budgets)]
-    rounds = [Generated(args.work / "train.json")]
-    rounds += [
-        Generated(args.work / f"train-sample{j}-t{args.sample_temperature:g}-s{args.seed}.json")
-        for j in range(1, args.samples + 1)
-    ]
-    for sample, trained in enumerate(rounds):
-        while len(trained.items) < len(train_records):
-            start = len(trained.items)
-            chunk = train_records[start : start + args.chunk]
-            seed = sample_seed(args.seed, sample, len(train_records), start)
-            ids = [r.token_ids(loaded.tokenizer) for r in chunk]
-            trained.extend(loaded, ids, args, sample, seed)
-            say(
-                f"training generations{f' (sample {sample})' if sample else ''}: "
-                f"{len(trained.items)}/{len(train_records)}, "
-                f"{trained.tokens / max(trained.seconds, 1e-9):.1f} tokens/s, "
-                f"{len(trained.items) / max(trained.seconds, 1e-9):.2f} generations/s"
-            )
+    rounds = training_rounds(loaded, train_records, args)
 
     def pick(budget: int) -> list[Generation]:
         """The first `budget` prompts' generations: their greedy ones, then each sample round's
@@ -321,32 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         "cut": rows_cut(args, pick(max(budgets))),
         "rows": rows,
     }
-    print(format_table(result))
-    print(
-        f"per prompt: the greedy answer at weight {args.weight:g}"
-        + (
-            f" and {args.samples} sampled at temperature {args.sample_temperature:g}, weight "
-            f"{sample_weight(args):g} (seed {args.seed})"
-            if args.samples
-            else ""
-        )
-        + (
-            f"; loop cut {args.loop_ngram},{args.loop_repeats}: {result['cut']['answers']} "
-            f"answers, {result['cut']['tokens']} tokens cut"
-            if args.loop_ngram
-            else ""
-        )
-    )
-    if args.compare:  # paired against another run's row of the largest budget
-        base = json.loads(args.compare.read_text(encoding="utf-8"))
-        base_row = next(r for r in base["rows"] if r["generations"] == max(budgets))
-        new_row = next(r for r in rows if r["generations"] == max(budgets))
-        result["paired_vs"] = {
-            "file": str(args.compare),
-            "tau_difference": paired_difference(base_row, new_row, labels),
-        }
-        for kind, (diff, low, high) in result["paired_vs"]["tau_difference"].items():
-            print(f"vs {args.compare.name}, {kind}: tau {diff:+.3f} ({low:+.3f} to {high:+.3f})")
+    report(result, args, rows, labels, max(budgets))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
