@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from builder.cli import parse_escapes
 from distill import defaults
@@ -27,32 +29,26 @@ from speculant.cli_errors import fail, usage_error
 TEMPLATE_NAMES = tuple(defaults.PASSAGE_TEMPLATES)
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _bounded(convert: Callable[[str], Any], low: float, *, above: bool, name: str) -> Callable:
+    """An argparse type: convert(text), which must be finite and > low (above) or >= low; its
+    error names the bound (argparse names `name` when convert itself fails)."""
+    sign = ">" if above else ">="
+    kind = "a finite number " if convert is float else ""
+
+    def parse(text: str) -> Any:
+        value = convert(text)
+        if not ((value > low if above else value >= low) and value < float("inf")):
+            raise argparse.ArgumentTypeError(f"must be {kind}{sign} {low:g}, got {text}")
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+positive = _bounded(int, 1, above=False, name="positive")
+_non_negative_float = _bounded(float, 0, above=False, name="non-negative number")
+_non_negative_int = _bounded(int, 0, above=False, name="non-negative integer")
+_positive_float = _bounded(float, 0, above=True, name="positive number")
 
 
 def loop_cut(text: str) -> tuple[int, int]:
