@@ -342,6 +342,20 @@ def load_line(results: list[dict[str, Any]]) -> tuple[str, list[str]]:
     return "; ".join(parts), problems
 
 
+def draft_line(results: list[dict[str, Any]]) -> str:
+    """Each draft's in-process median and p50 over a gRPC stream (bench draft)."""
+    parts = []
+    for r in results:
+        params = r["params"]
+        shape = f"tree of {params['tree_nodes']}," if params["tree_nodes"] else "chain of"
+        stream = next(g["p50_ms"] for g in r["grpc"] if g["rpc"] == "stream")
+        parts.append(
+            f"{shape} k {params['k']}: {r['in_process']['median_us']:.0f} us in process, "
+            f"{stream:.2f} ms over a stream (p50)"
+        )
+    return "; ".join(parts)
+
+
 def describe(kind: str, files: list[str]) -> tuple[str, list[str]]:
     """(the step's line, its problems) from its JSON files."""
     if kind == "env":
@@ -362,6 +376,8 @@ def describe(kind: str, files: list[str]) -> tuple[str, list[str]]:
         ), []
     if kind == "cost":
         return cost_line(_read(files[0])), []
+    if kind == "draft":
+        return draft_line([_read(f) for f in files]), []
     if kind in ("identity", "generate"):
         result = _read(files[0])
         problems = identity_problems(result) if kind == "identity" else []

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A check of the whole system on a GPU, in one command and under ten minutes (docs/benchmarks.md,
-# "A GPU check"): greedy identity against Hugging Face, `bench cost` curves, `bench generate`,
-# and `speculant up` under `speculant load` at concurrency 1, 8 and 32, for SmolLM2 (--smollm)
-# and for a random-weights model of Llama-3-8B's shape; JSON figures in one folder (--out), a
-# line per step, summary.json at the end (exit status 1 when a step failed).
+# "A GPU check"): greedy identity against Hugging Face, drafting speed on the host's CPU,
+# `bench cost` curves, `bench generate`, and `speculant up` under `speculant load` at
+# concurrency 1, 8 and 32, for SmolLM2 (--smollm) and for a random-weights model of Llama-3-8B's
+# shape; JSON figures in one folder (--out), a line per step, summary.json at the end (exit
+# status 1 when a step failed).
 #
 #   scripts/gpu_check.sh [--out DIR] [--smollm PATH] [--wheels DIR] [--budget S]
 #   scripts/gpu_check.sh --smoke [--out DIR] [--smollm PATH]   # every step, tiny, on a CPU
@@ -118,12 +119,12 @@ trap cleanup EXIT
 if ((SMOKE)); then
     DEVICE=cpu DTYPE=float32 SHAPE=tiny CORPUS_BYTES=400000
     ID_PROMPTS=2 ID_TOKENS=16 GEN_PROMPTS=2 GEN_TOKENS=8 BIG_PROMPTS=2 BIG_TOKENS=8
-    COST_TOKENS=1,2,4,8 COST_REPEATS=3 LOAD_SECONDS=1 LOAD_TOKENS=8
+    COST_TOKENS=1,2,4,8 COST_REPEATS=3 LOAD_SECONDS=1 LOAD_TOKENS=8 DRAFT_CALLS=100
     BUDGET=${BUDGET:-0}
 else
     DEVICE=cuda DTYPE=bfloat16 SHAPE=llama3-8b CORPUS_BYTES=0
     ID_PROMPTS=8 ID_TOKENS=128 GEN_PROMPTS=8 GEN_TOKENS=128 BIG_PROMPTS=4 BIG_TOKENS=64
-    COST_TOKENS=1-17,24,32,48,64 COST_REPEATS=20 LOAD_SECONDS=10 LOAD_TOKENS=64
+    COST_TOKENS=1-17,24,32,48,64 COST_REPEATS=20 LOAD_SECONDS=10 LOAD_TOKENS=64 DRAFT_CALLS=1000
     BUDGET=${BUDGET:-540}
 fi
 CONCURRENCY=(1 8 32)
@@ -176,6 +177,16 @@ build_graphs() {
         speculant bench build --corpus "$corpus" --doc-separator '\n\n\n' --tokenizer "$SMOLLM" \
             --out "$WORK/graph-smollm2" --json "$OUT/build-smollm2.json" || return 1
     fi
+}
+
+# draft_speed GRAPH: bench draft of the default tree and of chains of 16 on this host's CPU,
+# one client (issue 37's bars: 0.5 ms a tree, 0.1 ms a chain, 1.0 ms over a gRPC stream)
+draft_speed() {
+    local graph=$1
+    speculant bench draft --graph "$graph" --concurrency 1 --requests "$DRAFT_CALLS" \
+        --json "$OUT/draft-tree.json" || return 1
+    speculant bench draft --graph "$graph" --concurrency 1 --requests "$DRAFT_CALLS" \
+        --tree-nodes 0 --json "$OUT/draft-chain.json"
 }
 
 # generate MODEL GRAPH JSON [FLAG...]: bench generate of the demo prompts on DEVICE
@@ -236,6 +247,9 @@ if [[ -n $SMOLLM && ! -f $SMOLLM/config.json ]]; then
     builds=("$OUT/build-stories260k.json")
 fi
 step build build "${builds[@]}" -- build_graphs
+draft_graph=$WORK/graph-stories260k
+[[ -n $SMOLLM ]] && draft_graph=$WORK/graph-smollm2  # a 49k vocabulary, as a real model's
+step draft draft "$OUT/draft-tree.json" "$OUT/draft-chain.json" -- draft_speed "$draft_graph"
 
 # greedy identity: every system's output against Hugging Face generate, token for token, in
 # float32 (in bfloat16 a forward over several tokens may round differently from one over one)

@@ -44,6 +44,7 @@ def test_the_smoke_run_writes_every_step_and_outputs_match_greedy_decoding(tmp_p
     loads = {f"load-llama3-8b-random-c{c}.json" for c in (1, 8, 32)}
     expected = {"env.json", "build-stories260k.json", "identity-stories260k.json", "cost.json"}
     expected |= {"random-model.json", "generate-llama3-8b-random.json", "summary.json", *loads}
+    expected |= {"draft-tree.json", "draft-chain.json"}
     assert expected <= set(figures)
     summary = figures["summary.json"]
     assert summary["passed"] and summary["mode"] == "smoke"
@@ -60,7 +61,10 @@ def test_the_smoke_run_writes_every_step_and_outputs_match_greedy_decoding(tmp_p
     for name in loads:
         assert figures[name]["errors"] == {} and figures[name]["requests"] > 0
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
-    assert len(lines) == len(summary["steps"]) == 10
+    assert figures["draft-tree.json"]["params"]["tree_nodes"] > 0
+    assert figures["draft-chain.json"]["params"]["tree_nodes"] == 0
+    assert all(figures[f"draft-{d}.json"]["in_process"]["compiled"] for d in ("tree", "chain"))
+    assert len(lines) == len(summary["steps"]) == 11
     assert "no SmolLM2 folder (--smollm PATH)" in done.stdout
     assert not _processes_naming(work), "speculant up or a service outlived the script"
 
@@ -120,3 +124,21 @@ def test_usage_and_unknown_arguments():
 
 def test_the_script_is_executable():
     assert os.access(SCRIPT, os.X_OK) and Path(SCRIPT).read_text().startswith("#!/usr/bin/env bash")
+
+
+def test_the_draft_step_reports_each_drafts_speed(tmp_path):
+    files = []
+    for name, nodes, median_us, stream_ms in (("tree", 64, 689.1, 1.93), ("chain", 0, 190.4, 0.81)):
+        result = {
+            "params": {"k": 16, "tree_nodes": nodes},
+            "in_process": {"median_us": median_us, "compiled": True},
+            "grpc": [{"rpc": "unary", "p50_ms": 9.9}, {"rpc": "stream", "p50_ms": stream_ms}],
+        }
+        files.append(tmp_path / f"draft-{name}.json")
+        files[-1].write_text(json.dumps(result))
+    done = _helper(
+        "report", "--out", str(tmp_path), "--step", "draft", "--kind", "draft", *map(str, files)
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tree of 64, k 16: 689 us in process, 1.93 ms over a stream" in done.stdout
+    assert "chain of k 16: 190 us in process, 0.81 ms over a stream" in done.stdout
