@@ -295,14 +295,6 @@ def _timed_batches(
         yield batch
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """Load and check the manifest of a finished task attempt."""
-    manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT_NAME or manifest.get("version") != FORMAT_VERSION:
-        raise BuildError(f"{directory}: not a {FORMAT_NAME} v{FORMAT_VERSION} manifest")
-    return manifest
-
-
 def manifest_part(manifest: dict[str, Any]) -> Part:
     """The part a task wrote (the directory its manifest names)."""
     directory = Path(manifest["dir"])

@@ -239,10 +239,6 @@ class StreamPool:
     def open_streams(self) -> int:
         return self._open
 
-    @property
-    def idle_streams(self) -> int:
-        return len(self._idle)
-
     def checkout(self) -> StreamExchange | None:
         """An idle stream, else a new one; None when the backend refused a stream recently
         and this pool holds as many as it accepted (use a unary call)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import sys
 
-EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -30,10 +29,6 @@ _program = ["speculant"]
 def set_program(name: str) -> None:
     """The name error lines start with: ``speculant COMMAND`` for the command being run."""
     _program[0] = name
-
-
-def program() -> str:
-    return _program[0]
 
 
 def fail(message: object, code: int = EXIT_FAILURE) -> int:
