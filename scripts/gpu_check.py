@@ -384,6 +384,11 @@ def describe(kind: str, files: list[str]) -> tuple[str, list[str]]:
         return generate_line(result), problems
     if kind == "load":
         return load_line([_read(f) for f in files])
+    if kind == "batching":  # trees, then chains, at the same concurrency
+        trees, chains = (_read(f) for f in files)
+        line, problems = load_line([trees, chains])
+        ratio = trees["tokens_per_second"] / max(chains["tokens_per_second"], 1e-9)
+        return f"trees / chains {ratio:.2f}x: {line.replace('; ', ' against ')}", problems
     raise ValueError(f"unknown kind {kind!r}")
 
 

@@ -197,15 +197,17 @@ generate() {
         --device "$DEVICE" --systems "$SYSTEMS" --temperature 0 --json "$json" "$@"
 }
 
-# load_series LABEL MODEL GRAPH: speculant up, then speculant load at each concurrency
+# load_series LABEL MODEL GRAPH [UP_FLAG...]: speculant up, then speculant load at each
+# concurrency of CONCURRENCY
 load_series() {
     local label=$1 model=$2 graph=$3 ports gateway draft verifier c
+    shift 3
     ports=$("$PY" "$HELPER" ports 3) || return 1
     read -r gateway draft verifier <<<"$ports"
     # not through speculant(): $! must be up's own pid, which stops its children on SIGTERM
     "$PY" -m launcher.cli up --graph "$graph" --model "$model" --device "$DEVICE" --http-port 0 \
         --catalog none --gateway-port "$gateway" --draft-port "$draft" \
-        --verifier-port "$verifier" >"$LOGS/up-$label.log" 2>&1 3>&- 4>&- &
+        --verifier-port "$verifier" "$@" >"$LOGS/up-$label.log" 2>&1 3>&- 4>&- &
     UP_PID=$!
     "$PY" "$HELPER" wait --address "127.0.0.1:$gateway" --pid "$UP_PID" --timeout 600 || {
         stop_up && tail -20 "$LOGS/up-$label.log" && return 1
@@ -219,6 +221,14 @@ load_series() {
 }
 
 load_files() { for c in "${CONCURRENCY[@]}"; do echo "$OUT/load-$1-c$c.json"; done; }
+
+# batching MODEL GRAPH: trees against chains verified in batches, both priced flat (issue 37:
+# at concurrency 8 the trees' aggregate tokens/s should be at least the chains')
+batching() {
+    local CONCURRENCY=(8)
+    load_series trees "$1" "$2" --verify-cost flat || return 1
+    load_series chains "$1" "$2" --verify-cost flat --tree-nodes 0
+}
 
 # the terminal's stdout and stderr, for a trap that fires while a step's output goes to its log
 exec 3>&1 4>&2
@@ -291,6 +301,10 @@ if [[ -n $SMOLLM ]]; then
 else
     report --step load-smollm2 --skip "no SmolLM2 folder (--smollm PATH)"
 fi
+batch_model=("$STORIES" "$WORK/graph-stories260k")
+[[ -n $SMOLLM ]] && batch_model=("$SMOLLM" "$WORK/graph-smollm2")
+step batching batching "$OUT/load-trees-c8.json" "$OUT/load-chains-c8.json" -- \
+    batching "${batch_model[@]}"
 mapfile -t files < <(load_files llama3-8b-random)
 step load-llama3-8b-random load "${files[@]}" -- \
     load_series llama3-8b-random "$BIG" "$WORK/graph-stories260k"

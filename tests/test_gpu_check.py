@@ -44,7 +44,7 @@ def test_the_smoke_run_writes_every_step_and_outputs_match_greedy_decoding(tmp_p
     loads = {f"load-llama3-8b-random-c{c}.json" for c in (1, 8, 32)}
     expected = {"env.json", "build-stories260k.json", "identity-stories260k.json", "cost.json"}
     expected |= {"random-model.json", "generate-llama3-8b-random.json", "summary.json", *loads}
-    expected |= {"draft-tree.json", "draft-chain.json"}
+    expected |= {"draft-tree.json", "draft-chain.json", "load-trees-c8.json", "load-chains-c8.json"}
     assert expected <= set(figures)
     summary = figures["summary.json"]
     assert summary["passed"] and summary["mode"] == "smoke"
@@ -58,13 +58,13 @@ def test_the_smoke_run_writes_every_step_and_outputs_match_greedy_decoding(tmp_p
         "stories260K",
         "llama3-8b-random",
     ]
-    for name in loads:
+    for name in (*loads, "load-trees-c8.json", "load-chains-c8.json"):
         assert figures[name]["errors"] == {} and figures[name]["requests"] > 0
     lines = [line for line in done.stdout.splitlines() if line.startswith("[")]
     assert figures["draft-tree.json"]["params"]["tree_nodes"] > 0
     assert figures["draft-chain.json"]["params"]["tree_nodes"] == 0
     assert all(figures[f"draft-{d}.json"]["in_process"]["compiled"] for d in ("tree", "chain"))
-    assert len(lines) == len(summary["steps"]) == 11
+    assert len(lines) == len(summary["steps"]) == 12
     assert "no SmolLM2 folder (--smollm PATH)" in done.stdout
     assert not _processes_naming(work), "speculant up or a service outlived the script"
 
@@ -142,3 +142,25 @@ def test_the_draft_step_reports_each_drafts_speed(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "tree of 64, k 16: 689 us in process, 1.93 ms over a stream" in done.stdout
     assert "chain of k 16: 190 us in process, 0.81 ms over a stream" in done.stdout
+
+
+def test_the_batching_step_compares_trees_with_chains(tmp_path):
+    files = []
+    for name, rate, errors in (("trees", 120.0, {}), ("chains", 100.0, {"UNAVAILABLE": 1})):
+        result = {
+            "concurrency": 8,
+            "tokens_per_second": rate,
+            "requests": 40,
+            "errors": errors,
+            "ttft_ms": {"p50": 20.0},
+            "itl_ms": {"p50": 5.0},
+        }
+        files.append(tmp_path / f"load-{name}-c8.json")
+        files[-1].write_text(json.dumps(result))
+    done = _helper(
+        "report", "--out", str(tmp_path), "--step", "batching", "--kind", "batching",
+        *map(str, files),
+    )  # fmt: skip
+    assert "trees / chains 1.20x: c=8 120 tok/s" in done.stdout
+    assert " against c=8 100 tok/s" in done.stdout
+    assert done.returncode == 1 and "[FAIL] batching" in done.stdout  # a failed request fails it
