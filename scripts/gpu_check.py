@@ -299,7 +299,8 @@ def identity_problems(result: dict[str, Any]) -> list[str]:
 
 
 def generate_line(result: dict[str, Any]) -> str:
-    """tokens/s (total), against plain, tau and mismatches of every variant."""
+    """tokens/s (total), against plain, tau and mismatches of every variant, and what each
+    services variant's round costs beyond the forward more than embedded."""
     parts = []
     for name, row in result["summary"].items():
         part = f"{name} {row['tokens_per_second_total']:.0f} tok/s"
@@ -308,6 +309,8 @@ def generate_line(result: dict[str, Any]) -> str:
         if row.get("exact_mismatches"):
             part += f" [{row['exact_mismatches']} differ from hf]"
         parts.append(part)
+    for name, overhead in result.get("round_overhead", {}).items():  # issue 37's bar: 1.5 ms
+        parts.append(f"{name} beyond the forward +{overhead['beyond_forward_p50_ms']:.2f} ms p50")
     settings = result["settings"]
     prompts = max(row["prompts"] for row in result["summary"].values())
     where = f"{prompts} prompts, {settings['device']}, {settings.get('dtype', 'auto')}"

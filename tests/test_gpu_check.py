@@ -88,10 +88,13 @@ def test_an_output_that_differs_from_greedy_decoding_fails_the_identity_step(tmp
     }
     path = tmp_path / "identity.json"
     path.write_text(json.dumps(result))
+    result["round_overhead"] = {"services": {"beyond_forward_p50_ms": 1.234}}
+    path.write_text(json.dumps(result))
     for kind, status in (("generate", 0), ("identity", 1)):
         done = _helper("report", "--out", str(tmp_path), "--step", kind, "--kind", kind, str(path))
         assert done.returncode == status, done.stderr
     assert "[FAIL] identity" in done.stdout and "plain: 1 of 2 differ" in done.stdout
+    assert "services beyond the forward +1.23 ms p50" in done.stdout
     failed = _helper("report", "--out", str(tmp_path), "--step", "cost", "--rc", "3")
     assert failed.returncode == 1 and "exit status 3" in failed.stdout
     finish = _helper("finish", "--out", str(tmp_path), "--mode", "gpu")
