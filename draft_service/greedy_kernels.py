@@ -858,6 +858,8 @@ def greedy_tree(
         out_sources[index] = _source(step_flags[s, rank])
         out_probs[index] = path_prob
         made += 1
+        if made == nodes:  # its sibling and child could never be taken: step neither
+            break
         rank += 1
         if rank == step_size[s] == step_width[s] < width:  # more successors than asked for
             _tree_step(data, setup, s, min(width, 2 * step_width[s]), scr, work, tails, lens, steps)
