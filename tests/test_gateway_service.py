@@ -231,6 +231,9 @@ def test_generate_cli_embedded_json(tinystories_graph):
             "0",
             "--k",
             "4",
+            # every round drafts (cost-aware sizes may skip drafts on a loaded machine)
+            "--draft-size",
+            "fixed",
             "--json",
         ],
         capture_output=True,
