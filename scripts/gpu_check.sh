@@ -257,9 +257,11 @@ if [[ -n $SMOLLM && ! -f $SMOLLM/config.json ]]; then
     builds=("$OUT/build-stories260k.json")
 fi
 step build build "${builds[@]}" -- build_graphs
-draft_graph=$WORK/graph-stories260k
-[[ -n $SMOLLM ]] && draft_graph=$WORK/graph-smollm2  # a 49k vocabulary, as a real model's
-step draft draft "$OUT/draft-tree.json" "$OUT/draft-chain.json" -- draft_speed "$draft_graph"
+# the model and graph of the drafting and batching steps: SmolLM2's where given (a real model's
+# 49k vocabulary), else stories260K's
+speed_model=$STORIES speed_graph=$WORK/graph-stories260k
+if [[ -n $SMOLLM ]]; then speed_model=$SMOLLM speed_graph=$WORK/graph-smollm2; fi
+step draft draft "$OUT/draft-tree.json" "$OUT/draft-chain.json" -- draft_speed "$speed_graph"
 
 # greedy identity: every system's output against Hugging Face generate, token for token, in
 # float32 (in bfloat16 a forward over several tokens may round differently from one over one)
@@ -301,10 +303,8 @@ if [[ -n $SMOLLM ]]; then
 else
     report --step load-smollm2 --skip "no SmolLM2 folder (--smollm PATH)"
 fi
-batch_model=("$STORIES" "$WORK/graph-stories260k")
-[[ -n $SMOLLM ]] && batch_model=("$SMOLLM" "$WORK/graph-smollm2")
 step batching batching "$OUT/load-trees-c8.json" "$OUT/load-chains-c8.json" -- \
-    batching "${batch_model[@]}"
+    batching "$speed_model" "$speed_graph"
 mapfile -t files < <(load_files llama3-8b-random)
 step load-llama3-8b-random load "${files[@]}" -- \
     load_series llama3-8b-random "$BIG" "$WORK/graph-stories260k"
